@@ -1,0 +1,228 @@
+"""The typed run config: the single place a setting lives.
+
+Every field is documented in its `doc` metadata; `bigtrain configs --explain` and error
+messages read it. The DeepSpeed JSON is derived from this object (`bigtrain.ds_config`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+from bigtrain.config_fields import doc
+
+OffloadDevice = Literal["none", "cpu", "nvme"]
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+@dataclass
+class ModelConfig:
+    family: Literal["gpt2", "resnet", "encoder"] = doc("gpt2", "Model family.")
+    size: str = doc("mini", "Named size (see `bigtrain models`); 'custom' takes its shape from overrides.")
+    overrides: dict = doc(dict, "Family config overrides, e.g. {n_layer: 4, n_embd: 256}.")
+    pretrained: str | None = doc(None, "Local directory with pretrained weights (GPT-2 only).")
+
+
+@dataclass
+class DataConfig:
+    source: str = doc("builtin", "'builtin', 'synthetic', a file/dir/glob (txt/jsonl/parquet, image folder) or 'hf:NAME'.")
+    tokenizer: str | None = doc(None, "Tokenizer dir or hub name; None trains a byte-level BPE on the corpus.")
+    vocab_size: int = doc(4096, "Vocabulary size of the BPE trained when no tokenizer is given.")
+    seq_len: int = doc(256, "Tokens per sample (block length for packed text).")
+    val_fraction: float = doc(0.05, "Share of the data held out for validation.")
+    text_field: str = doc("text", "Text column of jsonl/parquet data.")
+    label_field: str = doc("label", "Label column for classification data.")
+    image_size: int = doc(32, "Side of the square images fed to ResNet.")
+    num_classes: int = doc(10, "Classes for classification models.")
+    synthetic_samples: int = doc(4096, "Samples in the synthetic dataset.")
+
+    def __post_init__(self) -> None:
+        _positive(self, "seq_len", "vocab_size", "image_size", "num_classes", "synthetic_samples")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction={self.val_fraction}: must be in (0, 1), e.g. 0.05")
+
+
+@dataclass
+class OptimizerConfig:
+    name: Literal["adamw", "adam", "sgd", "lamb", "onebitadam", "zerooneadam", "onebitlamb"] = doc(
+        "adamw", "Optimizer; Lamb and the 1-bit optimizers need a GPU.")
+    lr: float = doc(6e-4, "Peak learning rate.")
+    betas: tuple[float, float] = doc((0.9, 0.95), "Adam betas.")
+    eps: float = doc(1e-8, "Adam epsilon.")
+    weight_decay: float = doc(0.1, "Decoupled weight decay (AdamW).")
+    grad_clip: float = doc(1.0, "Clip the global gradient norm to this (0 disables).")
+    torch_adam: bool | None = doc(None, "Use torch's Adam instead of DeepSpeed's fused/CPU kernel; None = auto.")
+
+    def __post_init__(self) -> None:
+        _positive(self, "lr", "eps")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError("optimizer.grad_clip and optimizer.weight_decay must be >= 0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optimizer.betas={self.betas}: give two values in [0, 1), e.g. [0.9, 0.95]")
+
+
+@dataclass
+class ScheduleConfig:
+    kind: Literal["cosine", "linear", "constant"] = doc("cosine", "LR decay after warm-up.")
+    warmup_steps: int = doc(20, "Linear warm-up steps from min_lr_ratio * lr to lr.")
+    min_lr_ratio: float = doc(0.1, "Final (and initial warm-up) LR as a fraction of the peak.")
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0:
+            raise ValueError(f"schedule.warmup_steps={self.warmup_steps}: must be >= 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"schedule.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
+
+
+@dataclass
+class BatchConfig:
+    """Any two of the three may be given; the third is derived against the real data-parallel size."""
+
+    global_batch: int | None = doc(None, "Samples per optimizer step over all ranks (train_batch_size).")
+    micro_batch: int | None = doc(None, "Samples per forward pass per rank (default 4).")
+    grad_accum: int | None = doc(None, "Micro-batches per optimizer step; the pipeline's micro-batch count.")
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch", "micro_batch", "grad_accum"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"batch.{name}={value}: must be a positive integer (or unset to derive it)")
+
+
+@dataclass
+class ZeroConfig:
+    stage: int = doc(1, "ZeRO stage 0-3: 1 shards optimizer states, 2 also gradients, 3 also parameters.")
+    overlap_comm: bool = doc(True, "Overlap gradient reduction with the backward pass.")
+    contiguous_gradients: bool = doc(True, "Copy gradients into a contiguous buffer as they are produced.")
+    reduce_bucket_size: int = doc(50_000_000, "Elements reduced at once.")
+    allgather_bucket_size: int = doc(50_000_000, "Elements all-gathered at once (stages 1-2).")
+    prefetch_bucket_size: int = doc(50_000_000, "Stage 3: parameter elements prefetched ahead of use.")
+    param_persistence_threshold: int = doc(100_000, "Stage 3: parameters smaller than this stay unpartitioned.")
+    max_live_parameters: int = doc(1_000_000_000, "Stage 3: most parameter elements resident at once.")
+
+    def __post_init__(self) -> None:
+        if self.stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero.stage={self.stage}: allowed values are 0, 1, 2, 3")
+        _positive(self, "reduce_bucket_size", "allgather_bucket_size")
+
+
+@dataclass
+class OffloadConfig:
+    optimizer: OffloadDevice = doc("none", "Where optimizer states live: none (device), cpu, nvme.")
+    param: OffloadDevice = doc("none", "Where parameters live (ZeRO-3 only): none, cpu, nvme.")
+    nvme_path: str = doc("/local_nvme", "Directory on a fast NVMe drive for nvme offload.")
+    pin_memory: bool = doc(True, "Pin offloaded CPU memory for faster transfers.")
+
+
+@dataclass
+class ActivationCheckpointConfig:
+    enabled: bool = doc(False, "Recompute activations in the backward pass to save memory.")
+    every_n_layers: int = doc(1, "Checkpoint every N blocks (pipeline: activation_checkpoint_interval).")
+    partition_activations: bool = doc(False, "Shard checkpointed activations across model-parallel ranks.")
+    cpu_checkpointing: bool = doc(False, "Move checkpointed activations to CPU (needs partition_activations).")
+
+    def __post_init__(self) -> None:
+        _positive(self, "every_n_layers")
+        if self.cpu_checkpointing and not self.partition_activations:
+            raise ValueError("activation_checkpointing.cpu_checkpointing needs partition_activations=true")
+
+
+@dataclass
+class PipelineConfig:
+    stages: int = doc(1, "Pipeline stages (1 = no pipeline). Micro-batches per step = batch.grad_accum.")
+    partition_method: str = doc("parameters", "How layers are split: parameters, uniform or type:REGEX.")
+
+    def __post_init__(self) -> None:
+        _positive(self, "stages")
+        ok = self.partition_method in ("parameters", "uniform") or self.partition_method.startswith("type:")
+        if not ok:
+            raise ValueError(f"pipeline.partition_method={self.partition_method!r}: use parameters, uniform or type:REGEX")
+
+
+@dataclass
+class LoggingConfig:
+    interval: int = doc(10, "Log every N steps.")
+    tensorboard: bool = doc(False, "Write TensorBoard events to OUT/tensorboard via DeepSpeed's monitor.")
+    csv: bool = doc(True, "Write CSV metrics to OUT/csv via DeepSpeed's monitor.")
+    progress_bar: bool = doc(True, "Show a rank-0 progress bar on a terminal.")
+
+    def __post_init__(self) -> None:
+        _positive(self, "interval")
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str | None = doc(None, "Checkpoint directory (default OUT/checkpoints).")
+    interval: int = doc(0, "Save every N steps (0: only at the end and on SIGTERM/SIGINT).")
+    keep_last: int = doc(2, "Keep the newest N checkpoints.")
+
+    def __post_init__(self) -> None:
+        if self.interval < 0:
+            raise ValueError(f"checkpoint.interval={self.interval}: must be >= 0")
+        _positive(self, "keep_last")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = doc(300, "Optimizer steps to train.")
+    eval_interval: int = doc(100, "Evaluate every N steps (0: only at the end).")
+    eval_batches: int = doc(8, "Micro-batches per rank in each evaluation.")
+    seed: int = doc(1234, "Seed for weights, data order and dropout.")
+    out_dir: str = doc("runs/latest", "Where checkpoints, logs, exports and summary.json go.")
+    peak_tflops: float | None = doc(None, "Per-rank peak TFLOP/s for MFU; None measures it at start.")
+    sample_tokens: int = doc(48, "Tokens generated as a sample at the end (GPT-2; 0 disables).")
+
+    def __post_init__(self) -> None:
+        _positive(self, "steps")
+        if self.eval_interval < 0 or self.eval_batches < 0:
+            raise ValueError("train.eval_interval and train.eval_batches must be >= 0")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    precision: Precision = doc("bf16", "Training precision: fp32, bf16 (mixed) or fp16 (mixed, loss scaling).")
+    zero: ZeroConfig = field(default_factory=ZeroConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    activation_checkpointing: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        check_combinations(self)
+
+
+def check_combinations(run: RunConfig) -> None:
+    """Cross-section rules DeepSpeed would otherwise report deep inside initialize()."""
+    stage = run.zero.stage
+    if run.pipeline.stages > 1 and stage >= 2:
+        raise ValueError(f"zero.stage={stage} with pipeline.stages={run.pipeline.stages}: DeepSpeed pipelines "
+                         "support ZeRO 0-1 only; set zero.stage=1 or pipeline.stages=1")
+    if run.offload.param != "none" and stage != 3:
+        raise ValueError(f"offload.param={run.offload.param} needs zero.stage=3 (got {stage}); "
+                         "set zero.stage=3 or offload.param=none")
+    if run.offload.optimizer != "none" and stage == 0:
+        raise ValueError("offload.optimizer needs zero.stage >= 1; set zero.stage=1 (or 2/3)")
+    if "nvme" in (run.offload.optimizer, run.offload.param) and stage != 3:
+        raise ValueError(f"nvme offload needs zero.stage=3 (ZeRO-Infinity); got zero.stage={stage}")
+    if run.precision == "fp16" and run.optimizer.name in ("onebitadam", "zerooneadam", "onebitlamb") and stage > 1:
+        raise ValueError(f"optimizer.name={run.optimizer.name} supports zero.stage 0-1 only")
+
+
+def _positive(section: object, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value is None or value <= 0:
+            raise ValueError(f"{_section_name(section)}.{name}={value}: must be > 0")
+
+
+def _section_name(section: object) -> str:
+    for f in fields(RunConfig):
+        if f.default_factory is type(section):
+            return f.name
+    return type(section).__name__

@@ -1,0 +1,23 @@
+"""Documented dataclass fields: `doc(default, text)` keeps the help text beside the default."""
+from __future__ import annotations
+
+from dataclasses import MISSING, Field, field
+from typing import Any, Callable
+
+
+def doc(default: Any, text: str) -> Any:
+    """A dataclass field with a help text; a callable default (dict, list) becomes a factory."""
+    if callable(default) and isinstance(default, type):
+        return field(default_factory=default, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+def field_doc(f: Field) -> str:
+    return f.metadata.get("doc", "")
+
+
+def field_default(f: Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    factory: Callable[[], Any] = f.default_factory  # type: ignore[assignment]
+    return factory()

@@ -1,0 +1,154 @@
+"""Load a RunConfig from YAML/JSON and dotted `--set key=value` overrides, with typed errors."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from bigtrain.config import RunConfig
+from bigtrain.config_fields import field_doc
+
+
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                    base: dict | None = None) -> RunConfig:
+    """File (YAML or JSON) -> dict, then `overrides` like ["zero.stage=3"], then typed RunConfig."""
+    data: dict = dict(base or {})
+    if path is not None:
+        data = deep_merge(data, read_mapping(path))
+    for item in overrides or []:
+        set_dotted(data, item)
+    return from_dict(RunConfig, data)
+
+
+def read_mapping(path: str | Path) -> dict:
+    """A YAML or JSON file holding one mapping; errors name the file and the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {path} does not exist")
+    text = path.read_text()
+    if not text.strip():
+        raise ValueError(f"config file {path} is empty; give a YAML/JSON mapping such as 'zero: {{stage: 3}}'")
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ValueError(f"config file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                         f"{str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def set_dotted(data: dict, item: str) -> None:
+    """Apply one `a.b.c=value` override; the value is parsed as YAML (3, true, [0.9, 0.95], null)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set zero.stage=3")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"--set {item!r}: {part} is a value, not a section")
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+
+
+def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
+    """Build dataclass `cls` from `data`, checking every key and value; errors name the dotted field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in known:
+            raise ValueError(unknown_key_message(prefix + str(key), str(key), list(known)))
+        kwargs[key] = _coerce(hints[key], value, prefix + key, known[key])
+    try:
+        return cls(**kwargs)
+    except ValueError as err:
+        if prefix and not str(err).startswith(prefix.rstrip(".")):
+            raise ValueError(f"{prefix.rstrip('.')}: {err}") from None
+        raise
+
+
+def unknown_key_message(path: str, key: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown key {path!r}: {hint}allowed: {', '.join(sorted(allowed))}"
+
+
+def _coerce(hint: Any, value: Any, path: str, f: dataclasses.Field | None = None) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value if value is not None else {}, path + ".")
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, path, f)
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{path}={value!r}: allowed values are {', '.join(map(str, args))}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ValueError(f"{path}={value!r}: expected a list of {len(args)} values")
+        return tuple(_coerce(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if hint is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{path}={value!r}: expected a mapping, e.g. {{key: value}}")
+        return value
+    return _coerce_scalar(hint, value, path, f)
+
+
+def _coerce_scalar(hint: type, value: Any, path: str, f: dataclasses.Field | None) -> Any:
+    about = f" ({field_doc(f)})" if f is not None and field_doc(f) else ""
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{path}={value!r}: expected true or false{about}")
+    if hint in (int, float):
+        number = _number(value)
+        if number is None or (hint is int and number != int(number)):
+            raise ValueError(f"{path}={value!r}: expected {'an integer' if hint is int else 'a number'}{about}")
+        return int(number) if hint is int else float(number)
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{path}={value!r}: expected a string{about}")
+    raise AssertionError(f"unsupported config type {hint} at {path}")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value)  # YAML reads 5e7 as a string
+        except ValueError:
+            return None
+    return None
+
+
+def deep_merge(base: dict, top: dict) -> dict:
+    """`top` over `base`, recursively for nested mappings; neither input is modified."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def to_dict(run: RunConfig) -> dict:
+    """Plain JSON/YAML-ready dict (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(run)))

@@ -1,0 +1,117 @@
+"""Run config + world size -> the DeepSpeed config dict. Pure: no I/O, no device queries."""
+from __future__ import annotations
+
+from bigtrain.batch import BatchTriple, data_parallel_size, solve_batch
+from bigtrain.config import (ActivationCheckpointConfig, OffloadConfig, OptimizerConfig, RunConfig,
+                             ScheduleConfig, ZeroConfig)
+
+# DeepSpeed's optimizer type names, by our config name.
+OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lamb": "Lamb",
+                   "onebitadam": "OneBitAdam", "zerooneadam": "ZeroOneAdam", "onebitlamb": "OneBitLamb"}
+
+
+def build_ds_config(run: RunConfig, world_size: int) -> dict:
+    """The DeepSpeed dict for `run` at `world_size` ranks; the batch triple always holds."""
+    triple = batch_triple(run, world_size)
+    config = {
+        "train_batch_size": triple.global_batch,
+        "train_micro_batch_size_per_gpu": triple.micro_batch,
+        "gradient_accumulation_steps": triple.grad_accum,
+        "gradient_clipping": run.optimizer.grad_clip,
+        "steps_per_print": 1000,
+        "optimizer": optimizer_section(run.optimizer),
+        "scheduler": scheduler_section(run.schedule, run.optimizer.lr, run.train.steps),
+        "bf16": {"enabled": run.precision == "bf16"},
+        "fp16": fp16_section(run.precision == "fp16"),
+        "zero_optimization": zero_section(run.zero, run.offload),
+    }
+    if run.activation_checkpointing.enabled:  # the section's presence is what switches it on
+        config["activation_checkpointing"] = activation_section(run.activation_checkpointing)
+    if "nvme" in (run.offload.optimizer, run.offload.param):
+        config["aio"] = {"block_size": 1048576, "queue_depth": 8, "thread_count": 1,
+                         "single_submit": False, "overlap_events": True}
+    if run.pipeline.stages > 1:
+        config["pipeline"] = {
+            "stages": run.pipeline.stages,
+            "partition": run.pipeline.partition_method,
+            "activation_checkpoint_interval":
+                run.activation_checkpointing.every_n_layers if run.activation_checkpointing.enabled else 0,
+        }
+    return config
+
+
+def batch_triple(run: RunConfig, world_size: int) -> BatchTriple:
+    dp = data_parallel_size(world_size, run.pipeline.stages)
+    return solve_batch(run.batch.global_batch, run.batch.micro_batch, run.batch.grad_accum, dp)
+
+
+def optimizer_section(opt: OptimizerConfig) -> dict:
+    params: dict = {"lr": opt.lr, "weight_decay": opt.weight_decay}
+    if opt.name != "sgd":
+        params.update(betas=list(opt.betas), eps=opt.eps)
+    if opt.torch_adam is not None and opt.name in ("adam", "adamw"):
+        params["torch_adam"] = opt.torch_adam
+    return {"type": OPTIMIZER_TYPES[opt.name], "params": params}
+
+
+def scheduler_section(schedule: ScheduleConfig, lr: float, total_steps: int) -> dict:
+    """Warm-up from min_lr_ratio * lr to lr, then cosine / linear decay to min_lr_ratio * lr, or constant."""
+    warmup = min(schedule.warmup_steps, total_steps)
+    if schedule.kind == "cosine":
+        return {"type": "WarmupCosineLR", "params": {
+            "total_num_steps": total_steps, "warmup_num_steps": warmup, "warmup_type": "linear",
+            "warmup_min_ratio": schedule.min_lr_ratio, "cos_min_ratio": schedule.min_lr_ratio}}
+    # WarmupDecayLR / WarmupLR take absolute rates, not ratios of the optimizer's lr.
+    params = {"warmup_min_lr": lr * schedule.min_lr_ratio, "warmup_max_lr": lr, "warmup_num_steps": warmup, "warmup_type": "linear"}
+    if schedule.kind == "linear":
+        return {"type": "WarmupDecayLR", "params": {**params, "total_num_steps": total_steps}}
+    return {"type": "WarmupLR", "params": params}
+
+
+def fp16_section(enabled: bool) -> dict:
+    if not enabled:
+        return {"enabled": False}
+    return {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+            "hysteresis": 2, "min_loss_scale": 1}
+
+
+def zero_section(zero: ZeroConfig, offload: OffloadConfig) -> dict:
+    section: dict = {"stage": zero.stage}
+    if zero.stage == 0:
+        return section
+    section.update(overlap_comm=zero.overlap_comm, contiguous_gradients=zero.contiguous_gradients,
+                   reduce_bucket_size=zero.reduce_bucket_size)
+    if zero.stage < 3:
+        section["allgather_bucket_size"] = zero.allgather_bucket_size
+    else:
+        section.update(stage3_prefetch_bucket_size=zero.prefetch_bucket_size,
+                       stage3_param_persistence_threshold=zero.param_persistence_threshold,
+                       stage3_max_live_parameters=zero.max_live_parameters)
+    if offload.optimizer != "none":
+        section["offload_optimizer"] = _offload(offload.optimizer, offload, buffer_count=4)
+    if offload.param != "none":
+        section["offload_param"] = _offload(offload.param, offload, buffer_count=5)
+    return section
+
+
+def _offload(device: str, offload: OffloadConfig, buffer_count: int) -> dict:
+    section: dict = {"device": device, "pin_memory": offload.pin_memory}
+    if device == "nvme":
+        section.update(nvme_path=offload.nvme_path, buffer_count=buffer_count)
+    return section
+
+
+def activation_section(ac: ActivationCheckpointConfig) -> dict:
+    """DeepSpeed's activation-checkpointing settings; whether blocks are checkpointed is bigtrain's call."""
+    return {"partition_activations": ac.partition_activations, "cpu_checkpointing": ac.cpu_checkpointing,
+            "contiguous_memory_optimization": False, "synchronize_checkpoint_boundary": False}
+
+
+def monitor_sections(out_dir: str, job_name: str, tensorboard: bool, csv: bool) -> dict:
+    """DeepSpeed monitor sections writing under `out_dir` (added by the runner, not in the checked-in files)."""
+    sections = {}
+    if tensorboard:
+        sections["tensorboard"] = {"enabled": True, "output_path": f"{out_dir}/tensorboard", "job_name": job_name}
+    if csv:
+        sections["csv_monitor"] = {"enabled": True, "output_path": f"{out_dir}/csv", "job_name": job_name}
+    return sections

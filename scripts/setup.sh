@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create .venv and install bigtrain into it: torch first (the CPU build where there is no GPU),
+# then the package with its test extra. Safe to re-run; a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup: GPU found, installing torch==$TORCH_VERSION (CUDA build)"
+    "${PIP[@]}" "torch==$TORCH_VERSION"
+  else
+    echo "setup: no GPU, installing torch==$TORCH_VERSION (CPU build)"
+    # Where pip is set up with a local CPU wheel (as on our dev/CI machines) this takes it;
+    # elsewhere set TORCH_INDEX_URL to PyTorch's CPU wheel index to avoid the CUDA download.
+    "${PIP[@]}" "torch==$TORCH_VERSION" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  fi
+fi
+echo "setup: installing bigtrain and its dependencies"
+"${PIP[@]}" -e ".[test]"
+echo "setup: done ($(.venv/bin/python -c 'import torch, deepspeed; print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}")' 2>/dev/null))"
