@@ -54,6 +54,7 @@ class ModelSpec:
     modality: str = "text"  # "text" | "image": which data the runner feeds it
     checkpoint_blocks: Callable[[nn.Module], list[tuple[nn.Module, str]]] | None = None
     """(parent, attribute) of each repeated block in the plain module, for activation checkpointing."""
-    enable_native_checkpointing: Callable[[nn.Module], None] | None = None
-    """Family's own activation checkpointing switch (HF gradient checkpointing), preferred when set."""
+    enable_native_checkpointing: Callable[..., None] | None = None
+    """Family's own activation checkpointing switch (HF gradient checkpointing), preferred when set.
+    Called as fn(module, every_n=1): checkpoint blocks 0, every_n, 2*every_n, ..."""
     extra: dict = field(default_factory=dict)

@@ -1,0 +1,130 @@
+"""Save and resume through DeepSpeed's checkpoints, so that a kill at any moment loses nothing.
+
+Layout: CKPT_DIR/step_000120/ holds DeepSpeed's files for that step, one `rng_rank{r}.pt`
+per rank, and, written last by rank 0 after every rank finished, `bigtrain.json`. A tag
+directory without that marker is incomplete (the job died while saving) and is never used.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bigtrain.distributed import barrier
+
+log = logging.getLogger("bigtrain")
+MARKER = "bigtrain.json"
+TAG_RE = re.compile(r"^step_(\d+)$")
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def save(ds_engine: Any, ckpt_dir: str | Path, step: int, state: dict, rank: int, keep_last: int) -> Path:
+    """Collective: every rank calls it. `state` (step, data position, config...) goes in the marker."""
+    ckpt_dir = Path(ckpt_dir)
+    tag = tag_for(step)
+    ds_engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"bigtrain": state})
+    torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{rank}.pt")
+    barrier()  # every rank's files are on disk before the marker says so
+    if rank == 0:
+        _write_atomic(ckpt_dir / tag / MARKER, json.dumps(state, indent=2))
+        _prune(ckpt_dir, keep_last)
+    barrier()
+    return ckpt_dir / tag
+
+
+def find_resumable(ckpt_dir: str | Path) -> tuple[str, dict] | None:
+    """Newest complete checkpoint (tag, state); incomplete or corrupt ones are skipped with a warning."""
+    for tag in sorted(_tags(Path(ckpt_dir)), key=_step_of, reverse=True):
+        problem = check_complete(Path(ckpt_dir) / tag)
+        if problem is None:
+            return tag, json.loads((Path(ckpt_dir) / tag / MARKER).read_text())
+        log.warning("skipping checkpoint %s: %s; using an earlier one", Path(ckpt_dir) / tag, problem)
+    return None
+
+
+def check_complete(tag_dir: Path) -> str | None:
+    """Why `tag_dir` cannot be resumed from, or None if it can."""
+    marker = tag_dir / MARKER
+    if not marker.is_file():
+        return "no completion marker (the save was interrupted)"
+    try:
+        state = json.loads(marker.read_text())
+    except json.JSONDecodeError:
+        return "its completion marker is not valid JSON"
+    world = int(state.get("world_size", 1))
+    missing = [f"rng_rank{r}.pt" for r in range(world) if not (tag_dir / f"rng_rank{r}.pt").is_file()]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    for path in tag_dir.glob("*.pt"):
+        if path.stat().st_size == 0:
+            return f"{path.name} is empty"
+    return None
+
+
+def load(ds_engine: Any, ckpt_dir: str | Path, tag: str, rank: int, load_optimizer: bool = True) -> dict:
+    """Restore model, optimizer, scheduler and this rank's RNG; returns the saved bigtrain state."""
+    path, client = ds_engine.load_checkpoint(str(ckpt_dir), tag=tag, load_optimizer_states=load_optimizer,
+                                             load_lr_scheduler_states=load_optimizer)
+    if path is None:
+        raise RuntimeError(f"DeepSpeed could not load checkpoint {ckpt_dir}/{tag}")
+    rng_file = Path(ckpt_dir) / tag / f"rng_rank{rank}.pt"
+    if rng_file.is_file():
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return (client or {}).get("bigtrain", {})
+
+
+def rng_state() -> dict:
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if acc.device_name() != "cpu":
+        state["device"] = acc.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    from deepspeed.accelerator import get_accelerator
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "device" in state:
+        get_accelerator().set_rng_state(state["device"])
+
+
+def _tags(ckpt_dir: Path) -> list[str]:
+    if not ckpt_dir.is_dir():
+        return []
+    return [p.name for p in ckpt_dir.iterdir() if p.is_dir() and TAG_RE.match(p.name)]
+
+
+def _step_of(tag: str) -> int:
+    match = TAG_RE.match(tag)
+    assert match, tag
+    return int(match.group(1))
+
+
+def _prune(ckpt_dir: Path, keep_last: int) -> None:
+    """Remove all but the newest `keep_last` complete checkpoints; incomplete ones older than those go too."""
+    tags = sorted(_tags(ckpt_dir), key=_step_of, reverse=True)
+    complete = [t for t in tags if check_complete(ckpt_dir / t) is None]
+    keep = set(complete[:keep_last])
+    oldest_kept = min((_step_of(t) for t in keep), default=0)
+    for tag in tags:
+        if tag not in keep and _step_of(tag) < oldest_kept:
+            shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

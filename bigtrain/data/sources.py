@@ -1,0 +1,159 @@
+"""What a `data.source` string names, and loading its records through HF `datasets`.
+
+A source is "builtin", "synthetic", "hf:NAME[:CONFIG]" (a hub dataset), or a local
+file / directory / glob of .txt, .jsonl, .json or .parquet files; for images, a
+directory laid out as an image folder (one subdirectory per class).
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+HUB_PREFIX = "hf:"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A parsed data source. `kind` is builtin | synthetic | files | imagefolder | hub."""
+
+    kind: str
+    files: tuple[Path, ...] = ()
+    loader: str = ""  # the `datasets` builder for files: text | json | parquet
+    root: Path | None = None  # the image folder
+    name: str = ""  # hub dataset name
+    config: str | None = None  # hub dataset config
+    text: str = ""  # the string the user gave, for messages
+
+
+def parse_source(source: str, modality: str) -> Source:
+    """Turn a `data.source` string into a Source; ValueError if it names nothing usable."""
+    if source in ("builtin", "synthetic"):
+        return Source(kind=source, text=source)
+    if source.startswith(HUB_PREFIX):
+        name, _, config = source[len(HUB_PREFIX):].partition(":")
+        if not name:
+            raise ValueError(f"data.source={source!r}: give a hub dataset name, e.g. 'hf:wikitext:wikitext-2-raw-v1'")
+        return Source(kind="hub", name=name, config=config or None, text=source)
+    path = Path(source).expanduser()
+    if modality == "image":
+        if not path.is_dir():
+            raise ValueError(f"data.source={source!r}: image data must be an existing directory laid out as "
+                             "an image folder (ROOT/CLASS/IMAGE.png), or 'synthetic'")
+        return Source(kind="imagefolder", root=path, text=source)
+    files = _match_files(source, path)
+    loaders = {LOADERS[f.suffix.lower()] for f in files}
+    if len(loaders) > 1:
+        raise ValueError(f"data.source={source!r} mixes file types ({', '.join(sorted(loaders))}); "
+                         "point it at files of one type (txt, jsonl/json or parquet)")
+    return Source(kind="files", files=tuple(files), loader=loaders.pop(), text=source)
+
+
+def _match_files(source: str, path: Path) -> list[Path]:
+    if glob.has_magic(source):
+        matched = [Path(p) for p in sorted(glob.glob(os.path.expanduser(source), recursive=True))]
+        files = [p for p in matched if p.is_file() and p.suffix.lower() in LOADERS]
+        if not files:
+            raise ValueError(f"data.source={source!r}: the glob matches no .txt/.jsonl/.json/.parquet file")
+        return files
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in LOADERS)
+        if not files:
+            raise ValueError(f"data.source={source!r}: the directory holds no .txt/.jsonl/.json/.parquet file")
+        return files
+    if not path.exists():
+        raise ValueError(f"data.source={source!r}: no such file or directory; give an existing path, a glob, "
+                         "'builtin', 'synthetic' or 'hf:NAME'")
+    if path.suffix.lower() not in LOADERS:
+        raise ValueError(f"data.source={source!r}: unsupported file type {path.suffix!r}; "
+                         "use .txt, .jsonl, .json or .parquet")
+    return [path]
+
+
+def files_fingerprint(paths: list[Path] | tuple[Path, ...], extra: str = "") -> str:
+    """Content hash of files (and their names relative to each other), for cache keys."""
+    digest = hashlib.sha256(extra.encode())
+    for path in paths:
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def source_fingerprint(src: Source) -> str:
+    """Identifies the source's content: a file hash locally, the name for a hub dataset."""
+    if src.kind == "files":
+        return files_fingerprint(src.files, src.loader)
+    if src.kind == "imagefolder":
+        assert src.root is not None
+        return files_fingerprint(sorted(p for p in src.root.rglob("*") if p.is_file()), "imagefolder")
+    if src.kind == "hub":  # the hub revision is not pinned: a changed dataset needs a fresh cache dir
+        return hashlib.sha256(f"{src.name}:{src.config}".encode()).hexdigest()[:16]
+    assert src.kind == "builtin", src.kind
+    from bigtrain.data.builtin import builtin_fingerprint
+    return builtin_fingerprint()
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub answers, checked quickly (the hub clients retry for ~20 s)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    if os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
+        return True  # only the proxy can tell; let the client try
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def load_records(src: Source, cache_dir: Path) -> Any:
+    """The source's rows as a `datasets.Dataset` (or DatasetDict for an image folder with splits)."""
+    import datasets
+
+    hf_cache = str(cache_dir / "hf_datasets")
+    if src.kind == "files":
+        options = {"sample_by": "document"} if src.loader == "text" else {}  # a .txt file is one document
+        return datasets.load_dataset(src.loader, data_files=[str(f) for f in src.files], split="train",
+                                     cache_dir=hf_cache, **options)
+    if src.kind == "imagefolder":
+        return datasets.load_dataset("imagefolder", data_dir=str(src.root), cache_dir=hf_cache)
+    assert src.kind == "hub", src.kind
+    if not hub_reachable() and not datasets.config.HF_HUB_OFFLINE:
+        raise ValueError(f"data.source={src.text!r} needs the Hugging Face Hub, which is unreachable from here; "
+                         "use a local path, 'builtin' or 'synthetic', or set HF_HUB_OFFLINE=1 to use a copy "
+                         "already in the local HF cache")
+    try:
+        return datasets.load_dataset(src.name, src.config, split="train")
+    except Exception as e:  # the hub raises many types; the user needs the name and the cause
+        raise ValueError(f"data.source={src.text!r}: could not load hub dataset {src.name!r}: {e}") from e
+
+
+def column(records: Any, field: str, what: str) -> list:
+    """One column of a dataset, with an error naming the columns there are."""
+    names = records.column_names
+    if field not in names:
+        raise ValueError(f"data.{what}={field!r}: the data has no such column; it has {names}. "
+                         f"Set data.{what} to one of them")
+    return list(records[field])
+
+
+def load_texts(src: Source, text_field: str, cache_dir: Path) -> list[str]:
+    """The documents of a text source, in a fixed order."""
+    if src.kind == "builtin":
+        from bigtrain.data.builtin import builtin_documents
+        return builtin_documents()
+    records = load_records(src, cache_dir)
+    field = "text" if src.loader == "text" else text_field  # the txt builder always names it "text"
+    return [t for t in column(records, field, "text_field") if t]

@@ -1,0 +1,120 @@
+"""Tokenizers: a local directory or hub name, or a byte-level BPE trained on the corpus.
+
+The trained BPE is saved as a Hugging Face tokenizer directory (beside the checkpoints),
+so `AutoTokenizer.from_pretrained(dir)` loads it for the exported model, and a resumed
+run reuses it instead of training a new one. Training is deterministic for a given
+corpus order and vocab_size. Multi-rank pattern: the writer rank calls
+`ensure_tokenizer`, all ranks meet at a barrier, then every rank calls `load_tokenizer`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Iterable
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+EOS = "<|endoftext|>"  # GPT-2's document separator; also bos/unk/pad of the trained BPE
+MIN_VOCAB = 257  # 256 byte symbols + EOS
+
+
+def has_tokenizer(directory: Path) -> bool:
+    """Whether `directory` already holds a saved tokenizer."""
+    return (Path(directory) / "tokenizer.json").is_file() or (Path(directory) / "tokenizer_config.json").is_file()
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerBase:
+    """Train a byte-level BPE (GPT-2 style) with at most `vocab_size` tokens, EOS included."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < MIN_VOCAB:
+        raise ValueError(f"data.vocab_size={vocab_size}: a byte-level BPE needs at least {MIN_VOCAB} "
+                         "(256 bytes + end of text); use e.g. 4096")
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS],
+                            show_progress=False)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token=EOS, bos_token=EOS,
+                                   unk_token=EOS, pad_token=EOS)
+
+
+def ensure_tokenizer(directory: Path, texts: Callable[[], Iterable[str]], vocab_size: int) -> Path:
+    """Train and save a BPE into `directory` unless one is there already. Idempotent.
+
+    `texts` is called only when training is needed. The save goes to a temporary directory
+    renamed into place, so a reader never sees half a tokenizer and two writers cannot mix.
+    """
+    directory = Path(directory)
+    if has_tokenizer(directory):
+        return directory
+    if directory.exists() and any(directory.iterdir()):
+        raise ValueError(f"tokenizer directory {directory} exists and holds other files but no tokenizer; "
+                         "point it at an empty or new directory")
+    tokenizer = train_bpe(texts(), vocab_size)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
+    tokenizer.save_pretrained(str(tmp))
+    try:
+        os.replace(tmp, directory)  # atomic; succeeds over an empty directory
+    except OSError:
+        if not has_tokenizer(directory):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another writer won the race with the same result
+    return directory
+
+
+def load_tokenizer(name_or_dir: str | Path) -> PreTrainedTokenizerBase:
+    """A tokenizer from a local directory, or from the hub (from the local HF cache when offline)."""
+    from bigtrain.data.sources import hub_reachable
+
+    path = Path(name_or_dir).expanduser()
+    if path.exists():
+        if not has_tokenizer(path):
+            raise ValueError(f"data.tokenizer={str(name_or_dir)!r}: the directory holds no tokenizer "
+                             "(tokenizer.json / tokenizer_config.json)")
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    else:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(name_or_dir), local_files_only=not hub_reachable())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"data.tokenizer={str(name_or_dir)!r}: not a local directory and not loadable from "
+                             f"the hub or the local HF cache ({type(e).__name__}); give a tokenizer directory, "
+                             "or leave data.tokenizer unset to train a BPE on the corpus") from e
+    if tokenizer.pad_token is None:  # GPT-2's tokenizer has none; padding only fills classification inputs
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.sep_token
+    return tokenizer
+
+
+def resolve_tokenizer(name: str | None, directory: Path, vocab_size: int, texts: Callable[[], Iterable[str]],
+                      is_writer: bool, barrier: Callable[[], None]) -> PreTrainedTokenizerBase:
+    """The run's tokenizer: the named one, or the BPE in `directory` (trained there by the writer)."""
+    if name is not None:
+        return load_tokenizer(name)
+    if is_writer:
+        ensure_tokenizer(directory, texts, vocab_size)
+    barrier()
+    tokenizer = load_tokenizer(directory)
+    if len(tokenizer) > vocab_size:
+        raise ValueError(f"the tokenizer saved in {directory} has {len(tokenizer)} tokens but data.vocab_size="
+                         f"{vocab_size}; set data.vocab_size >= {len(tokenizer)} or delete {directory} to retrain")
+    return tokenizer
+
+
+def eos_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id put between packed documents."""
+    for token_id in (tokenizer.eos_token_id, tokenizer.sep_token_id):
+        if token_id is not None:
+            return int(token_id)
+    raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no end-of-text or separator token to put "
+                     "between documents; use a tokenizer that has one")
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Hash of the tokenizer's full definition, for cache keys."""
+    if tokenizer.is_fast:
+        text = tokenizer.backend_tokenizer.to_str()
+    else:
+        text = repr(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,31 @@
+"""Last adjustments to a resolved DeepSpeed config for the device and output directory of this job."""
+from __future__ import annotations
+
+import copy
+
+from bigtrain.config import RunConfig
+from bigtrain.ds_config import monitor_sections
+
+
+def fit_to_device(ds_config: dict, run: RunConfig, out_dir: str, device_name: str | None = None) -> dict:
+    """Monitors under `out_dir`; torch's Adam on a CPU unless the optimizer is offloaded.
+
+    DeepSpeed's FusedAdam on the CPU accelerator is a C++ extension built at first use; torch's
+    fused AdamW does the same math with no build step (`optimizer.torch_adam` overrides).
+    """
+    if device_name is None:
+        from deepspeed.accelerator import get_accelerator
+        device_name = get_accelerator().device_name()
+    config = copy.deepcopy(ds_config)
+    config.update(monitor_sections(out_dir, "train", run.logging.tensorboard, run.logging.csv))
+    optimizer = config.get("optimizer") or {}
+    params = optimizer.setdefault("params", {}) if optimizer else {}
+    offloaded = (config.get("zero_optimization") or {}).get("offload_optimizer", {}).get("device", "none") != "none"
+    is_adam = str(optimizer.get("type", "")).lower() in ("adam", "adamw")
+    if is_adam and "torch_adam" not in params:
+        wanted = run.optimizer.torch_adam
+        if wanted is None:
+            wanted = device_name == "cpu" and not offloaded
+        if wanted:
+            params["torch_adam"] = True
+    return config

@@ -1,0 +1,130 @@
+"""A thin wrapper over `deepspeed.initialize` that hides pipeline vs. plain engines from the loop."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import deepspeed
+import torch
+from deepspeed.accelerator import get_accelerator
+
+from bigtrain.distributed import all_reduce_mean
+from bigtrain.models.spec import ModelSpec
+from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    pipeline_stages: int = 1
+    partition_method: str = "parameters"
+    activation_checkpointing: bool = False
+    checkpoint_every_n_layers: int = 1
+    seed: int = 1234
+
+
+class Engine:
+    """One training step / one eval step, the same way for a plain module and for pipeline stages."""
+
+    def __init__(self, spec: ModelSpec, ds_config: dict, options: EngineOptions):
+        self.spec = spec
+        self.is_pipeline = options.pipeline_stages > 1
+        zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
+        if self.is_pipeline:
+            model = to_pipeline_module(
+                spec, options.pipeline_stages, partition_method=options.partition_method,
+                activation_checkpoint_interval=options.checkpoint_every_n_layers if options.activation_checkpointing else 0,
+                seed=options.seed)
+        else:
+            model = build_module(spec, ds_config if zero3 else None)
+            if options.activation_checkpointing:
+                apply_activation_checkpointing(spec, model, every_n=options.checkpoint_every_n_layers,
+                                               ds_config=ds_config)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, model_parameters=params, config=ds_config)
+        self.device = get_accelerator().current_device_name()
+        self.float_dtype = _float_dtype(ds_config)
+
+    # -- topology -------------------------------------------------------------------------------
+
+    @property
+    def dp_rank(self) -> int:
+        return self.ds.mpu.get_data_parallel_rank() if self.is_pipeline else torch.distributed.get_rank()
+
+    @property
+    def dp_size(self) -> int:
+        return self.ds.mpu.get_data_parallel_world_size() if self.is_pipeline else torch.distributed.get_world_size()
+
+    @property
+    def micro_batch(self) -> int:
+        return self.ds.train_micro_batch_size_per_gpu()
+
+    @property
+    def grad_accum(self) -> int:
+        return self.ds.gradient_accumulation_steps()
+
+    @property
+    def global_step(self) -> int:
+        return self.ds.global_steps
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def train_step(self, batches: Iterator[dict]) -> float:
+        """One optimizer step over `grad_accum` micro-batches; the loss averaged over all data-parallel ranks."""
+        self.ds.train()
+        if self.is_pipeline:
+            return float(self.ds.train_batch(self._pipe_iter(batches)).item())
+        total = 0.0
+        for _ in range(self.grad_accum):
+            inputs, labels = self._inputs(next(batches))
+            loss = self.spec.loss(self.ds(inputs), labels)
+            self.ds.backward(loss)
+            self.ds.step()
+            total += loss.detach().float().item()
+        return all_reduce_mean([total / self.grad_accum], self.device)[0]
+
+    @torch.no_grad()
+    def eval_loss(self, batches: list[dict]) -> float:
+        """Mean loss over `batches` (the same count on every rank), averaged over data-parallel ranks."""
+        self.ds.eval()
+        if self.is_pipeline:  # eval_batch averages over data-parallel ranks and broadcasts to all stages
+            it = self._pipe_iter(iter(batches))
+            losses = [float(self.ds.eval_batch(it, num_micro_batches=1).item()) for _ in batches]
+            return sum(losses) / max(len(losses), 1)
+        losses = []
+        for batch in batches:
+            inputs, labels = self._inputs(batch)
+            losses.append(self.spec.loss(self.ds(inputs), labels).float().item())
+        return all_reduce_mean([sum(losses) / max(len(losses), 1)], self.device)[0]
+
+    def _inputs(self, batch: dict) -> tuple[Any, torch.Tensor]:
+        inputs, labels = self.spec.batch_to_inputs(batch)
+        return self._to_device(inputs), labels.to(self.device)
+
+    def _pipe_iter(self, batches: Iterator[dict]) -> Iterator[tuple]:
+        for batch in batches:
+            yield self._inputs(batch)
+
+    def _to_device(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            value = value.to(self.device)
+            return value.to(self.float_dtype) if value.is_floating_point() else value
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._to_device(v) for v in value)
+        return value
+
+    # -- parameters ---------------------------------------------------------------------------
+
+    def module(self) -> torch.nn.Module:
+        return self.ds.module
+
+
+def _float_dtype(ds_config: dict) -> torch.dtype:
+    if ds_config.get("bf16", {}).get("enabled"):
+        return torch.bfloat16
+    if ds_config.get("fp16", {}).get("enabled"):
+        return torch.float16
+    return torch.float32

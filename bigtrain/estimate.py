@@ -1,0 +1,297 @@
+"""Memory model per rank for each ZeRO stage x offload x activation checkpointing. Pure functions.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020) for mixed-precision Adam:
+P bytes per parameter and per gradient (P = 2 in bf16/fp16, 4 in fp32) and K bytes of
+optimizer state (fp32 master copy 4 + Adam moments 8, so K = 12), with N data-parallel ranks:
+
+    stage 0: (P + P + K) * psi          stage 2: P * psi + (P + K) * psi / N
+    stage 1: (P + P) * psi + K * psi / N  stage 3: (P + P + K) * psi / N
+
+as DeepSpeed 0.19 lays them out (checked against tensor counts in tests/test_estimate.py):
+in fp32 a ZeRO stage >= 1 still keeps an fp32 master copy of its partition (K = 12), while
+stage 0 in fp32 updates the parameters in place (K = 8). Offloading the optimizer moves K
+and the fp32 gradient partition to the host; offloading parameters (stage 3) moves the
+parameter partition too. DeepSpeed's gradient buckets, ZeRO-3's gathered ("live")
+parameters and the fp32 gradient made for the optimizer step are separate terms.
+
+Activations for transformer layers follow Korthikanti et al. 2022: per layer and sample
+s*h*(c_h*e + m_h) + a*s^2*(c_s*e + m_s) bytes (e: bytes per value, masks 1 byte; Megatron's
+layer has c_h=16, c_s=2, m_h=2, m_s=1, i.e. 34sbh + 5as^2b in 16 bit). bigtrain's own
+layers save more (HF GPT-2's tanh-GELU saves four 4h tensors): their coefficients were
+counted from the tensors saved for backward. Full checkpointing keeps each block's input
+(s*h*e) and recomputes one block at a time.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+PRECISIONS = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+# Offload placements in the order they cost speed: (optimizer, param).
+OFFLOADS = (("none", "none"), ("cpu", "none"), ("nvme", "none"), ("cpu", "cpu"), ("nvme", "nvme"))
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+def parse_memory(text: str | int | float, what: str = "memory") -> int:
+    """'80GB' -> 80e9, '80GiB' -> 80 * 2**30, '24G' -> 24 * 2**30 (a bare letter is binary, as in
+    `free -g`), '1.5TB', '512MiB', or a plain number of bytes."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{what} {text!r} is not a memory size; write it like 80GB, 80GiB, 24G or 512MiB")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value <= 0:
+        raise ValueError(f"{what} {text!r} must be positive")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """Values one transformer layer saves for backward, per sample.
+
+    hidden: per token x hidden unit; scores: per head x token^2 (0 with flash/sdpa kernels);
+    the *_masks terms are 1-byte dropout masks, counted only when dropout > 0.
+    """
+
+    hidden: float
+    scores: float = 0.0
+    hidden_masks: float = 0.0
+    score_masks: float = 0.0
+
+
+PROFILES = {
+    "korthikanti": LayerProfile(16, 2, 2, 1),  # Megatron GPT layer, materialized attention
+    "korthikanti-flash": LayerProfile(16, 0, 2, 0),  # the same with a flash-attention kernel
+    # bigtrain's models (dropout 0), counted from saved tensors on CPU with torch 2.13 /
+    # transformers 5.23: HF GPT-2 saves x, tanh(...), 0.5x, 1+tanh(...) for its GELU and
+    # copies q/k/v and the attention output; eager attention keeps the softmax instead of
+    # two of those copies.
+    "gpt2-sdpa": LayerProfile(30, 0, 2, 1),
+    "gpt2-eager": LayerProfile(28, 1, 2, 1),
+    "encoder-sdpa": LayerProfile(16, 0, 2, 1),
+}
+
+
+@dataclass(frozen=True)
+class ActivationCount:
+    """Bytes saved for backward for ONE sample, split so that checkpointing can be modelled."""
+
+    outside: float  # outside the repeated blocks: embeddings, final norm, head, loss
+    blocks: float  # inside all blocks together
+    largest_block: float  # the block recomputed at a time under full checkpointing
+    block_inputs: float  # what full checkpointing keeps: each block's input
+    transient: float = 0.0  # extra memory at the start of backward (e.g. the loss gradient over the vocabulary)
+
+    def total(self, micro_batch: int, checkpointing: bool) -> float:
+        """Peak activation bytes of one rank for `micro_batch` samples."""
+        kept = self.block_inputs + self.largest_block if checkpointing else self.blocks
+        return micro_batch * (self.outside + kept + self.transient)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory model needs to know about a model."""
+
+    family: str
+    num_params: int
+    n_layer: int = 0
+    hidden: int = 0
+    heads: int = 0
+    seq_len: int = 0
+    vocab: int = 0  # > 0 when the loss is over a vocabulary at every position (a language model)
+    largest_layer_params: int = 0  # largest module's own parameters (ZeRO-3 gathers module by module)
+    param_numels: tuple[int, ...] = ()  # every parameter tensor's size (ZeRO-3 persistence); may be empty
+    profile: str = "korthikanti"  # LayerProfile name for transformer activations
+    dropout: float = 0.0
+    measured: dict[int, ActivationCount] = field(default_factory=dict)  # bytes/value -> count, when measured
+
+    def persistent_params(self, threshold: int) -> int:
+        """Elements ZeRO-3 keeps whole on every rank: tensors of at most `threshold` elements."""
+        return sum(n for n in self.param_numels if n <= threshold)
+
+
+def transformer_activations(shape: ModelShape, bytes_per_value: int) -> ActivationCount:
+    """Korthikanti-style activation bytes for one sample of a transformer `shape`."""
+    if shape.profile not in PROFILES:
+        raise ValueError(f"unknown activation profile {shape.profile!r}; use one of {', '.join(PROFILES)}")
+    p, e = PROFILES[shape.profile], bytes_per_value
+    s, h, a = shape.seq_len, shape.hidden, shape.heads
+    assert s > 0 and h > 0 and a > 0, f"transformer shape needs seq_len, hidden, heads: {shape}"
+    masks = 1 if shape.dropout > 0 else 0
+    layer = s * h * (p.hidden * e + masks * p.hidden_masks) + a * s * s * (p.scores * e + masks * p.score_masks)
+    outside = 2 * s * h * e  # final norm input and head input (pooler input for a classifier)
+    transient = 0.0
+    if shape.vocab:
+        outside += s * shape.vocab * 4  # the loss keeps fp32 log-probabilities over the vocabulary
+        transient = s * shape.vocab * 8  # their gradient and the logits' gradient, both fp32, at backward start
+    return ActivationCount(outside=outside, blocks=shape.n_layer * layer, largest_block=layer,
+                           block_inputs=shape.n_layer * s * h * e, transient=transient)
+
+
+def activations_per_sample(shape: ModelShape, bytes_per_value: int) -> ActivationCount:
+    """A measured count when the shape carries one for this precision, else the transformer formula."""
+    if bytes_per_value in shape.measured:
+        return shape.measured[bytes_per_value]
+    if shape.n_layer and shape.hidden:
+        return transformer_activations(shape, bytes_per_value)
+    raise ValueError(f"no activation model for {shape.family}: measure it (bigtrain.estimate_cli.measure_activations)")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One training configuration to estimate."""
+
+    world_size: int
+    gpus_per_node: int = 1
+    zero_stage: int = 0
+    precision: str = "bf16"
+    offload_optimizer: str = "none"  # none | cpu | nvme
+    offload_param: str = "none"  # none | cpu | nvme (stage 3 only)
+    checkpointing: bool = False
+    micro_batch: int = 1
+    reduce_bucket_size: int = 50_000_000  # elements, as bigtrain's ZeroConfig
+    overlap_comm: bool = True
+    prefetch_bucket_size: int = 50_000_000
+    param_persistence_threshold: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero stage {self.zero_stage}: allowed 0, 1, 2, 3")
+        if self.world_size < 1 or self.gpus_per_node < 1 or self.micro_batch < 1:
+            raise ValueError("world size, GPUs per node and micro batch must be >= 1")
+        if self.offload_optimizer != "none" and self.zero_stage == 0:
+            raise ValueError("optimizer offload needs ZeRO stage >= 1")
+        if self.offload_param != "none" and self.zero_stage != 3:
+            raise ValueError("parameter offload needs ZeRO stage 3")
+
+    @property
+    def label(self) -> str:
+        off = [f"opt-{self.offload_optimizer}"] if self.offload_optimizer != "none" else []
+        off += [f"param-{self.offload_param}"] if self.offload_param != "none" else []
+        return f"zero{self.zero_stage}" + "".join(f"+{o}" for o in off) + ("+ckpt" if self.checkpointing else "")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per rank on the device, on the host and on NVMe, by term."""
+
+    setup: Setup
+    params: float
+    grads: float
+    optimizer: float
+    buffers: float  # gradient buckets
+    live_params: float  # ZeRO-3 parameters gathered during forward / backward
+    step_transient: float  # fp32 gradient made for the optimizer step
+    activations: float
+    host: float  # offloaded states per rank
+    nvme: float
+
+    @property
+    def model_states(self) -> float:
+        """Parameters, gradients and optimizer states resident on the device."""
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def device_peak(self) -> float:
+        return self.model_states + self.buffers + self.live_params + self.step_transient + self.activations
+
+    @property
+    def host_per_node(self) -> float:
+        return self.host * self.setup.gpus_per_node
+
+
+def model_state_terms(psi: float, setup: Setup, persistent: float = 0.0) -> dict[str, float]:
+    """params / grads / optimizer bytes per rank on the device and on host / NVMe (ZeRO formulas)."""
+    n, stage, p = setup.world_size, setup.zero_stage, PRECISIONS[setup.precision]
+    mixed = p == 2
+    k = (4 if (mixed or stage >= 1) else 0) + 8  # fp32 master copy + Adam's two fp32 moments
+    params = p * psi if stage < 3 else p * psi / n + p * persistent
+    grads = p * psi if stage < 2 else p * psi / n
+    optimizer = k * psi if stage == 0 else k * psi / n
+    offloaded = 0.0
+    if setup.offload_optimizer != "none":
+        # The host keeps master + moments and an fp32 gradient partition; stage 1/2 also a 16-bit
+        # copy of its parameter partition. Stage >= 2 sends gradients out of the device bucket by bucket.
+        offloaded = (k + 4) * psi / n + (p * psi / n if stage < 3 else 0.0)
+        optimizer = 0.0
+        grads = grads if stage == 1 else 0.0
+    if setup.offload_param != "none":
+        offloaded += p * psi / n
+        params = p * persistent
+    host = offloaded if setup.offload_optimizer == "cpu" or setup.offload_param == "cpu" else 0.0
+    nvme = offloaded - host
+    return {"params": params, "grads": grads, "optimizer": optimizer, "host": host, "nvme": nvme}
+
+
+def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
+    """Per-rank memory of training `shape` under `setup`."""
+    psi, p, stage = shape.num_params, PRECISIONS[setup.precision], setup.zero_stage
+    persistent = shape.persistent_params(setup.param_persistence_threshold) if stage == 3 else 0
+    terms = model_state_terms(psi, setup, persistent)
+    buffers = 0.0
+    if stage in (1, 2):  # contiguous gradient buckets, double-buffered when overlapping communication
+        buffers = (2 if setup.overlap_comm else 1) * setup.reduce_bucket_size * p
+    elif stage == 3:
+        buffers = setup.reduce_bucket_size * p
+    live = 0.0
+    if stage == 3:
+        largest = shape.largest_layer_params or psi
+        live = p * min(psi - persistent, largest + setup.prefetch_bucket_size)
+    transient = 0.0
+    if p == 2 or stage >= 1:  # the optimizer steps on an fp32 gradient of its (partition of the) master copy
+        transient = 4 * psi / (1 if stage == 0 else setup.world_size)
+        if setup.offload_optimizer != "none":
+            transient = 0.0  # made on the host, inside the offloaded partition counted there
+    acts = activations_per_sample(shape, p).total(setup.micro_batch, setup.checkpointing)
+    return MemoryEstimate(setup=setup, params=terms["params"], grads=terms["grads"], optimizer=terms["optimizer"],
+                          buffers=buffers, live_params=live, step_transient=transient, activations=acts,
+                          host=terms["host"], nvme=terms["nvme"])
+
+
+def all_setups(base: Setup) -> list[Setup]:
+    """Every stage x offload x checkpointing DeepSpeed supports, from `base`'s other settings."""
+    setups = []
+    for stage in (0, 1, 2, 3):
+        for opt, param in OFFLOADS:
+            if (stage == 0 and opt != "none") or (param != "none" and stage != 3) or (opt == "nvme" and stage != 3):
+                continue  # DeepSpeed: NVMe offload is ZeRO-Infinity, stage 3 only
+            for ckpt in (False, True):
+                setups.append(replace(base, zero_stage=stage, offload_optimizer=opt, offload_param=param,
+                                      checkpointing=ckpt))
+    return setups
+
+
+def speed_rank(setup: Setup) -> tuple[int, int, int]:
+    """Sort key, fastest first: offloading (host traffic) costs most, then recomputing activations
+    (about a third more compute), then the ZeRO stage (ZeRO-3 gathers parameters twice per step)."""
+    return (OFFLOADS.index((setup.offload_optimizer, setup.offload_param)), int(setup.checkpointing),
+            setup.zero_stage)
+
+
+def fits(est: MemoryEstimate, gpu_mem: float, cpu_mem: float | None = None, headroom: float = 0.1) -> bool:
+    """Whether the device peak fits in (1 - headroom) of `gpu_mem` (CUDA context, fragmentation),
+    and the host part per node in `cpu_mem` when given."""
+    ok = est.device_peak <= (1 - headroom) * gpu_mem
+    if cpu_mem is not None:
+        ok = ok and est.host_per_node <= (1 - headroom) * cpu_mem
+    return ok
+
+
+def recommend(estimates: list[MemoryEstimate], gpu_mem: float, cpu_mem: float | None = None,
+              headroom: float = 0.1) -> MemoryEstimate | None:
+    """The fastest configuration that fits, or None."""
+    fitting = [e for e in estimates if fits(e, gpu_mem, cpu_mem, headroom)]
+    return min(fitting, key=lambda e: speed_rank(e.setup)) if fitting else None
+
+
+def add_estimate_parser(subparsers) -> None:  # noqa: ANN001 (argparse's private subparsers type)
+    """Register `bigtrain estimate` (implemented in bigtrain.estimate_cli)."""
+    from bigtrain.estimate_cli import add_estimate_parser as register
+    register(subparsers)
+

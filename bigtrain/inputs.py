@@ -1,0 +1,87 @@
+"""The runner's view of the data: the run config mapped onto `bigtrain.data`, and what the model needs from it."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+from bigtrain.config import DataConfig, ModelConfig
+from bigtrain.data import DataBundle, ResumableSampler, batches, build_data, iter_eval_batches
+from bigtrain.distributed import World, barrier
+
+MODALITY = {"gpt2": "text", "encoder": "classify", "resnet": "image"}
+
+
+class TrainingData:
+    """Train/val data with a resumable order; the data-parallel shard is fixed when batches are first asked for."""
+
+    def __init__(self, bundle: DataBundle, seed: int, tokenizer_dir: Path | None):
+        self.bundle = bundle
+        self.seed = seed
+        self.tokenizer_dir = tokenizer_dir
+        self.sampler: ResumableSampler | None = None
+        self._pending_state: dict | None = None
+        self._dp: tuple[int, int] = (0, 1)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.bundle.tokenizer
+
+    def set_data_parallel(self, dp_rank: int, dp_size: int) -> None:
+        self._dp = (dp_rank, dp_size)
+
+    def train_batches(self, micro_batch: int) -> Iterator[dict]:
+        rank, size = self._dp
+        self.sampler = ResumableSampler(len(self.bundle.train), rank, size, self.seed)
+        if self._pending_state is not None:
+            self.sampler.load_state_dict(self._pending_state)
+        return batches(self.bundle.train, self.sampler, micro_batch)
+
+    def eval_batches(self, micro_batch: int, max_batches: int | None = None) -> Iterator[dict]:
+        rank, size = self._dp
+        return iter_eval_batches(self.bundle.val, micro_batch, rank, size, max_batches)
+
+    def state_dict(self) -> dict:
+        assert self.sampler is not None, "state_dict() before training started"
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Applied when the sampler is made (after the engine fixed the data-parallel shard)."""
+        self._pending_state = state
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state)
+
+
+def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, world: World, seed: int) -> TrainingData:
+    """Rank 0 trains the tokenizer and writes the token cache; the others wait and read them."""
+    tokenizer_dir = out_dir / "tokenizer"
+    bundle = build_data(
+        data.source, MODALITY[model.family], seq_len=data.seq_len, tokenizer=data.tokenizer,
+        vocab_size=data.vocab_size, tokenizer_dir=tokenizer_dir, cache_dir=out_dir / "data_cache",
+        val_fraction=data.val_fraction, seed=seed,
+        image_size=data.image_size, num_classes=data.num_classes, text_field=data.text_field,
+        label_field=data.label_field, synthetic_samples=data.synthetic_samples, is_writer=world.is_main,
+        barrier=barrier)
+    has_tokenizer_dir = bundle.tokenizer is not None and data.tokenizer is None
+    return TrainingData(bundle, seed=seed, tokenizer_dir=tokenizer_dir if has_tokenizer_dir else None)
+
+
+def model_overrides(model: ModelConfig, data: TrainingData, seq_len: int) -> dict:
+    """The model's shape where the data decides it (vocabulary, classes, sequence length), then the user's."""
+    bundle = data.bundle
+    derived: dict[str, Any] = {}
+    if model.family == "gpt2":
+        if model.pretrained:
+            derived["pretrained"] = model.pretrained
+        else:
+            from bigtrain.models.gpt2 import FAMILY
+            if bundle.vocab_size:
+                derived["vocab_size"] = bundle.vocab_size
+            positions = FAMILY.sizes.get(model.size, {}).get("n_positions", 1024)
+            derived["n_positions"] = max(positions, seq_len)  # room for the data's sequence length
+        derived["seq_len"] = seq_len
+    elif model.family == "encoder":
+        derived.update(vocab_size=bundle.vocab_size, num_classes=bundle.num_classes, seq_len=seq_len)
+    elif model.family == "resnet":
+        derived["num_classes"] = bundle.num_classes
+    return {**derived, **model.overrides}
+

@@ -1,0 +1,123 @@
+"""One training job end to end: config -> data -> model -> engine -> (resume) -> loop -> summary."""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bigtrain import checkpoint, models
+from bigtrain.config import RunConfig
+from bigtrain.config_io import to_dict
+from bigtrain.distributed import World, init_distributed, shutdown
+from bigtrain.ds_lint import LintError
+from bigtrain.ds_resolve import generated_or_user
+from bigtrain.ds_runtime import fit_to_device
+from bigtrain.engine import Engine, EngineOptions
+from bigtrain.inputs import TrainingData, build_training_data, model_overrides
+from bigtrain.report import Reporter
+from bigtrain.trainer import LoopSettings, train_loop
+
+log = logging.getLogger("bigtrain")
+
+
+def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = False,
+            stop_after: int | None = None) -> int:
+    """Exit code: 0 done, 2 a user's mistake (one line on stderr), else the exception propagates."""
+    world = init_distributed()
+    setup_logging(world)
+    try:
+        train(run, world, ds_config_path, resume, stop_after)
+    except (LintError, ValueError) as err:  # deterministic: every rank raises the same before training
+        if world.is_main:
+            for line in str(err).splitlines():
+                print(f"bigtrain: {line}", file=sys.stderr)
+        return 2
+    shutdown()
+    return 0
+
+
+def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool, stop_after: int | None) -> dict:
+    out = Path(run.train.out_dir)
+    resolved = generated_or_user(run, world.size, ds_config_path)
+    run = resolved.run
+    if world.is_main:
+        for note in resolved.notes:
+            log.info("%s", note)
+    ds_config = fit_to_device(resolved.ds_config, run, str(out))
+    seed_everything(run.train.seed)
+    ckpt_dir = Path(run.checkpoint.dir or out / "checkpoints")
+    data = build_training_data(run.data, run.model, out, world, run.train.seed)
+    if world.is_main:
+        log.info("data: %s", data.bundle.description)
+    spec = models.build(run.model.family, run.model.size, **model_overrides(run.model, data, run.data.seq_len))
+    engine = Engine(spec, ds_config, EngineOptions(
+        pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
+        activation_checkpointing=run.activation_checkpointing.enabled,
+        checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed))
+    data.set_data_parallel(engine.dp_rank, engine.dp_size)
+    saved = resume_from(engine, ckpt_dir, world, data) if resume else {}
+    start_step = int(saved.get("step", 0))
+    if world.is_main:
+        log.info("model %s/%s: %.2fM parameters; %s", spec.family, spec.size, spec.num_params / 1e6,
+                 _batch_line(ds_config, engine, world))
+    reporter = Reporter(run, spec, ds_config, engine, world, out, prior_losses=saved.get("losses"))
+    result = train_loop(engine, world, LoopSettings(
+        steps=run.train.steps, eval_interval=run.train.eval_interval, eval_batches=run.train.eval_batches,
+        ckpt_dir=ckpt_dir, ckpt_interval=run.checkpoint.interval, keep_last=run.checkpoint.keep_last,
+        stop_after=stop_after), data.train_batches(engine.micro_batch), lambda n: list(data.eval_batches(engine.micro_batch, n)),
+        start_step, lambda step: checkpoint_state(run, ds_config, world, data, step, reporter.losses), reporter)
+    summary = reporter.summary(result, run_config=to_dict(run))
+    if world.is_main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        log.info("wrote %s", out / "summary.json")
+    if not result.stopped_by and run.train.sample_tokens and data.tokenizer is not None:
+        from bigtrain.sample import print_sample
+        print_sample(engine, data.tokenizer, run.train.sample_tokens, world)
+    return summary
+
+
+def resume_from(engine: Engine, ckpt_dir: Path, world: World, data: TrainingData) -> dict:
+    """Load the newest complete checkpoint; returns its saved state (step, losses, data position)."""
+    found = checkpoint.find_resumable(ckpt_dir)
+    if found is None:
+        raise ValueError(f"--resume: no complete checkpoint in {ckpt_dir}; drop --resume to start fresh")
+    tag, state = found
+    if int(state.get("world_size", world.size)) != world.size:
+        raise ValueError(f"checkpoint {ckpt_dir / tag} was saved at world size {state['world_size']}, "
+                         f"this job has {world.size}")
+    checkpoint.load(engine.ds, ckpt_dir, tag, world.rank)
+    data.load_state_dict(state["data"])
+    if world.is_main:
+        log.info("resumed from %s at step %d", ckpt_dir / tag, state["step"])
+    return state
+
+
+def checkpoint_state(run: RunConfig, ds_config: dict, world: World, data: TrainingData, step: int,
+                     losses: list[float]) -> dict:
+    return {"step": step, "world_size": world.size, "data": data.state_dict(), "losses": list(losses),
+            "run_config": to_dict(run),
+            "ds_config": ds_config, "tokenizer_dir": str(data.tokenizer_dir) if data.tokenizer_dir else None}
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def setup_logging(world: World) -> None:
+    logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING,
+                        format=f"[%(asctime)s rank{world.rank}] %(message)s", datefmt="%H:%M:%S", stream=sys.stdout,
+                        force=True)
+    log.setLevel(logging.INFO if world.is_main else logging.WARNING)
+
+
+def _batch_line(ds_config: dict, engine: Engine, world: World) -> str:
+    return (f"world size {world.size}, data-parallel {engine.dp_size}: train_batch_size "
+            f"{ds_config['train_batch_size']} = micro {ds_config['train_micro_batch_size_per_gpu']} x accum "
+            f"{ds_config['gradient_accumulation_steps']} x dp {engine.dp_size}")

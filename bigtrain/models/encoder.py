@@ -1,0 +1,203 @@
+"""A BERT-style Transformer encoder classifier in plain torch.
+
+Post-LayerNorm blocks, learned positions, [CLS] (first token) pooling with a tanh pooler,
+as BERT. Sizes follow Google's BERT releases (tiny 2x128 ... large 24x1024). There is no
+padding mask: every position attends to every other, so feed packed or fixed-length
+sequences. The plain module is built from the very layers of the pipeline form.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bigtrain.models.losses import classification_loss
+from bigtrain.models.registry import Family
+from bigtrain.models.spec import LayerDef, ModelSpec
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Every field is a `build("encoder", ...)` override key."""
+
+    n_layer: int | None = None
+    n_embd: int | None = None
+    n_head: int | None = None
+    vocab_size: int = 30522  # BERT's uncased WordPiece vocabulary
+    n_positions: int = 512
+    seq_len: int | None = None  # tokens per sample; default n_positions
+    num_classes: int = 2
+    dropout: float = 0.0
+    layer_norm_eps: float = 1e-12
+
+    def __post_init__(self) -> None:
+        missing = [k for k in ("n_layer", "n_embd", "n_head") if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"encoder size 'custom' needs overrides {', '.join(missing)} "
+                             "(e.g. n_layer=4, n_embd=256, n_head=4)")
+        for key in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "seq_len", "num_classes"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"encoder {key}={value!r}: must be a positive integer")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"encoder n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.seq_len is None:
+            object.__setattr__(self, "seq_len", self.n_positions)
+        if self.seq_len > self.n_positions:
+            raise ValueError(f"encoder seq_len={self.seq_len} exceeds n_positions={self.n_positions}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"encoder dropout={self.dropout}: must be in [0, 1)")
+
+
+def _init_weights(module: nn.Module) -> None:
+    """BERT's init, on `module`'s own parameters only (zero.Init gathers exactly those)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+class Embeddings(nn.Module):
+    """Token + position embeddings, LayerNorm, dropout."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.positions = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        self.norm = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.apply(_init_weights)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        return self.drop(self.norm(self.tokens(input_ids) + self.positions(positions)))
+
+
+class EncoderBlock(nn.Module):
+    """Post-LN block: x = LN(x + attn(x)); x = LN(x + mlp(x))."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.n_head, self.p_drop = cfg.n_head, cfg.dropout
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.norm1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps)
+        self.fc1 = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.fc2 = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        self.norm2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.apply(_init_weights)
+
+    def _attention(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_head, c // self.n_head).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p_drop if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.drop(self._attention(x)))
+        return self.norm2(x + self.drop(self.fc2(F.gelu(self.fc1(x)))))
+
+
+class ClassifierHead(nn.Module):
+    """BERT pooler (dense + tanh on the first token) and the classifier."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.pooler = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.classifier = nn.Linear(cfg.n_embd, cfg.num_classes)
+        self.apply(_init_weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.drop(torch.tanh(self.pooler(x[:, 0]))))
+
+
+class EncoderClassifier(nn.Module):
+    """The plain module: input_ids [B,T] -> logits [B, num_classes]."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg)
+        self.blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.n_layer))
+        self.head = ClassifierHead(cfg)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embeddings(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def num_params(cfg: EncoderConfig) -> int:
+    """Embeddings + norm, 12h^2 + 13h per block, pooler and classifier."""
+    h = cfg.n_embd
+    embeddings = (cfg.vocab_size + cfg.n_positions) * h + 2 * h
+    return embeddings + cfg.n_layer * (12 * h * h + 13 * h) + (h * h + h) + (h * cfg.num_classes + cfg.num_classes)
+
+
+def flops_per_sample(cfg: EncoderConfig) -> float:
+    """Training FLOPs per sequence of seq_len tokens: 3x the forward's matmul FLOPs.
+
+    Forward per block: 2*T*12h^2 for the weight matmuls plus 4*T^2*h for the attention
+    scores and weighted sum; then the pooler and classifier on one token. The embedding
+    lookups are not matmuls; norms and activations are left out.
+    """
+    t, h = cfg.seq_len, cfg.n_embd
+    forward = cfg.n_layer * (24 * t * h * h + 4 * t * t * h) + 2 * h * h + 2 * h * cfg.num_classes
+    return 3.0 * forward
+
+
+def layer_defs(cfg: EncoderConfig) -> list[LayerDef]:
+    """Embeddings, every block, head: the same classes the plain module is made of."""
+    return [
+        LayerDef(Embeddings, (cfg,), param_map={"": "embeddings."}),
+        *(LayerDef(EncoderBlock, (cfg,), param_map={"": f"blocks.{i}."}, checkpointable=True)
+          for i in range(cfg.n_layer)),
+        LayerDef(ClassifierHead, (cfg,), param_map={"": "head."}),
+    ]
+
+
+def classification_batch(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """{"input_ids": [B,T], "labels": [B]} -> (input_ids, labels)."""
+    if "input_ids" not in batch or "labels" not in batch:
+        raise ValueError(f"encoder batches need keys 'input_ids' and 'labels'; got {sorted(batch)}")
+    return batch["input_ids"], batch["labels"]
+
+
+def _blocks(module: EncoderClassifier) -> list[tuple[nn.Module, str]]:
+    return [(module.blocks, str(i)) for i in range(len(module.blocks))]
+
+
+def make_spec(size: str, settings: dict[str, Any]) -> ModelSpec:
+    """Encoder spec from merged settings (see `EncoderConfig`)."""
+    cfg = EncoderConfig(**settings)
+    return ModelSpec(
+        family="encoder", size=size, config=cfg,
+        build=lambda: EncoderClassifier(cfg),
+        layers=lambda: layer_defs(cfg),
+        loss=classification_loss, pipeline_loss=classification_loss,
+        batch_to_inputs=classification_batch,
+        num_params=num_params(cfg), flops_per_sample=flops_per_sample(cfg),
+        tokens_per_sample=cfg.seq_len, modality="text", checkpoint_blocks=_blocks,
+        extra={"seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size, "num_classes": cfg.num_classes},
+    )
+
+
+FAMILY = Family(
+    name="encoder",
+    settings_cls=EncoderConfig,
+    sizes={
+        "tiny": {"n_layer": 2, "n_embd": 128, "n_head": 2},
+        "mini": {"n_layer": 4, "n_embd": 256, "n_head": 4},
+        "small": {"n_layer": 4, "n_embd": 512, "n_head": 8},
+        "medium": {"n_layer": 8, "n_embd": 512, "n_head": 8},
+        "base": {"n_layer": 12, "n_embd": 768, "n_head": 12},
+        "large": {"n_layer": 24, "n_embd": 1024, "n_head": 16},
+    },
+    make=make_spec,
+)

@@ -1,0 +1,106 @@
+"""Activation checkpointing applied to a plain module from outside the model.
+
+Two ways: the family's own switch (HF gradient checkpointing), or DeepSpeed's
+`deepspeed.checkpointing.checkpoint` around each repeated block, which honours the
+`activation_checkpointing` section of a DeepSpeed config (partitioned / CPU activations).
+Pipelines use `activation_checkpoint_interval` instead (see `to_pipeline_module`).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator
+
+import deepspeed
+import torch
+from deepspeed import comm as dist
+from torch import nn
+
+from bigtrain.models.spec import ModelSpec
+
+METHODS = ("auto", "native", "deepspeed")
+
+
+@contextlib.contextmanager
+def _buffers_kept(block: nn.Module) -> Iterator[None]:
+    """Run the recompute on copies of the buffers, so BatchNorm's running stats move once a step.
+
+    The copies are swapped in rather than restored in place: autograd saved them for the
+    backward pass, and an in-place restore would invalidate that.
+    """
+    originals = [(m, name, buf) for m in block.modules() for name, buf in m._buffers.items() if buf is not None]
+    for m, name, buf in originals:
+        m._buffers[name] = buf.clone()
+    try:
+        yield
+    finally:
+        for m, name, buf in originals:
+            m._buffers[name] = buf
+
+
+def _checkpointed(block: nn.Module) -> Callable[..., Any]:
+    """`block.forward`, recomputed in the backward pass instead of storing its activations."""
+    forward = block.forward
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        calls = [0]
+
+        def once(*a: Any, **kw: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 1:
+                return forward(*a, **kw)
+            with _buffers_kept(block):
+                return forward(*a, **kw)
+
+        tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
+        if any(t.requires_grad for t in tensors):
+            return deepspeed.checkpointing.checkpoint(once, *args, **kwargs)
+        # The reentrant checkpoint would cut the parameters' gradients when no input needs
+        # one (e.g. a frozen embedding below); the non-reentrant one keeps them.
+        return deepspeed.checkpointing.non_reentrant_checkpoint(functools.partial(once, **kwargs), *args)
+
+    run.bigtrain_checkpointed = True  # type: ignore[attr-defined]
+    return run
+
+
+def _wrap_blocks(spec: ModelSpec, module: nn.Module, every_n: int) -> int:
+    if spec.checkpoint_blocks is None:
+        raise ValueError(f"{spec.family} names no blocks to checkpoint (spec.checkpoint_blocks is None)")
+    count = 0
+    for i, (parent, attr) in enumerate(spec.checkpoint_blocks(module)):
+        block = getattr(parent, attr)
+        if i % every_n or getattr(block.forward, "bigtrain_checkpointed", False):
+            continue
+        # Patch the instance's forward rather than wrapping the block in a new module, so
+        # the state dict keeps its names and module hooks (ZeRO-3 fetches) still run.
+        block.forward = _checkpointed(block)
+        count += 1
+    return count
+
+
+def apply_activation_checkpointing(spec: ModelSpec, module: nn.Module, every_n: int = 1, method: str = "auto",
+                                   ds_config: dict | None = None) -> int:
+    """Recompute block activations in the backward pass; return how many blocks are checkpointed.
+
+    Blocks 0, every_n, 2*every_n, ... are checkpointed. method "auto" uses the family's
+    native switch when it has one (and no ds_config is given), else DeepSpeed's checkpoint. `ds_config` (a DeepSpeed config
+    dict) configures `deepspeed.checkpointing` from its `activation_checkpointing` section;
+    without it DeepSpeed's defaults apply (no partitioning, no CPU copies).
+    """
+    if method not in METHODS:
+        raise ValueError(f"activation checkpointing method={method!r}: use one of {', '.join(METHODS)}")
+    if every_n < 1:
+        raise ValueError(f"activation checkpointing every_n={every_n}: must be >= 1")
+    native = spec.enable_native_checkpointing
+    if method == "native" and native is None:
+        raise ValueError(f"{spec.family} has no native activation checkpointing; use method='deepspeed'")
+    if method == "native" or (method == "auto" and native is not None and ds_config is None):
+        native(module, every_n=every_n)
+        return len(range(0, len(spec.checkpoint_blocks(module)), every_n)) if spec.checkpoint_blocks else 0
+    if ds_config is not None:
+        assert dist.is_initialized(), "deepspeed.checkpointing.configure needs the process group"
+        deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
+    return _wrap_blocks(spec, module, every_n)

@@ -1,0 +1,102 @@
+"""What a run tells its user: the per-step log line, progress bar, monitors and summary.json."""
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bigtrain.config import RunConfig
+from bigtrain.distributed import World
+from bigtrain.metrics import (MetricsLogger, ProgressBar, ThroughputMeter, achieved_tflops, measure_peak_tflops,
+                              memory_per_rank_bytes, memory_report, mfu, peak_memory)
+from bigtrain.models.spec import ModelSpec
+
+log = logging.getLogger("bigtrain")
+PRECISION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Reporter:
+    """Rank 0 talks; every rank measures (the summary gathers per-rank memory)."""
+
+    def __init__(self, run: RunConfig, spec: ModelSpec, ds_config: dict, engine: Any, world: World, out: Path,
+                 prior_losses: list[float] | None = None):
+        self.engine, self.world, self.spec = engine, world, spec
+        self.total_steps = run.train.steps
+        self.interval = run.logging.interval
+        self.global_batch = ds_config["train_batch_size"]
+        self.losses: list[float] = list(prior_losses or [])
+        self.val_losses: list[tuple[int, float]] = []
+        self.meter = ThroughputMeter(warmup=2)
+        self.peak_tflops = run.train.peak_tflops or measure_peak_tflops(PRECISION_DTYPE[run.precision])
+        if world.is_main:
+            source = "given" if run.train.peak_tflops else f"measured ({run.precision} matmul, {torch.get_num_threads()} threads)"
+            log.info("peak %.2f TFLOP/s per rank, %s", self.peak_tflops, source)
+        self.monitor = MetricsLogger(monitor=getattr(engine.ds, "monitor", None))
+        self.bar = ProgressBar(run.train.steps, enabled=world.is_main and run.logging.progress_bar,
+                               log_every=self.interval)
+        self.started = time.perf_counter()
+
+    def step_started(self) -> None:
+        self.meter.start()
+
+    def on_step(self, step: int, loss: float, lr: float) -> None:
+        tokens = self.global_batch * self.spec.tokens_per_sample
+        self.meter.step(self.global_batch, tokens)
+        self.losses.append(loss)
+        if step % self.interval and step != self.total_steps:
+            return
+        metrics = self._window_metrics(loss, lr)
+        self.monitor.log(step, metrics)
+        if self.world.is_main:
+            self.bar.update(step, loss=loss, lr=lr, tokens_per_s=metrics.get("tokens_per_s"),
+                            samples_per_s=metrics["samples_per_s"], tflops=metrics["tflops"], mfu=metrics["mfu"],
+                            mem_bytes=metrics["mem_bytes"])
+
+    def on_eval(self, step: int, val_loss: float) -> None:
+        self.val_losses.append((step, val_loss))
+        ppl = math.exp(val_loss) if val_loss < 50 else float("inf")
+        self.monitor.log(step, {"val_loss": val_loss, "val_ppl": ppl})
+        if self.world.is_main:
+            self.bar.write(f"eval step {step}: val loss {val_loss:.4f} | ppl {ppl:.2f}")
+
+    def _window_metrics(self, loss: float, lr: float) -> dict[str, float]:
+        recent = self.meter.times[-self.interval:]
+        step_s = statistics.median(recent) if recent else float("nan")
+        samples_per_s = self.global_batch / step_s
+        metrics = {"loss": loss, "lr": lr, "samples_per_s": samples_per_s, "step_s": step_s,
+                   "tflops": achieved_tflops(self.spec.flops_per_sample, samples_per_s),
+                   "mfu": mfu(self.spec.flops_per_sample, samples_per_s, self.peak_tflops, self.world.size),
+                   "mem_bytes": float(memory_per_rank_bytes(peak_memory()))}
+        if self.spec.tokens_per_sample:
+            metrics["tokens_per_s"] = samples_per_s * self.spec.tokens_per_sample
+        return metrics
+
+    def summary(self, result: Any, **extra: Any) -> dict:
+        """Collective (gathers every rank's memory). Rates are medians over steps after a 2-step warm-up."""
+        samples_per_s = self.meter.samples_per_s()
+        per_rank = {"peak_memory": peak_memory(), "model_state": memory_report(self.engine.ds)}
+        gathered: list[Any] = [None] * self.world.size
+        torch.distributed.all_gather_object(gathered, per_rank)
+        self.bar.close()
+        self.monitor.flush()
+        summary = {
+            "steps": result.last_step, "stopped_by": result.stopped_by, "final_loss": self.losses[-1] if self.losses else None,
+            "losses": self.losses, "val_losses": [[s, v] for s, v in self.val_losses],
+            "samples_per_s": samples_per_s, "step_s_median": self.meter.median_step_s(),
+            "tflops": achieved_tflops(self.spec.flops_per_sample, samples_per_s),
+            "mfu": mfu(self.spec.flops_per_sample, samples_per_s, self.peak_tflops, self.world.size),
+            "peak_tflops_per_rank": self.peak_tflops, "world_size": self.world.size,
+            "peak_memory_per_rank": [g["peak_memory"] for g in gathered],
+            "model_state_bytes_per_rank": [g["model_state"]["model_state_bytes"] for g in gathered],
+            "model": {"family": self.spec.family, "size": self.spec.size, "num_params": self.spec.num_params,
+                      "flops_per_sample": self.spec.flops_per_sample, "tokens_per_sample": self.spec.tokens_per_sample},
+            "wall_s": time.perf_counter() - self.started,
+        }
+        if self.spec.tokens_per_sample:
+            summary["tokens_per_s"] = samples_per_s * self.spec.tokens_per_sample
+        return {**summary, **extra}

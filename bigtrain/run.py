@@ -1,0 +1,65 @@
+"""Entry point for the deepspeed launcher, torchrun, or a plain `python`: args -> run config -> train.
+
+    deepspeed --num_gpus=8 bigtrain/run.py --model gpt2 --size medium \\
+        --deepspeed_config ds_configs/zero3_offload.json --data 'corpus/*.txt' --steps 2000 --out runs/m
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+if __package__ in (None, ""):
+    # Run as a script: put the repository root, not bigtrain/, first on the path, so that
+    # bigtrain's modules (config, data, ...) never shadow top-level packages of the same name.
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+    sys.path.insert(0, os.path.dirname(_here))
+
+from bigtrain.config import RunConfig  # noqa: E402
+from bigtrain.config_io import load_run_config  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Train a model with DeepSpeed (see README).")
+    p.add_argument("--config", help="run config YAML/JSON")
+    p.add_argument("--model", help="model family: gpt2, resnet, encoder (model.family)")
+    p.add_argument("--size", help="named size, e.g. tiny, mini, small, medium (model.size)")
+    p.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config",
+                   help="a DeepSpeed JSON (e.g. ds_configs/zero3.json); it decides the ZeRO stage, precision, "
+                        "offload and batch; linted and fitted to the real world size")
+    p.add_argument("--data", help="data source: builtin, synthetic, a file/dir/glob, hf:NAME (data.source)")
+    p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
+    p.add_argument("--out", help="output directory (train.out_dir)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--seed", type=int, help="seed (train.seed)")
+    p.add_argument("--peak-tflops", type=float, help="per-rank peak TFLOP/s for MFU (default: measured)")
+    p.add_argument("--stop-after", type=int, help="save and stop after this step (time-boxed jobs, tests)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any run-config field, e.g. --set zero.stage=3 (repeatable)")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def run_config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Flags are shorthands for --set; --set wins over flags, and both over the config file."""
+    shorthands = [("model.family", args.model), ("model.size", args.size), ("data.source", args.data),
+                  ("train.steps", args.steps), ("train.out_dir", args.out), ("train.seed", args.seed),
+                  ("train.peak_tflops", args.peak_tflops)]
+    overrides = [f"{key}={value}" for key, value in shorthands if value is not None]
+    return load_run_config(args.config, overrides + list(args.set))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run = run_config_from_args(args)
+    except ValueError as err:
+        print(f"bigtrain: {err}", file=sys.stderr)
+        return 2
+    from bigtrain.job import run_job
+    return run_job(run, ds_config_path=args.deepspeed_config, resume=args.resume, stop_after=args.stop_after)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
