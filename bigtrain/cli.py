@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Callable
-
 from bigtrain.ds_lint import LintError
 
 
@@ -61,25 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_config_args(p)
     p.set_defaults(func=cmd_lint)
 
-    for register in _optional_commands():
+    from bigtrain.models.cli import add_models_parser
+    from bigtrain.train_cli import add_train_parser
+    for register in (add_train_parser, add_models_parser):
         register(sub)
     return parser
-
-
-def _optional_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    """Verbs owned by other modules; each registers its own parser."""
-    registrars = []
-    for module, name in (("bigtrain.train_cli", "add_train_parser"), ("bigtrain.estimate", "add_estimate_parser"),
-                         ("bigtrain.export", "add_export_parser"), ("bigtrain.bench", "add_bench_parser"),
-                         ("bigtrain.preflight", "add_preflight_parser"), ("bigtrain.models.cli", "add_models_parser")):
-        try:
-            mod = __import__(module, fromlist=[name])
-        except ModuleNotFoundError as err:
-            if err.name and err.name.startswith("bigtrain"):
-                continue
-            raise
-        registrars.append(getattr(mod, name))
-    return registrars
 
 
 def deepspeed_logs_to_stderr() -> None:

@@ -26,6 +26,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from bigtrain.config import RunConfig, ZeroConfig
+
+_ZERO = ZeroConfig()  # bucket defaults come from the run config, the one place settings live
 PRECISIONS = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 # Offload placements in the order they cost speed: (optimizer, param).
@@ -153,18 +156,22 @@ class Setup:
     offload_param: str = "none"  # none | cpu | nvme (stage 3 only)
     checkpointing: bool = False
     micro_batch: int = 1
-    reduce_bucket_size: int = 50_000_000  # elements, as bigtrain's ZeroConfig
-    overlap_comm: bool = True
-    prefetch_bucket_size: int = 50_000_000
-    param_persistence_threshold: int = 100_000
+    grad_accum: int = 1  # > 1 keeps gradients alive through the next micro-batch's forward
+    reduce_bucket_size: int = _ZERO.reduce_bucket_size  # elements
+    overlap_comm: bool = _ZERO.overlap_comm
+    prefetch_bucket_size: int = _ZERO.prefetch_bucket_size
+    param_persistence_threshold: int = _ZERO.param_persistence_threshold
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero stage {self.zero_stage}: allowed 0, 1, 2, 3")
-        if self.world_size < 1 or self.gpus_per_node < 1 or self.micro_batch < 1:
-            raise ValueError("world size, GPUs per node and micro batch must be >= 1")
+        if min(self.world_size, self.gpus_per_node, self.micro_batch, self.grad_accum) < 1:
+            raise ValueError("world size, GPUs per node, micro batch and gradient accumulation must be >= 1")
+        for name in ("offload_optimizer", "offload_param"):
+            if getattr(self, name) not in ("none", "cpu", "nvme"):
+                raise ValueError(f"{name}={getattr(self, name)!r}: use none, cpu or nvme")
         if self.offload_optimizer != "none" and self.zero_stage == 0:
             raise ValueError("optimizer offload needs ZeRO stage >= 1")
         if self.offload_param != "none" and self.zero_stage != 3:
@@ -175,6 +182,18 @@ class Setup:
         off = [f"opt-{self.offload_optimizer}"] if self.offload_optimizer != "none" else []
         off += [f"param-{self.offload_param}"] if self.offload_param != "none" else []
         return f"zero{self.zero_stage}" + "".join(f"+{o}" for o in off) + ("+ckpt" if self.checkpointing else "")
+
+
+def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int) -> Setup:
+    """The Setup a run config trains with at `world_size` ranks (pipeline stages not modelled)."""
+    from bigtrain.ds_config import batch_triple
+    triple = batch_triple(run, world_size)
+    z = run.zero
+    return Setup(world_size=triple.dp_size, gpus_per_node=gpus_per_node, zero_stage=z.stage,
+                 precision=run.precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
+                 checkpointing=run.activation_checkpointing.enabled, micro_batch=triple.micro_batch,
+                 grad_accum=triple.grad_accum, reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
+                 prefetch_bucket_size=z.prefetch_bucket_size, param_persistence_threshold=z.param_persistence_threshold)
 
 
 @dataclass(frozen=True)
@@ -198,8 +217,20 @@ class MemoryEstimate:
         return self.params + self.grads + self.optimizer
 
     @property
+    def grads_in_forward(self) -> float:
+        """Gradients alive during a forward: ZeRO-3's gradient partition always, the others only
+        while accumulating over micro-batches (a step frees them)."""
+        return self.grads if (self.setup.zero_stage == 3 or self.setup.grad_accum > 1) else 0.0
+
+    @property
     def device_peak(self) -> float:
-        return self.model_states + self.buffers + self.live_params + self.step_transient + self.activations
+        """Peak bytes on the device: the larger of the end of the forward (all activations) and the
+        end of backward / the step (all gradients, buckets, the fp32 step gradient). Backward frees
+        activations as it makes gradients, so the two are not added."""
+        always = self.params + self.optimizer + self.live_params + (self.buffers if self.setup.zero_stage == 3 else 0.0)
+        forward = self.activations + self.grads_in_forward
+        step = self.grads + self.step_transient + (self.buffers if self.setup.zero_stage in (1, 2) else 0.0)
+        return always + max(forward, step)
 
     @property
     def host_per_node(self) -> float:

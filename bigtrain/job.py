@@ -54,7 +54,9 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
     data = build_training_data(run.data, run.model, out, world, run.train.seed)
     if world.is_main:
         log.info("data: %s", data.bundle.description)
-    spec = models.build(run.model.family, run.model.size, **model_overrides(run.model, data, run.data.seq_len))
+    model_build = {"family": run.model.family, "size": run.model.size,
+                   "overrides": model_overrides(run.model, data, run.data.seq_len)}
+    spec = models.build(model_build["family"], model_build["size"], **model_build["overrides"])
     engine = Engine(spec, ds_config, EngineOptions(
         pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
         activation_checkpointing=run.activation_checkpointing.enabled,
@@ -70,8 +72,8 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
         steps=run.train.steps, eval_interval=run.train.eval_interval, eval_batches=run.train.eval_batches,
         ckpt_dir=ckpt_dir, ckpt_interval=run.checkpoint.interval, keep_last=run.checkpoint.keep_last,
         stop_after=stop_after), data.train_batches(engine.micro_batch), lambda n: list(data.eval_batches(engine.micro_batch, n)),
-        start_step, lambda step: checkpoint_state(run, ds_config, world, data, step, reporter.losses), reporter)
-    summary = reporter.summary(result, run_config=to_dict(run))
+        start_step, lambda step: checkpoint_state(run, ds_config, world, data, step, reporter.losses, model_build), reporter)
+    summary = reporter.summary(result, run_config=to_dict(run), ds_config=ds_config)
     if world.is_main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         log.info("wrote %s", out / "summary.json")
@@ -98,8 +100,10 @@ def resume_from(engine: Engine, ckpt_dir: Path, world: World, data: TrainingData
 
 
 def checkpoint_state(run: RunConfig, ds_config: dict, world: World, data: TrainingData, step: int,
-                     losses: list[float]) -> dict:
+                     losses: list[float], model_build: dict) -> dict:
+    """What resume and export need: the step, the data position, the loss history, and how to rebuild the model."""
     return {"step": step, "world_size": world.size, "data": data.state_dict(), "losses": list(losses),
+            "model_build": model_build, "pipeline_stages": run.pipeline.stages,
             "run_config": to_dict(run),
             "ds_config": ds_config, "tokenizer_dir": str(data.tokenizer_dir) if data.tokenizer_dir else None}
 

@@ -37,8 +37,9 @@ class Reporter:
             source = "given" if run.train.peak_tflops else f"measured ({run.precision} matmul, {torch.get_num_threads()} threads)"
             log.info("peak %.2f TFLOP/s per rank, %s", self.peak_tflops, source)
         self.monitor = MetricsLogger(monitor=getattr(engine.ds, "monitor", None))
-        self.bar = ProgressBar(run.train.steps, enabled=world.is_main and run.logging.progress_bar,
-                               log_every=self.interval)
+        self.bar = ProgressBar(run.train.steps, enabled=world.is_main, log_every=self.interval)
+        if not run.logging.progress_bar:
+            self.bar.tty = False  # plain log lines every interval instead of a redrawn bar
         self.started = time.perf_counter()
 
     def step_started(self) -> None:

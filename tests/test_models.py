@@ -28,7 +28,8 @@ def tiny_cases() -> list[tuple[str, str, dict, dict]]:
         ("gpt2", "tiny", {"vocab_size": 256, "attn_implementation": "eager"}, text_batch(256)),
         ("encoder", "tiny", {"vocab_size": 256, "n_positions": 32, "num_classes": 3},
          {"input_ids": torch.randint(0, 256, (2, 16), generator=gen), "labels": torch.tensor([0, 2])}),
-        ("resnet", "tiny", {}, {"pixel_values": torch.randn(2, 3, 32, 32, generator=gen), "labels": torch.tensor([1, 7])}),
+        ("resnet", "tiny", {},
+         {"pixel_values": torch.randn(2, 3, 32, 32, generator=gen), "labels": torch.tensor([1, 7])}),
         ("resnet", "50", {"width": 8, "image_size": 64, "num_classes": 5},
          {"pixel_values": torch.randn(2, 3, 64, 64, generator=gen), "labels": torch.tensor([4, 0])}),
     ]
@@ -168,8 +169,8 @@ def measured_flops_per_sample(spec, batch: dict) -> float:
     ("encoder", "tiny", {"vocab_size": 512, "n_positions": 64},
      lambda: {"input_ids": torch.randint(0, 512, (2, 64), generator=TOKENS), "labels": torch.tensor([0, 1])}),
     # ResNet: convs + classifier, training = 3x forward. The counter sees no input gradient
-    # for the first conv (its input needs none): the convention overcounts by that, ~2-3%
-    # at the real widths used here (more at toy widths, where the stem weighs more).
+    # for the first conv (its input needs none): the convention overcounts by that, 1% for
+    # ResNet-50 (more at toy widths, where the stem weighs more).
     ("resnet", "tiny", {}, lambda: {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([1, 2])}),
     ("resnet", "50", {"image_size": 64, "num_classes": 10},
      lambda: {"pixel_values": torch.randn(2, 3, 64, 64), "labels": torch.tensor([1, 2])}),
@@ -195,7 +196,8 @@ def test_gpt2_loss_is_hf_causal_lm_loss():
     model = spec.build()
     assert model.loss_type == "ForCausalLM" and not model.config.use_cache
     batch = text_batch(256)
-    batch["labels"][0, :5] = -100
+    batch["labels"] = batch["labels"].clone()
+    batch["labels"][0, :5] = -100  # ignored positions (padding) count in neither loss
     inputs, labels = spec.batch_to_inputs(batch)
     hf = model(inputs, labels=labels)
     torch.testing.assert_close(spec.loss(hf, labels), hf.loss, rtol=0, atol=1e-6)
@@ -218,6 +220,17 @@ def test_gpt2_pretrained_from_local_directory(tmp_path: pathlib.Path):
         build("gpt2", "mini", pretrained=str(tmp_path))
     with pytest.raises(ValueError, match="no config.json there"):
         build("gpt2", "tiny", pretrained=str(tmp_path / "missing"))
+
+
+def test_models_table_for_the_cli():
+    from bigtrain.models.cli import table
+    rows = table(None, {}).splitlines()
+    assert any(r.split()[:3] == ["resnet", "50", "25.56M"] for r in rows)
+    assert any(r.split()[:3] == ["gpt2", "small", "124.44M"] for r in rows)
+    short = table("gpt2", {"seq_len": 256}).splitlines()
+    assert "tiny    skipped: gpt2 seq_len=256 exceeds n_positions=128" in short[1]
+    with pytest.raises(ValueError, match="unknown override\\(s\\) depth for resnet"):
+        table("resnet", {"depth": 3})
 
 
 def test_models_package_never_imports_deepspeed():

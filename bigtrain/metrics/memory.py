@@ -26,7 +26,8 @@ MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat
                 "fp32_groups_flat_partition", "fp32_groups")
 BUFFER_ATTRS = ("ipg_buckets",)
 
-CATEGORIES = ("params", "grads", "optimizer", "buffers")
+# Counting order: a gradient that is a view into a bucket is the bucket's (buffers before grads).
+CATEGORIES = ("params", "live_params", "buffers", "grads", "optimizer")
 
 
 def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
@@ -45,15 +46,19 @@ def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
         yield from _tensors(obj.buffer, depth + 1)
 
 
-def _param_tensors(params: Iterable[torch.nn.Parameter]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    weights, grads = [], []
+def _param_tensors(params: Iterable[torch.nn.Parameter]) -> dict[str, list[torch.Tensor]]:
+    found: dict[str, list[torch.Tensor]] = {"params": [], "live_params": [], "grads": []}
     for p in params:
-        weights.append(p.data)
-        if hasattr(p, "ds_tensor"):  # ZeRO-3: this rank's partition; p.data is empty unless gathered
-            weights.append(p.ds_tensor)
+        if hasattr(p, "ds_tensor"):
+            # ZeRO-3: ds_tensor is this rank's partition. p.data is empty unless the parameter
+            # is gathered for a forward/backward ("live"), or small enough to persist whole.
+            found["params"].append(p.ds_tensor)
+            found["params" if getattr(p, "ds_persist", False) else "live_params"].append(p.data)
+        else:
+            found["params"].append(p.data)
         if p.grad is not None:
-            grads.append(p.grad)
-    return weights, grads
+            found["grads"].append(p.grad)
+    return found
 
 
 def _optimizer_tensors(optimizer: Any) -> dict[str, list[torch.Tensor]]:
@@ -87,20 +92,21 @@ def memory_report(model_or_engine: Any, optimizer: Any = None) -> dict[str, int]
 
     `model_or_engine` is a DeepSpeed engine (its module and optimizer are used), an
     nn.Module, or an iterable of parameters; `optimizer` is the torch optimizer or
-    DeepSpeed's wrapper (`engine.optimizer`). Keys: params_bytes, grads_bytes,
-    optimizer_bytes (states and fp32 master copies), buffers_bytes (DeepSpeed's
-    gradient buckets), model_state_bytes (params + grads + optimizer), and
-    host_bytes: the part of all of these in host memory while the accelerator is not the CPU
-    (offload).
+    DeepSpeed's wrapper (`engine.optimizer`). Keys: params_bytes (ZeRO-3: the partition
+    and the persistent small parameters), live_params_bytes (ZeRO-3 parameters gathered
+    right now), grads_bytes, optimizer_bytes (states and fp32 master copies),
+    buffers_bytes (DeepSpeed's gradient buckets), model_state_bytes (params + grads +
+    optimizer), and host_bytes: the part of all of these in host memory while the
+    accelerator is not the CPU (offload).
     """
     if hasattr(model_or_engine, "module") and hasattr(model_or_engine, "optimizer") and optimizer is None:
         optimizer = model_or_engine.optimizer
         model_or_engine = model_or_engine.module
     params = model_or_engine.parameters() if isinstance(model_or_engine, torch.nn.Module) else model_or_engine
-    weights, grads = _param_tensors(params)
+    from_params = _param_tensors(params)
     found = _optimizer_tensors(optimizer)
-    found["params"] = weights + found["params"]
-    found["grads"] = grads + found["grads"]
+    for category, tensors in from_params.items():
+        found[category] = tensors + found[category]
     accel_on_cpu = get_accelerator().device_name() == "cpu"
     seen: set[int] = set()
     report = {f"{c}_bytes": 0 for c in CATEGORIES}

@@ -11,7 +11,7 @@ multiply-add, backward = 2x forward) and 12*L*h*s for the attention scores and t
 weighted sum over s positions (causal attention counted as full, as kernels compute it).
 N counts the weights that take part in a matmul: every parameter but the position
 embeddings (the token embedding counts, as the tied output head). Biases and norms are in
-N too; they are ~0.1% of it.
+N too (~0.1% of it at GPT-2 small).
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ class GPT2Settings:
     vocab_size: int = 50257
     seq_len: int | None = None  # tokens per sample; default n_positions
     dropout: float = 0.0  # residual, embedding and attention dropout
-    # sdpa: same numbers as eager here and faster on CPU (measured: see the report of issue #3)
+    # sdpa and eager give bit-identical plain and pipeline forms; sdpa's fused CPU kernel was
+    # 20-30% faster fwd+bwd at seq 1024 and on par at 256 (gpt2 mini, 1 thread).
     attn_implementation: str = "sdpa"
     pretrained: str | None = None  # local directory saved with save_pretrained
 

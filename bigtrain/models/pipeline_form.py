@@ -38,7 +38,10 @@ def _to_module_name(param_map: dict[str, str], local: str) -> str:
     return param_map[prefix] + local[len(prefix):]
 
 
-def pipeline_state_from_module(spec: ModelSpec, module_state: dict[str, torch.Tensor]) -> dict[int, dict[str, torch.Tensor]]:
+LayerStates = dict[int, dict[str, torch.Tensor]]  # layer index -> that layer's local state dict
+
+
+def pipeline_state_from_module(spec: ModelSpec, module_state: dict[str, torch.Tensor]) -> LayerStates:
     """Plain module state dict -> {layer index: that layer's local state dict}.
 
     Every module entry must land in some layer (or be an alias of a tied weight, like
@@ -65,7 +68,7 @@ def pipeline_state_from_module(spec: ModelSpec, module_state: dict[str, torch.Te
     return out
 
 
-def module_state_from_pipeline(spec: ModelSpec, layer_states: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def module_state_from_pipeline(spec: ModelSpec, layer_states: LayerStates) -> dict[str, torch.Tensor]:
     """Inverse of `pipeline_state_from_module`: {layer index: local state} -> plain state dict.
 
     A tied weight appears under every module name its layers map to (for GPT-2 both
@@ -116,12 +119,12 @@ class SequentialPipeline(nn.Module):
             x = func(x)
         return x
 
-    def load_layer_states(self, layer_states: dict[int, dict[str, torch.Tensor]]) -> None:
+    def load_layer_states(self, layer_states: LayerStates) -> None:
         """Load {layer index: local state} (e.g. from `pipeline_state_from_module`), strictly."""
         for key, module in self.layer.items():
             module.load_state_dict(layer_states.get(int(key), {}), strict=True)
 
-    def layer_states(self, grads: bool = False) -> dict[int, dict[str, torch.Tensor]]:
+    def layer_states(self, grads: bool = False) -> LayerStates:
         """{layer index: local state dict}, or with grads=True the parameters' gradients."""
         if grads:
             return {int(k): {n: p.grad for n, p in m.named_parameters() if p.grad is not None}

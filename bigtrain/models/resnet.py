@@ -191,8 +191,7 @@ def flops_per_sample(cfg: ResNetConfig) -> float:
     Counts convolutions and the classifier (what dominates and what FLOP counters count);
     BatchNorm, ReLU, pooling and additions are left out. The backward is taken as twice
     the forward (input and weight gradients), the usual convention; strictly the first
-    conv needs no input gradient, so this overcounts by its forward (~1% for ResNet-50
-    at 224x224, ~3% at 64x64).
+    conv needs no input gradient, so this overcounts by its forward (1% for ResNet-50).
     """
     forward = sum(2 * ci * co * k * k * side * side for ci, co, k, side in _convs(cfg))
     forward += 2 * _features(cfg) * cfg.num_classes
@@ -217,7 +216,8 @@ def image_batch(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _blocks(module: ResNet) -> list[tuple[nn.Module, str]]:
-    return [(getattr(module, f"layer{s}"), str(i)) for s in range(1, 5) for i in range(len(getattr(module, f"layer{s}")))]
+    stages = [getattr(module, f"layer{s}") for s in range(1, 5)]
+    return [(stage, str(i)) for stage in stages for i in range(len(stage))]
 
 
 def make_spec(size: str, settings: dict[str, Any]) -> ModelSpec:

@@ -86,9 +86,10 @@ def apply_activation_checkpointing(spec: ModelSpec, module: nn.Module, every_n: 
     """Recompute block activations in the backward pass; return how many blocks are checkpointed.
 
     Blocks 0, every_n, 2*every_n, ... are checkpointed. method "auto" uses the family's
-    native switch when it has one (and no ds_config is given), else DeepSpeed's checkpoint. `ds_config` (a DeepSpeed config
-    dict) configures `deepspeed.checkpointing` from its `activation_checkpointing` section;
-    without it DeepSpeed's defaults apply (no partitioning, no CPU copies).
+    native switch when it has one (and no ds_config is given), else DeepSpeed's checkpoint.
+    `ds_config` (the run's resolved DeepSpeed config) configures `deepspeed.checkpointing`
+    from its `activation_checkpointing` section (partitioned / CPU activations); without it
+    DeepSpeed's defaults apply. Needs the process group when ds_config is given.
     """
     if method not in METHODS:
         raise ValueError(f"activation checkpointing method={method!r}: use one of {', '.join(METHODS)}")

@@ -1,22 +1,16 @@
-"""Run by tests/test_parallel.py through `deepspeed --num_gpus 2`: GPT-2 as 2 pipeline stages.
+"""Part of models_dist_checks.py (2 ranks): GPT-2 as 2 pipeline stages.
 
-Usage: models_pipeline_tied.py OUT_DIR
 Every rank builds the same plain GPT-2 (seed 0) and computes the reference: the mean loss
 over two micro-batches, and the weights after one SGD step on it. Then, with activation
 checkpoint interval 0 and 1, the spec becomes a 2-stage PipelineModule loaded with the
-plain weights; one `eval_batch` and one `train_batch` run, and each rank writes
-OUT_DIR/rank{R}.json with the losses and its layers' distance to the reference weights
-(the tied token embedding lives on both stages).
+plain weights; one `eval_batch` and one `train_batch` run, and `check()` returns
+the losses and this rank's layers' distance to the reference weights (the tied token
+embedding lives on both stages).
 """
 from __future__ import annotations
 
-import json
-import os
-import sys
-
 import deepspeed
 import torch
-from deepspeed import comm as dist
 
 from bigtrain.models import build, module_state_from_pipeline
 from bigtrain.models.pipeline_form import first_tied_layers
@@ -64,21 +58,9 @@ def run_pipeline(spec, start: dict, micro: list[torch.Tensor], stepped: dict, in
     }
 
 
-def main() -> None:
-    (out_dir,) = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
-    deepspeed.init_distributed(dist_backend="gloo")
-    rank = dist.get_rank()
+def check() -> dict:
     spec = build("gpt2", "tiny", vocab_size=256, n_layer=4)
     gen = torch.Generator().manual_seed(1)
     micro = [torch.randint(0, 256, (2, 16), generator=gen) for _ in range(2)]
     start, ref_loss, stepped = reference(spec, micro)
-    report = {"rank": rank, "reference_loss": ref_loss,
-              "runs": {str(i): run_pipeline(spec, start, micro, stepped, i) for i in (0, 1)}}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    return {"reference_loss": ref_loss, "runs": {str(i): run_pipeline(spec, start, micro, stepped, i) for i in (0, 1)}}

@@ -1,30 +1,27 @@
-"""Run by tests/test_parallel.py through `deepspeed --num_gpus 2`: GPT-2 built inside zero.Init.
+"""Part of models_dist_checks.py (2 ranks): GPT-2 built inside zero.Init.
 
-Usage: models_zero3_init.py OUT_DIR PRETRAINED_DIR
 Rank 0 first saves a tiny GPT-2 (seed 0) to PRETRAINED_DIR with save_pretrained. Each rank then
 builds (a) GPT-2 tiny from its config and (b) the saved one via `pretrained=`, both through
-`bigtrain.parallel.build_module` under ZeRO-3, and writes OUT_DIR/rank{R}.json with what it
-holds locally and what the gathered weights look like. The test asserts on those numbers.
+`bigtrain.parallel.build_module` under ZeRO-3; `check()` returns what this rank holds
+locally, what the gathered weights look like, and two training steps' losses with and
+without DeepSpeed activation checkpointing. The test asserts on those numbers.
 """
 from __future__ import annotations
-
-import json
-import os
-import sys
 
 import deepspeed
 import torch
 from deepspeed import comm as dist
 
 from bigtrain.models import build
-from bigtrain.parallel import build_module
+from bigtrain.parallel import apply_activation_checkpointing, build_module
 
 VOCAB = 512
 
 
 def ds_config(world: int) -> dict:
     return {"train_batch_size": world, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+            "zero_optimization": {"stage": 3},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
 
 
 def partition_report(model: torch.nn.Module) -> dict:
@@ -52,11 +49,24 @@ def engine_loss(model: torch.nn.Module, spec, world: int) -> float:
         return spec.loss(engine(ids), ids).item()
 
 
-def main() -> None:
-    out_dir, pretrained_dir = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
-    deepspeed.init_distributed(dist_backend="gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+def train_losses(spec, world: int, checkpoint: bool) -> list[float]:
+    """Two ZeRO-3 training steps, with or without DeepSpeed activation checkpointing."""
+    model = build_module(spec, ds_config(world))
+    if checkpoint:
+        assert apply_activation_checkpointing(spec, model, method="deepspeed") == spec.config.n_layer
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(world))
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(2 + dist.get_rank()))
+    losses = []
+    for _ in range(2):
+        loss = spec.loss(engine(ids), ids)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
 
+
+def check(pretrained_dir: str) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
     spec = build("gpt2", "tiny", vocab_size=VOCAB)
     if rank == 0:
         torch.manual_seed(0)
@@ -76,13 +86,6 @@ def main() -> None:
     with torch.no_grad():
         loaded["reference_loss"] = pretrained_spec.loss(reference(ids), ids).item()
     loaded["engine_loss"] = engine_loss(model, pretrained_spec, world)
-
-    report = {"rank": rank, "world": world, "num_params": spec.num_params, "fresh": fresh, "pretrained": loaded}
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    loaded["train_losses"] = train_losses(pretrained_spec, world, checkpoint=False)
+    loaded["train_losses_checkpointed"] = train_losses(pretrained_spec, world, checkpoint=True)
+    return {"world": world, "num_params": spec.num_params, "fresh": fresh, "pretrained": loaded}

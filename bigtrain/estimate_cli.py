@@ -1,0 +1,219 @@
+"""`bigtrain estimate`: the memory table for a model from the zoo, and the fastest setup that fits.
+
+    bigtrain estimate --model gpt2 --size xl --num-gpus 8 --num-nodes 2 --gpu-mem 80GB
+
+The model's shape comes from `bigtrain.models.build`; its parameter list from building it
+on the meta device (no memory, no weights). Transformer activations use the formula in
+`bigtrain.estimate`; other families' activations are counted from the tensors a meta-device
+forward saves for backward.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import torch
+import yaml
+
+from bigtrain.estimate import (PRECISIONS, ActivationCount, MemoryEstimate, ModelShape, Setup, all_setups, estimate,
+                               fits, parse_memory, recommend)
+from bigtrain.models.spec import ModelSpec
+
+_DTYPES = {4: torch.float32, 2: torch.bfloat16}
+
+
+def _meta_module(spec: ModelSpec) -> torch.nn.Module:
+    with torch.device("meta"):
+        return spec.build()
+
+
+def parameter_layout(module: torch.nn.Module) -> tuple[int, tuple[int, ...], int]:
+    """(unique parameters, each tensor's size, the largest module's own parameters)."""
+    numels = tuple(p.numel() for p in module.parameters())  # parameters() already skips tied duplicates
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules()), default=0)
+    return sum(numels), numels, largest
+
+
+def _sample_batch(spec: ModelSpec, device: str) -> dict:
+    with torch.device(device):
+        if spec.modality == "image":
+            size = spec.extra["image_size"]
+            return {"pixel_values": torch.zeros(1, 3, size, size), "labels": torch.zeros(1, dtype=torch.long)}
+        ids = torch.zeros(1, spec.extra["seq_len"], dtype=torch.long)
+        labels = ids if spec.family == "gpt2" else torch.zeros(1, dtype=torch.long)
+        return {"input_ids": ids, "labels": labels}
+
+
+def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta") -> ActivationCount:
+    """Bytes saved for backward by one sample, counted from the saved tensors of a forward on `device`.
+
+    Parameters are not activations and are left out; every storage counts once. Blocks are
+    `spec.checkpoint_blocks`; a block's input is what checkpointing keeps of it. On the meta
+    device attention runs the math kernel, so use this for models without attention.
+    """
+    if device == "meta":
+        module = _meta_module(spec)
+    else:
+        module = spec.build()
+    module = module.to(dtype).train()
+    blocks = [getattr(parent, name) for parent, name in (spec.checkpoint_blocks(module) if spec.checkpoint_blocks else [])]
+    param_keys = {p.untyped_storage()._cdata for p in module.parameters()}
+    saved: dict[int, tuple[int, int]] = {}  # storage -> (bytes, block index or -1)
+    where = [-1]
+    block_inputs = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = t.untyped_storage()._cdata
+        if key not in param_keys and key not in saved:
+            saved[key] = (t.untyped_storage().nbytes(), where[-1])
+        return t
+
+    def enter(i: int, args: tuple) -> None:
+        where.append(i)
+        block_inputs.append(args[0].untyped_storage().nbytes())
+
+    def leave(*_: Any) -> None:
+        where.pop()
+
+    hooks = []
+    for i, block in enumerate(blocks):
+        hooks.append(block.register_forward_pre_hook(lambda m, args, i=i: enter(i, args)))
+        hooks.append(block.register_forward_hook(leave))
+    batch = _sample_batch(spec, device)
+    if spec.modality == "image":
+        batch["pixel_values"] = batch["pixel_values"].to(dtype)
+    inputs, labels = spec.batch_to_inputs(batch)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        spec.loss(module(inputs), labels)
+    for h in hooks:
+        h.remove()
+    per_block = [sum(b for b, w in saved.values() if w == i) for i in range(len(blocks))]
+    outside = sum(b for b, w in saved.values() if w == -1)
+    return ActivationCount(outside=outside, blocks=sum(per_block), largest_block=max(per_block, default=0),
+                           block_inputs=sum(block_inputs))
+
+
+def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape:
+    """The memory model's view of `spec`; non-transformer activations are measured for `precision`."""
+    numel, numels, largest = parameter_layout(_meta_module(spec))
+    assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec says {spec.num_params}"
+    cfg = spec.config
+    common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest)
+    if spec.family == "gpt2":
+        attn = getattr(cfg, "_attn_implementation", None) or "sdpa"
+        return ModelShape(**common, n_layer=cfg.n_layer, hidden=cfg.n_embd, heads=cfg.n_head,
+                          seq_len=spec.extra["seq_len"], vocab=cfg.vocab_size, profile=f"gpt2-{attn}",
+                          dropout=cfg.resid_pdrop)
+    if spec.family == "encoder":
+        return ModelShape(**common, n_layer=cfg.n_layer, hidden=cfg.n_embd, heads=cfg.n_head, seq_len=cfg.seq_len,
+                          profile="encoder-sdpa", dropout=cfg.dropout)
+    sizes = [PRECISIONS[precision]] if precision else sorted(set(PRECISIONS.values()))
+    measured = {e: measure_activations(spec, _DTYPES[e]) for e in sizes}
+    return ModelShape(**common, measured=measured)
+
+
+def _parse_overrides(items: list[str]) -> dict[str, Any]:
+    overrides = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set n_layer=24")
+        overrides[key.strip()] = yaml.safe_load(raw)
+    return overrides
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def format_table(rows: list[MemoryEstimate], gpu_mem: float, cpu_mem: float | None, headroom: float) -> str:
+    """One line per setup: the device terms, the device peak and the host / NVMe needs, in GiB."""
+    head = (f"{'setup':<32}{'params':>8}{'grads':>8}{'optim':>8}{'buffers':>9}{'acts':>8}"
+            f"{'GPU/rank':>10}{'CPU/node':>10}{'NVMe/node':>11}  fits")
+    lines = [head + f" {_gib(gpu_mem)} GiB", "-" * (len(head) + 12)]
+    for e in rows:
+        extra = e.buffers + e.live_params + e.step_transient
+        lines.append(f"{e.setup.label:<32}{_gib(e.params):>8}{_gib(e.grads):>8}{_gib(e.optimizer):>8}{_gib(extra):>9}"
+                     f"{_gib(e.activations):>8}{_gib(e.device_peak):>10}{_gib(e.host_per_node):>10}"
+                     f"{_gib(e.nvme * e.setup.gpus_per_node):>11}  {'yes' if fits(e, gpu_mem, cpu_mem, headroom) else 'no'}")
+    return "\n".join(lines)
+
+
+def run_settings(best: Setup) -> str:
+    """The run-config overrides that select `best`."""
+    sets = [f"zero.stage={best.zero_stage}", f"precision={best.precision}",
+            f"batch.micro_batch={best.micro_batch}"]
+    if best.offload_optimizer != "none":
+        sets.append(f"offload.optimizer={best.offload_optimizer}")
+    if best.offload_param != "none":
+        sets.append(f"offload.param={best.offload_param}")
+    if best.checkpointing:
+        sets.append("activation_checkpointing.enabled=true")
+    return " ".join(f"--set {s}" for s in sets)
+
+
+def run_estimate(args: argparse.Namespace) -> int:
+    """Print the table and the recommendation; 0 when a setup fits, 1 when none does."""
+    from bigtrain.models import build
+    overrides = _parse_overrides(args.set)
+    if args.seq_len is not None:
+        if args.model == "resnet":
+            raise ValueError("--seq-len applies to token models (gpt2, encoder); ResNet takes --set image_size=N")
+        overrides["seq_len"] = args.seq_len
+    gpu_mem = parse_memory(args.gpu_mem, "--gpu-mem")
+    cpu_mem = parse_memory(args.cpu_mem, "--cpu-mem") if args.cpu_mem else None
+    if not 0 <= args.headroom < 1:
+        raise ValueError(f"--headroom {args.headroom}: give a fraction in [0, 1), e.g. 0.1")
+    spec = build(args.model, args.size, **overrides)
+    shape = shape_from_spec(spec, args.precision)
+    base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
+                 micro_batch=args.micro_batch)
+    rows = [estimate(shape, s) for s in all_setups(base)]
+    seq = f", seq {shape.seq_len}" if shape.seq_len else ""
+    print(f"{args.model} {args.size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
+          f"({args.num_gpus} per node x {args.num_nodes} nodes), {args.precision}, micro-batch {args.micro_batch}{seq}")
+    print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
+    print("GiB. GPU/rank = params + optim + the larger of acts (end of forward) and grads + buffers (end of "
+          "backward); buffers: gradient buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"
+          f"fits: GPU/rank <= {100 * (1 - args.headroom):.0f}% of --gpu-mem" + (" and CPU/node of --cpu-mem" if cpu_mem else ""))
+    best = recommend(rows, gpu_mem, cpu_mem, args.headroom)
+    if best is None:
+        smallest = min(rows, key=lambda e: e.device_peak)
+        print(f"nothing fits: the smallest setup ({smallest.setup.label}) needs {_gib(smallest.device_peak)} GiB per "
+              "GPU; use more GPUs, a smaller --micro-batch or --seq-len, or NVMe offload", file=sys.stderr)
+        return 1
+    print(f"recommended: {best.setup.label} ({_gib(best.device_peak)} GiB of {_gib(gpu_mem)} GiB per GPU"
+          + (f", {_gib(best.host_per_node)} GiB CPU per node" if best.host else "") + ")")
+    print(f"  bigtrain train --model {args.model} --size {args.size} {run_settings(best.setup)}")
+    return 0
+
+
+def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `bigtrain estimate` on the CLI's subparsers."""
+    p = subparsers.add_parser("estimate", help="per-rank memory for each ZeRO stage x offload x checkpointing",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="model family: gpt2, encoder, resnet")
+    p.add_argument("--size", required=True, help="named size (see `bigtrain models`), or custom with --set")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="model override, e.g. --set n_layer=24 (repeatable)")
+    p.add_argument("--num-gpus", type=_positive_int, default=8, help="GPUs (ranks) per node (default 8)")
+    p.add_argument("--num-nodes", type=_positive_int, default=1, help="nodes (default 1)")
+    p.add_argument("--gpu-mem", default="80GiB", help="memory per GPU: 80GB (10^9), 80GiB or 80G (2^30); default 80GiB")
+    p.add_argument("--cpu-mem", default=None, help="host memory per node, checked for offload (e.g. 512GiB)")
+    p.add_argument("--micro-batch", type=_positive_int, default=1, help="samples per forward per rank (default 1)")
+    p.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sample (token models)")
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16", help="training precision (default bf16)")
+    p.add_argument("--headroom", type=float, default=0.1,
+                   help="fraction of --gpu-mem kept free for the CUDA context and fragmentation (default 0.1)")
+    p.set_defaults(func=run_estimate)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value

@@ -1,0 +1,96 @@
+"""`export_checkpoint`: one training checkpoint -> a self-contained model directory, on CPU.
+
+GPT-2 becomes a Hugging Face directory (`AutoModelForCausalLM.from_pretrained(out)` and
+`AutoTokenizer.from_pretrained(out)` load it offline); other families become
+`model.safetensors` + `bigtrain_model.json` (see `load_exported`). A single process, no
+process group; the checkpoint is only read.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bigtrain import models
+from bigtrain.export.locate import Located, locate_checkpoint
+from bigtrain.export.weights import consolidate
+from bigtrain.export.write import (
+    check_out_dir,
+    load_tokenizer,
+    staging_dir,
+    write_hf_gpt2,
+    write_recipe,
+    write_safetensors,
+)
+
+log = logging.getLogger("bigtrain")
+
+
+@dataclass
+class ExportResult:
+    """What was written, and from where."""
+
+    out: Path
+    checkpoint: Path
+    layout: str
+    format: str  # "huggingface" | "safetensors"
+    num_params: int
+    tokenizer: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None, force: bool = False,
+                      tokenizer: str | None = None) -> ExportResult:
+    """Export the newest complete checkpoint under `path` (or `tag`) to the directory `out`.
+
+    `tokenizer` overrides the run's own (its trained tokenizer dir, or data.tokenizer).
+    ValueError for a user's mistake: see `locate_checkpoint` and `check_out_dir`.
+    """
+    found = locate_checkpoint(path, tag)
+    out = Path(out).expanduser()
+    check_out_dir(out, force, protected=found.tag_dir)
+    mb = found.state["model_build"]
+    spec = models.build(mb["family"], mb["size"], **mb.get("overrides", {}))
+    tok_source = _tokenizer_source(found, tokenizer) if spec.modality == "text" else None
+    tok = load_tokenizer(tok_source) if tok_source else None  # before the slow part: fail early
+    consolidated = consolidate(found.tag_dir, spec, int(found.state.get("pipeline_stages", 1)))
+    hf = spec.family == "gpt2"
+    with staging_dir(out) as tmp:
+        if hf:
+            model = write_hf_gpt2(tmp, spec, consolidated.tensors, tok)
+        else:
+            model = write_safetensors(tmp, spec, consolidated.tensors)
+        del consolidated.tensors  # the model holds the only copy now
+        if tok is not None:
+            tok.save_pretrained(str(tmp))
+        result = ExportResult(out=out.resolve(), checkpoint=found.tag_dir, layout=consolidated.layout,
+                              format="huggingface" if hf else "safetensors",
+                              num_params=sum(p.numel() for p in model.parameters()), tokenizer=tok_source,
+                              notes=consolidated.notes)
+        write_recipe(tmp, _recipe(found, result))
+    return result
+
+
+def _tokenizer_source(found: Located, override: str | None) -> str | None:
+    """--tokenizer, else the tokenizer the run trained (saved beside it), else the one it named."""
+    if override:
+        return override
+    trained = found.state.get("tokenizer_dir")
+    if trained:
+        if not Path(trained).is_dir():
+            raise ValueError(f"the run's tokenizer directory {trained} is gone (moved the run?); "
+                             "pass --tokenizer DIR")
+        return trained
+    named = ((found.state.get("run_config") or {}).get("data") or {}).get("tokenizer")
+    if not named:
+        log.warning("export: the run recorded no tokenizer; pass --tokenizer DIR to include one")
+    return named or None
+
+
+def _recipe(found: Located, result: ExportResult) -> dict:
+    """bigtrain_model.json: how to rebuild the model, and where the weights came from."""
+    return {"format": result.format, "model_build": found.state["model_build"],
+            "source": {"checkpoint": str(found.tag_dir), "step": found.state.get("step"),
+                       "layout": result.layout, "world_size": found.state.get("world_size"),
+                       "pipeline_stages": found.state.get("pipeline_stages", 1)},
+            "num_params": result.num_params, "tokenizer": result.tokenizer, "notes": result.notes}

@@ -1,0 +1,142 @@
+"""One plain (non-pipeline) state dict from DeepSpeed's per-rank checkpoint files, on CPU.
+
+Layouts, recognised from the files of one tag:
+  zero3     zero_pp_rank_*_mp_rank_00_model_states.pt: DeepSpeed's zero_to_fp32 (fp32 master copy)
+  zero      mp_rank_00_model_states.pt + *zero_pp_rank_*_optim_states.pt (ZeRO-1/2): zero_to_fp32
+  plain     mp_rank_00_model_states.pt alone (ZeRO-0): its 'module' weights
+  pipeline  layer_XX-model_states.pt (one per layer, local names) mapped back with the spec
+Nothing here needs a process group, and nothing writes into the checkpoint.
+
+Tensors may come back lazy (DeepSpeed's GatheredTensor for ZeRO-3): call `.contiguous()`
+on each when it is needed, so only one whole parameter is materialised at a time.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bigtrain.export.masters import pipeline_masters, zero_masters
+from bigtrain.models import ModelSpec, module_state_from_pipeline
+from bigtrain.models.pipeline_form import first_tied_layers
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+@dataclass
+class Consolidated:
+    """name -> tensor (or lazy tensor with `.contiguous()`), the layout, and notes for the user."""
+
+    tensors: dict[str, Any]
+    layout: str
+    notes: list[str] = field(default_factory=list)
+
+
+def detect_layout(tag_dir: Path) -> str:
+    """'pipeline' | 'zero3' | 'zero' | 'plain'; ValueError for anything else."""
+    if any(tag_dir.glob("layer_*-model_states.pt")):
+        return "pipeline"
+    if (tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt").is_file():
+        return "zero3"
+    if (tag_dir / "mp_rank_00_model_states.pt").is_file():
+        return "zero" if any(tag_dir.glob("*zero_pp_rank_*_mp_rank_00_optim_states.pt")) else "plain"
+    files = sorted(p.name for p in tag_dir.iterdir())
+    raise ValueError(f"{tag_dir}: unknown checkpoint layout (files: {', '.join(files[:8]) or 'none'}); expected "
+                     "DeepSpeed's mp_rank_00_model_states.pt, zero_pp_rank_*_model_states.pt "
+                     "or layer_*-model_states.pt")
+
+
+def consolidate(tag_dir: Path, spec: ModelSpec, pipeline_stages: int) -> Consolidated:
+    """The plain module's state dict from the checkpoint in `tag_dir`, fp32 master weights where DeepSpeed kept them."""
+    layout = detect_layout(tag_dir)
+    if (layout == "pipeline") != (pipeline_stages > 1):
+        raise ValueError(f"{tag_dir}: its files are a {layout} checkpoint but bigtrain.json says "
+                         f"pipeline_stages={pipeline_stages}; the checkpoint directory is mixed up")
+    with contextlib.redirect_stdout(sys.stderr):  # zero_to_fp32 prints progress; stdout is for results
+        if layout == "pipeline":
+            return _pipeline(tag_dir, spec, pipeline_stages)
+        if layout == "plain":
+            return _plain(tag_dir)
+        return _zero(tag_dir, layout)
+
+
+def _zero(tag_dir: Path, layout: str) -> Consolidated:
+    if layout == "zero" and any(tag_dir.glob("bf16_zero_pp_rank_*_optim_states.pt")):
+        # DeepSpeed's BF16_Optimizer (bf16 + fp32 gradient accumulation): zero_to_fp32 does not read its
+        # files, but they hold the same flat fp32 partitions as ZeRO-1/2.
+        return Consolidated(_module_with_masters(tag_dir), layout, ["fp32 master weights (BF16_Optimizer state)"])
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    tensors = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag_dir.name, lazy_mode=True)
+    return Consolidated(dict(tensors), layout, ["fp32 master weights (DeepSpeed zero_to_fp32)"])
+
+
+def _module_with_masters(tag_dir: Path) -> dict[str, torch.Tensor]:
+    """The saved module (buffers, 16-bit weights) with every trained parameter replaced by its fp32 master."""
+    saved = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True, weights_only=False)
+    tensors = dict(saved["module"])
+    masters = zero_masters(tag_dir, mp_rank=0)
+    strays = sorted(set(masters) - set(tensors))
+    assert not strays, f"optimizer parameters not in the saved module: {strays[:5]}"
+    tensors.update(masters)
+    for alias, source in saved.get("shared_params", {}).items():  # tied weights: one tensor, two names
+        tensors[alias] = tensors[source]
+    return tensors
+
+
+def _plain(tag_dir: Path) -> Consolidated:
+    saved = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True, weights_only=False)
+    module = saved.get("module")
+    if not isinstance(module, dict) or not module:
+        raise ValueError(f"{tag_dir / 'mp_rank_00_model_states.pt'} holds no module weights; "
+                         "unknown checkpoint layout")
+    notes = ["ZeRO-0 checkpoint: module weights"]
+    if any(t.dtype in LOW_PRECISION for t in module.values()):
+        notes.append("the weights were saved in 16-bit and are exported upcast to fp32 "
+                     "(ZeRO-0 keeps no fp32 copy in a form we read)")
+    return Consolidated(dict(module), "plain", notes)
+
+
+def _pipeline(tag_dir: Path, spec: ModelSpec, stages: int) -> Consolidated:
+    layer_states = pipeline_layer_states(tag_dir, spec)
+    notes = [f"pipeline checkpoint: {len(layer_states)} layer files"]
+    if any(t.dtype in LOW_PRECISION for s in layer_states.values() for t in s.values()):
+        notes.append(_use_masters(tag_dir, spec, stages, layer_states))
+    return Consolidated(module_state_from_pipeline(spec, layer_states), "pipeline", notes)
+
+
+def pipeline_layer_states(tag_dir: Path, spec: ModelSpec) -> dict[int, dict[str, torch.Tensor]]:
+    """{layer index: local state} from `layer_XX-model_states.pt`, for every layer that owns weights."""
+    defs = spec.layers()
+    owners = first_tied_layers(defs)
+    states: dict[int, dict[str, torch.Tensor]] = {}
+    for idx, d in enumerate(defs):
+        if not d.param_map or (d.tie_key is not None and owners[d.tie_key] != idx):
+            continue
+        path = tag_dir / f"layer_{idx:02d}-model_states.pt"
+        if not path.is_file():
+            raise ValueError(f"{tag_dir}: {path.name} is missing; the pipeline checkpoint does not match "
+                             f"{spec.family}/{spec.size} ({len(defs)} layers)")
+        states[idx] = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    return states
+
+
+def _use_masters(tag_dir: Path, spec: ModelSpec, stages: int, layer_states: dict[int, dict]) -> str:
+    """Swap 16-bit layer weights for the optimizer's fp32 masters, if they check out exactly."""
+    try:
+        masters = pipeline_masters(tag_dir, spec, stages)
+    except (FileNotFoundError, KeyError, ValueError) as err:
+        return f"16-bit layer weights exported upcast to fp32 (no fp32 masters readable: {err})"
+    for idx, local in masters.items():
+        for name, master in local.items():
+            saved = layer_states.get(idx, {}).get(name)
+            # The 16-bit weight is the master rounded: anything else means we misread the partitions.
+            if saved is None or saved.shape != master.shape or not torch.equal(master.to(saved.dtype), saved):
+                return f"16-bit layer weights exported upcast to fp32 (fp32 masters do not match at layer {idx} {name})"
+    for idx, local in masters.items():
+        layer_states[idx] = {**layer_states[idx], **local}
+    return "fp32 master weights from the pipeline stages' ZeRO optimizer states"

@@ -1,0 +1,163 @@
+"""Writing an export: a Hugging Face directory for GPT-2, safetensors + a rebuild recipe otherwise.
+
+Everything goes to a temporary sibling directory that is renamed into place at the end,
+so a crash never leaves a half export that looks complete.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from bigtrain.models import ModelSpec
+
+RECIPE = "bigtrain_model.json"
+WEIGHTS = "model.safetensors"
+
+
+def check_out_dir(out: Path, force: bool, protected: Path) -> None:
+    """Refuse a non-empty `out` without --force, and any `out` that would touch the checkpoint."""
+    out, protected = out.resolve(), protected.resolve()
+    if out == protected or out in protected.parents or protected in out.parents:
+        raise ValueError(f"--out {out} overlaps the checkpoint {protected}; export never writes there, "
+                         "choose another directory")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ValueError(f"--out {out} is not empty; choose a new directory or pass --force to replace it")
+
+
+@contextlib.contextmanager
+def staging_dir(out: Path) -> Iterator[Path]:
+    """Yield an empty temporary directory beside `out`; on success it replaces `out`, on error it goes."""
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)  # move the old export aside first: the swap below is then a plain rename
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_into(model: nn.Module, tensors: Mapping[str, Any]) -> None:
+    """Copy `tensors` (name -> tensor or lazy tensor with `.contiguous()`) into `model`, strictly.
+
+    ValueError naming missing and unexpected keys and shape mismatches. A missing key is
+    fine when it is an alias of a loaded one (tied weights share storage).
+    """
+    own = model.state_dict(keep_vars=True)
+    missing = sorted(k for k in set(own) - set(tensors) if not _alias_loaded(own, k, tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    shapes = [f"{k} {tuple(tensors[k].shape)} vs {tuple(own[k].shape)}"
+              for k in sorted(set(own) & set(tensors)) if tuple(tensors[k].shape) != tuple(own[k].shape)]
+    problems = [f"{label}: {', '.join(keys[:6])}{' ...' if len(keys) > 6 else ''}"
+                for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes))
+                if keys]
+    if problems:
+        raise ValueError(f"the checkpoint's weights do not fit the {type(model).__name__} rebuilt from its "
+                         f"bigtrain.json ({'; '.join(problems)})")
+    done: set[tuple[int, int]] = set()  # (source, target) pairs: a tied weight is copied once
+    with torch.no_grad():
+        for name, value in tensors.items():
+            pair = (id(value), own[name].data_ptr())
+            if pair not in done:
+                own[name].copy_(value.contiguous())  # one parameter materialised at a time
+                done.add(pair)
+
+
+def _alias_loaded(own: dict[str, torch.Tensor], key: str, tensors: Mapping[str, Any]) -> bool:
+    ptr = own[key].data_ptr()
+    return any(other in tensors and own[other].data_ptr() == ptr for other in own if other != key)
+
+
+def write_hf_gpt2(out: Path, spec: ModelSpec, tensors: Mapping[str, Any], tokenizer: Any = None) -> nn.Module:
+    """`GPT2LMHeadModel.save_pretrained(out)`: config.json + model.safetensors (lm_head tied, not stored).
+
+    A self-trained vocabulary has no GPT-2 <|endoftext|> id in the config; take the
+    special-token ids from `tokenizer` then, so `generate` knows where text ends.
+    """
+    from transformers import GPT2LMHeadModel
+
+    config = copy.deepcopy(spec.config)
+    config.use_cache = True  # training turned the KV cache off; generation wants it
+    config.architectures = ["GPT2LMHeadModel"]
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        token_id = getattr(tokenizer, attr, None)
+        if getattr(config, attr, None) is None and isinstance(token_id, int) and token_id < config.vocab_size:
+            setattr(config, attr, token_id)
+    with _no_init():  # every weight is overwritten below; random init of a large model takes minutes
+        model = GPT2LMHeadModel(config)
+    model.tie_weights()  # skipped with the init; save_pretrained then stores lm_head once, as HF expects
+    assert model.lm_head.weight is model.transformer.wte.weight
+    load_into(model, tensors)
+    model.save_pretrained(str(out))
+    return model
+
+
+def _no_init() -> contextlib.AbstractContextManager:
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # another transformers version: initialise, only slower
+        return contextlib.nullcontext()
+    return no_init_weights()
+
+
+def write_safetensors(out: Path, spec: ModelSpec, tensors: Mapping[str, Any]) -> nn.Module:
+    """`model.safetensors` of the plain module (shared tensors stored once, as safetensors requires)."""
+    from safetensors.torch import save_model
+
+    model = spec.build()
+    load_into(model, tensors)
+    save_model(model, str(out / WEIGHTS))
+    return model
+
+
+def write_recipe(out: Path, recipe: dict) -> None:
+    (out / RECIPE).write_text(json.dumps(recipe, indent=2))
+
+
+def load_tokenizer(source: str) -> Any:
+    """The tokenizer at `source` (a local directory, or a hub name); ValueError if it cannot be loaded."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load the run's tokenizer {source!r} ({str(err).splitlines()[0]}); "
+                         "pass --tokenizer DIR") from err
+
+
+def load_exported(directory: str | Path) -> nn.Module:
+    """The model of an export directory, in eval mode: HF's AutoModelForCausalLM for GPT-2,
+    else `bigtrain.models.build(...)` from bigtrain_model.json with model.safetensors loaded strictly."""
+    directory = Path(directory)
+    recipe_path = directory / RECIPE
+    if not recipe_path.is_file():
+        raise ValueError(f"{directory} is not a bigtrain export (no {RECIPE}); run `bigtrain export` first")
+    recipe = json.loads(recipe_path.read_text())
+    if recipe.get("format") == "huggingface":
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True)
+    else:
+        from safetensors.torch import load_model
+
+        from bigtrain.models import build
+        mb = recipe["model_build"]
+        model = build(mb["family"], mb["size"], **mb.get("overrides", {})).build()
+        load_model(model, str(directory / WEIGHTS), strict=True)
+    return model.eval()

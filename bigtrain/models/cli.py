@@ -1,0 +1,59 @@
+"""`bigtrain models [FAMILY] [--set KEY=VALUE]`: the zoo's families and named sizes, with
+parameters, training FLOPs per sample and pipeline layers. Builds no weights."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import yaml
+
+from bigtrain.models.registry import _families, build, families
+
+
+def _parse_overrides(items: list[str]) -> dict[str, Any]:
+    overrides = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set vocab_size=4096")
+        overrides[key.strip()] = yaml.safe_load(raw)
+    return overrides
+
+
+def table(family: str | None, overrides: dict[str, Any]) -> str:
+    """One line per (family, named size); ValueError for an unknown family or override."""
+    fams = families()
+    if family is not None and family not in fams:
+        raise ValueError(f"unknown model family {family!r}; choose one of: {', '.join(fams)}")
+    lines = [f"{'family':<8} {'size':<7} {'params':>10} {'train GFLOP/sample':>19} {'tokens':>7} {'layers':>7}"]
+    for fam in [family] if family else list(fams):
+        unknown = sorted(set(overrides) - set(_families()[fam].override_keys()))
+        if unknown:
+            raise ValueError(f"unknown override(s) {', '.join(unknown)} for {fam}; "
+                             f"allowed: {', '.join(_families()[fam].override_keys())}")
+        for size in fams[fam]:
+            if size == "custom":
+                continue
+            try:
+                spec = build(fam, size, **overrides)
+            except ValueError as err:  # e.g. seq_len beyond this size's n_positions
+                lines.append(f"{fam:<8} {size:<7} skipped: {err}")
+                continue
+            tokens = str(spec.tokens_per_sample) if spec.tokens_per_sample else "-"
+            lines.append(f"{fam:<8} {size:<7} {spec.num_params / 1e6:>9.2f}M {spec.flops_per_sample / 1e9:>19.2f} "
+                         f"{tokens:>7} {len(spec.layers()):>7}")
+    return "\n".join(lines)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    print(table(args.family, _parse_overrides(args.set)))
+    return 0
+
+
+def add_models_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `bigtrain models` on the CLI's subparsers."""
+    p = subparsers.add_parser("models", help="list model families and sizes: parameters, FLOPs, pipeline layers")
+    p.add_argument("family", nargs="?", help="only this family (gpt2, encoder, resnet)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override applied to every size, e.g. --set seq_len=256 (repeatable)")
+    p.set_defaults(func=cmd_models)

@@ -1,0 +1,47 @@
+"""Start real ranks through the deepspeed launcher (or plain python) and read back what they wrote."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TINY = ["--size", "tiny", "--set", "data.vocab_size=512", "--set", "data.seq_len=64", "--set", "precision=fp32",
+        "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0", "--peak-tflops", "1"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", DEEPSPEED_TIMEOUT="2", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.update(extra)
+    return env
+
+
+def deepspeed_cmd(script: str | Path, args: list[str], num_ranks: int = 2) -> list[str]:
+    return [str(BIN / "deepspeed"), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script),
+            *args]
+
+
+def run_train(out: Path, args: list[str], num_ranks: int = 2, timeout: int = 300, check: bool = True,
+              tiny: bool = True) -> subprocess.CompletedProcess:
+    """`deepspeed --num_gpus N bigtrain/run.py --out OUT ARGS` (tiny GPT-2, fp32 by default)."""
+    cmd = deepspeed_cmd(REPO / "bigtrain" / "run.py", ["--out", str(out), *(TINY if tiny else []), *args], num_ranks)
+    proc = subprocess.run(cmd, cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def summary(out: Path) -> dict:
+    return json.loads((Path(out) / "summary.json").read_text())

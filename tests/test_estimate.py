@@ -1,0 +1,194 @@
+"""The memory estimator: formulas against hand-computed numbers, activation profiles against the
+tensors our models really save, the CLI, and per-rank bytes measured under ZeRO 0-3 on 2 ranks."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from bigtrain.estimate import (ModelShape, Setup, all_setups, estimate, fits, model_state_terms, parse_memory,
+                               recommend, setup_from_run, speed_rank, transformer_activations)
+from bigtrain.estimate_cli import measure_activations, shape_from_spec
+from bigtrain.models import build
+from launch import REPO, deepspeed_cmd, rank_env
+
+PSI, N = 1e9, 64
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("24G", 24 * 2**30), ("1.5TB", 1.5e12), ("512MiB", 512 * 2**20),
+    ("16 gb", 16 * 10**9), ("1024", 1024), (2048, 2048)])
+def test_parse_memory(text, expected):
+    assert parse_memory(text) == expected
+
+
+@pytest.mark.parametrize("text", ["80 gigs", "", "GB", "-5GB", "0GB", "8.0.0GB"])
+def test_parse_memory_rejects_nonsense(text):
+    with pytest.raises(ValueError, match=r"--gpu-mem .*(80GB|positive)"):
+        parse_memory(text, "--gpu-mem")
+
+
+@pytest.mark.parametrize("precision, stage, expected", [
+    # ZeRO paper, mixed-precision Adam (P=2, K=12), psi=1e9, N=64
+    ("bf16", 0, 16e9), ("bf16", 1, 4e9 + 12e9 / 64), ("bf16", 2, 2e9 + 14e9 / 64), ("bf16", 3, 16e9 / 64),
+    # fp32 as DeepSpeed lays it out: no master copy at stage 0 (4+4+8), one fp32 partition from stage 1 on
+    ("fp32", 0, 16e9), ("fp32", 1, 8e9 + 12e9 / 64), ("fp32", 2, 4e9 + 16e9 / 64), ("fp32", 3, 20e9 / 64)])
+def test_model_states_follow_zero_paper(precision, stage, expected):
+    terms = model_state_terms(PSI, Setup(world_size=N, zero_stage=stage, precision=precision))
+    assert terms["params"] + terms["grads"] + terms["optimizer"] == pytest.approx(expected)
+    assert terms["host"] == terms["nvme"] == 0
+
+
+def test_offload_moves_states_to_host_or_nvme():
+    s2 = model_state_terms(PSI, Setup(world_size=N, zero_stage=2, offload_optimizer="cpu"))
+    assert (s2["params"], s2["grads"], s2["optimizer"]) == (2e9, 0, 0)
+    assert s2["host"] == pytest.approx(18e9 / 64)  # master 4 + moments 8 + fp32 grads 4 + 16-bit params 2
+    s3 = model_state_terms(PSI, Setup(world_size=N, zero_stage=3, offload_optimizer="cpu"))
+    assert s3["params"] == pytest.approx(2e9 / 64) and s3["host"] == pytest.approx(16e9 / 64)
+    inf = model_state_terms(PSI, Setup(world_size=N, zero_stage=3, offload_optimizer="nvme", offload_param="nvme"),
+                            persistent=1e6)
+    assert inf["params"] == 2e6 and inf["host"] == 0 and inf["nvme"] == pytest.approx(18e9 / 64)
+
+
+def test_zero2_matches_deepspeeds_own_estimator():
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    _, gpu = estimate_zero2_model_states_mem_needs(int(PSI), num_gpus_per_node=8, num_nodes=8, cpu_offload=False)
+    shape = ModelShape("toy", int(PSI), n_layer=1, hidden=8, heads=1, seq_len=1)
+    est = estimate(shape, Setup(world_size=N, zero_stage=2))
+    assert est.model_states + est.step_transient == pytest.approx(gpu, rel=1e-6)  # 2 + 18/N (fp32 grads at step)
+
+
+def test_setup_rejects_impossible_combinations():
+    with pytest.raises(ValueError, match="parameter offload needs ZeRO stage 3"):
+        Setup(world_size=8, zero_stage=2, offload_param="cpu")
+    with pytest.raises(ValueError, match="optimizer offload needs ZeRO stage >= 1"):
+        Setup(world_size=8, zero_stage=0, offload_optimizer="cpu")
+    with pytest.raises(ValueError, match="precision 'fp8'"):
+        Setup(world_size=8, precision="fp8")
+
+
+def test_korthikanti_activations_gpt3():
+    """Korthikanti et al. 2022, 16-bit with dropout: 34sbh + 5as^2b per layer; checkpointing keeps 2sbh per layer."""
+    shape = ModelShape("gpt", 175_000_000_000, n_layer=96, hidden=12288, heads=96, seq_len=2048, profile="korthikanti",
+                       dropout=0.1)
+    count = transformer_activations(shape, bytes_per_value=2)
+    assert count.largest_block == 2_868_903_936
+    assert count.blocks == 96 * 2_868_903_936
+    assert count.block_inputs == 4_831_838_208
+    flash = transformer_activations(ModelShape(**{**shape.__dict__, "profile": "korthikanti-flash"}), 2)
+    assert flash.largest_block == 34 * 2048 * 12288
+
+
+@pytest.mark.parametrize("family, overrides", [
+    ("gpt2", {"attn_implementation": "sdpa"}), ("gpt2", {"attn_implementation": "eager"}), ("encoder", {})])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transformer_profiles_match_saved_tensors(family, overrides, dtype):
+    """The formula against the bytes our real models save for backward (counted on CPU)."""
+    spec = build(family, "custom", n_layer=2, n_embd=128, n_head=4, n_positions=128, vocab_size=1000, **overrides)
+    shape = shape_from_spec(spec)
+    e = 4 if dtype == torch.float32 else 2
+    formula = transformer_activations(shape, e)
+    measured = measure_activations(spec, dtype, device="cpu")
+    assert formula.outside + formula.blocks == pytest.approx(measured.outside + measured.blocks, rel=0.10)
+    assert formula.largest_block == pytest.approx(measured.largest_block, rel=0.10)
+    assert formula.block_inputs == measured.block_inputs == 2 * 128 * 128 * e
+
+
+def test_resnet_activations_on_meta_equal_cpu():
+    spec = build("resnet", "tiny")
+    meta = measure_activations(spec, torch.float32)
+    cpu = measure_activations(spec, torch.float32, device="cpu")
+    assert meta.blocks == pytest.approx(cpu.blocks, rel=0.01) and meta.blocks > 0
+    assert meta.outside == pytest.approx(cpu.outside, rel=0.01)
+    est = estimate(shape_from_spec(spec, "fp32"), Setup(world_size=1, precision="fp32", micro_batch=8))
+    assert est.activations == pytest.approx(8 * (meta.outside + meta.blocks), rel=1e-9)
+
+
+def test_recommendation_is_the_fastest_setup_that_fits():
+    shape = shape_from_spec(build("gpt2", "xl"))
+    rows = [estimate(shape, s) for s in all_setups(Setup(world_size=16, gpus_per_node=8, micro_batch=4))]
+    assert len(rows) == 20 and len({r.setup.label for r in rows}) == 20
+    for gpu_mem in (80e9, 24e9, 12e9):
+        best = recommend(rows, gpu_mem)
+        assert best is not None and fits(best, gpu_mem)
+        faster = [r for r in rows if speed_rank(r.setup) < speed_rank(best.setup)]
+        assert not any(fits(r, gpu_mem) for r in faster)
+    assert recommend(rows, 1e9) is None
+
+
+def test_setup_from_run_config():
+    from bigtrain.config import ActivationCheckpointConfig, BatchConfig, OffloadConfig, RunConfig, ZeroConfig
+    run = RunConfig(batch=BatchConfig(global_batch=64, micro_batch=2), zero=ZeroConfig(stage=3),
+                    offload=OffloadConfig(optimizer="cpu"), activation_checkpointing=ActivationCheckpointConfig(True))
+    s = setup_from_run(run, world_size=16, gpus_per_node=8)
+    assert (s.zero_stage, s.offload_optimizer, s.checkpointing, s.micro_batch, s.grad_accum) == (3, "cpu", True, 2, 2)
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """`bigtrain estimate ARGS` as bigtrain.cli runs a verb: a ValueError is one line on stderr and exit 2."""
+    import argparse
+    import sys
+
+    from bigtrain.estimate import add_estimate_parser
+    parser = argparse.ArgumentParser(prog="bigtrain")
+    add_estimate_parser(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args(["estimate", *args])
+    try:
+        code = parsed.func(parsed)
+    except ValueError as err:
+        print(f"bigtrain estimate: {err}", file=sys.stderr)
+        code = 2
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_gpt2_xl_on_16_gpus(capsys):
+    code, out, _ = run_cli(["--model", "gpt2", "--size", "xl", "--num-gpus", "8", "--num-nodes", "2",
+                            "--gpu-mem", "80GB", "--micro-batch", "4"], capsys)
+    assert code == 0
+    assert "gpt2 xl: 1,557.6M parameters, 16 ranks (8 per node x 2 nodes), bf16, micro-batch 4, seq 1024" in out
+    rows = [line for line in out.splitlines() if line.startswith("zero")]
+    assert len(rows) == 20
+    zero0 = rows[0].split()
+    assert zero0[0] == "zero0" and float(zero0[1]) == pytest.approx(2 * build("gpt2", "xl").num_params / 2**30, abs=0.05)
+    assert "recommended: zero0 (" in out and "--set zero.stage=0" in out
+    code, out, _ = run_cli(["--model", "gpt2", "--size", "xl", "--num-gpus", "8", "--num-nodes", "2",
+                            "--gpu-mem", "16GB", "--micro-batch", "4"], capsys)
+    best = out.split("recommended: ")[1].split()[0]
+    assert code == 0 and best != "zero0"
+    assert next(r for r in out.splitlines() if r.split()[:1] == [best]).endswith("yes")
+
+
+def test_cli_errors_are_one_line(capsys):
+    code, _, err = run_cli(["--model", "gpt2", "--size", "xl", "--gpu-mem", "lots"], capsys)
+    assert code == 2 and "--gpu-mem 'lots' is not a memory size" in err
+    code, _, err = run_cli(["--model", "resnet", "--size", "50", "--seq-len", "128"], capsys)
+    assert code == 2 and "--seq-len applies to token models" in err
+    code, _, err = run_cli(["--model", "gpt2", "--size", "tiny", "--gpu-mem", "10MB"], capsys)
+    assert code == 1 and "nothing fits" in err
+
+
+def test_estimate_matches_measured_memory_on_two_ranks(tmp_path):
+    """ZeRO 0-3, fp32, 2 ranks: tensor-counted model states within 10% and peak RSS growth within 25%.
+
+    On CPU there is no allocator counter: the peak is the growth of the process's peak RSS
+    (VmHWM) over its RSS before building the model, with glibc told to return every freed
+    block over 64 KiB to the OS so that RSS follows the live tensors.
+    """
+    from dist_scripts.estimate_memory import BUCKET, SHAPE
+    cmd = deepspeed_cmd(REPO / "tests" / "dist_scripts" / "estimate_memory.py", [str(tmp_path), "fp32", "0", "1", "2", "3"])
+    proc = subprocess.run(cmd, cwd=REPO, env=rank_env(MALLOC_MMAP_THRESHOLD_="65536"), capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    shape = shape_from_spec(build("gpt2", "custom", **SHAPE))
+    for stage in range(4):
+        ranks = [json.loads((tmp_path / f"stage{stage}_rank{r}.json").read_text()) for r in range(2)]
+        est = estimate(shape, Setup(world_size=2, zero_stage=stage, precision="fp32", micro_batch=4,
+                                    reduce_bucket_size=BUCKET, prefetch_bucket_size=BUCKET, overlap_comm=False))
+        for res in ranks:
+            assert res["num_params"] == shape.num_params
+            assert res["peak_model_state_bytes"] == pytest.approx(est.model_states, rel=0.10), (stage, res)
+            assert res["peak_rss_growth"] == pytest.approx(est.device_peak, rel=0.25), (stage, res)
+            assert all(7.0 < loss < 8.0 for loss in res["losses"])  # ~ln(2048) = 7.6 at init, finite
