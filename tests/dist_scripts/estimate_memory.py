@@ -25,7 +25,7 @@ from deepspeed import comm as dist
 from bigtrain.metrics import memory_report, rss_bytes
 from bigtrain.models import build
 
-SHAPE = dict(n_layer=4, n_embd=256, n_head=4, n_positions=128, vocab_size=2048)
+SHAPE = dict(n_layer=2, n_embd=256, n_head=4, n_positions=128, vocab_size=2048)
 SEQ, BUCKET = 128, 1_000_000
 
 
@@ -108,7 +108,7 @@ def main() -> None:
     # A throwaway ZeRO-1 run of the same model first: imports, kernels and the communication
     # layer's one-time memory (~40 MB of anonymous memory that stays after the first ZeRO-1
     # reduction here, held by no Python tensor) must not land in any stage's growth.
-    measure(1, precision, micro)
+    measure(1, precision, 1)
     for stage in map(int, stages):
         result = measure(stage, precision, micro)
         with open(os.path.join(out_dir, f"stage{stage}_rank{dist.get_rank()}.json"), "w") as f:
