@@ -21,6 +21,7 @@ from bigtrain.distributed import barrier
 
 log = logging.getLogger("bigtrain")
 MARKER = "bigtrain.json"
+MANIFEST = "files"  # in the marker: relative path -> size in bytes of every file of the tag
 TAG_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -36,10 +37,17 @@ def save(ds_engine: Any, ckpt_dir: str | Path, step: int, state: dict, rank: int
     torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{rank}.pt")
     barrier()  # every rank's files are on disk before the marker says so
     if rank == 0:
-        _write_atomic(ckpt_dir / tag / MARKER, json.dumps(state, indent=2))
+        write_marker(ckpt_dir / tag, state)
         _prune(ckpt_dir, keep_last)
     barrier()
     return ckpt_dir / tag
+
+
+def write_marker(tag_dir: Path, state: dict) -> None:
+    """Declare `tag_dir` complete: `state` plus every file's size, so a truncated or deleted file is caught."""
+    files = {str(p.relative_to(tag_dir)): p.stat().st_size for p in sorted(tag_dir.rglob("*"))
+             if p.is_file() and p.name != MARKER and not p.name.endswith(".tmp")}
+    _write_atomic(tag_dir / MARKER, json.dumps({**state, MANIFEST: files}, indent=2))
 
 
 def find_resumable(ckpt_dir: str | Path) -> tuple[str, dict] | None:
@@ -61,6 +69,9 @@ def check_complete(tag_dir: Path) -> str | None:
         state = json.loads(marker.read_text())
     except json.JSONDecodeError:
         return "its completion marker is not valid JSON"
+    changed = _manifest_problems(tag_dir, state.get(MANIFEST))
+    if changed:
+        return changed
     world = int(state.get("world_size", 1))
     missing = [f"rng_rank{r}.pt" for r in range(world) if not (tag_dir / f"rng_rank{r}.pt").is_file()]
     if missing:
@@ -68,6 +79,20 @@ def check_complete(tag_dir: Path) -> str | None:
     for path in tag_dir.glob("*.pt"):
         if path.stat().st_size == 0:
             return f"{path.name} is empty"
+    return None
+
+
+def _manifest_problems(tag_dir: Path, manifest: dict | None) -> str | None:
+    """What differs from the sizes recorded when the marker was written (older markers have none)."""
+    if not manifest:
+        return None
+    missing = [name for name in manifest if not (tag_dir / name).is_file()]
+    if missing:
+        return f"missing {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    for name, size in manifest.items():
+        now = (tag_dir / name).stat().st_size
+        if now != size:
+            return f"{name} has {now} bytes, {size} when it was saved (truncated or overwritten)"
     return None
 
 

@@ -59,10 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_config_args(p)
     p.set_defaults(func=cmd_lint)
 
+    from bigtrain.estimate import add_estimate_parser
     from bigtrain.export import add_export_parser
     from bigtrain.models.cli import add_models_parser
     from bigtrain.train_cli import add_train_parser
-    for register in (add_train_parser, add_export_parser, add_models_parser):
+    for register in (add_train_parser, add_estimate_parser, add_export_parser, add_models_parser):
         register(sub)
     return parser
 

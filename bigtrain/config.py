@@ -11,7 +11,7 @@ from typing import Literal
 from bigtrain.config_fields import doc
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 
 @dataclass
@@ -184,7 +184,8 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
-    precision: Precision = doc("bf16", "Training precision: fp32, bf16 (mixed) or fp16 (mixed, loss scaling).")
+    precision: Precision = doc("auto", "fp32, bf16 (mixed), fp16 (mixed, loss scaling) or auto: bf16 on GPUs, "
+                               "on a CPU bf16 with AMX else fp32.")
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     activation_checkpointing: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)

@@ -13,6 +13,7 @@ OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lamb": "Lamb
 def build_ds_config(run: RunConfig, world_size: int) -> dict:
     """The DeepSpeed dict for `run` at `world_size` ranks; the batch triple always holds."""
     triple = batch_triple(run, world_size)
+    precision = "bf16" if run.precision == "auto" else run.precision  # the runner resolves auto per device
     config = {
         "train_batch_size": triple.global_batch,
         "train_micro_batch_size_per_gpu": triple.micro_batch,
@@ -21,8 +22,8 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
         "steps_per_print": 1000,
         "optimizer": optimizer_section(run.optimizer),
         "scheduler": scheduler_section(run.schedule, run.optimizer.lr, run.train.steps),
-        "bf16": {"enabled": run.precision == "bf16"},
-        "fp16": fp16_section(run.precision == "fp16"),
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": fp16_section(precision == "fp16"),
         "zero_optimization": zero_section(run.zero, run.offload),
     }
     if run.activation_checkpointing.enabled:  # the section's presence is what switches it on

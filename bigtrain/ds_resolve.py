@@ -61,10 +61,14 @@ def resolve_auto(user: dict, run: RunConfig, world_size: int | None, pipeline_st
     config = copy.deepcopy(user)
     _resolve_batch_auto(config, run, world_size, _stages(config, pipeline_stages))
     opt = run.optimizer
+    precision = run.precision
+    if precision == "auto":
+        from bigtrain.device import default_precision
+        precision = default_precision()
     values = {
         ("gradient_clipping",): opt.grad_clip,
-        ("fp16", "enabled"): run.precision == "fp16",
-        ("bf16", "enabled"): run.precision == "bf16",
+        ("fp16", "enabled"): precision == "fp16",
+        ("bf16", "enabled"): precision == "bf16",
         ("optimizer", "params", "lr"): opt.lr,
         ("optimizer", "params", "betas"): list(opt.betas),
         ("optimizer", "params", "eps"): opt.eps,

@@ -57,7 +57,8 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
     else:
         module = spec.build()
     module = module.to(dtype).train()
-    blocks = [getattr(parent, name) for parent, name in (spec.checkpoint_blocks(module) if spec.checkpoint_blocks else [])]
+    places = spec.checkpoint_blocks(module) if spec.checkpoint_blocks else []
+    blocks = [getattr(parent, name) for parent, name in places]
     param_keys = {p.untyped_storage()._cdata for p in module.parameters()}
     saved: dict[int, tuple[int, int]] = {}  # storage -> (bytes, block index or -1)
     where = [-1]
@@ -97,7 +98,7 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
 def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape:
     """The memory model's view of `spec`; non-transformer activations are measured for `precision`."""
     numel, numels, largest = parameter_layout(_meta_module(spec))
-    assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec says {spec.num_params}"
+    assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec {spec.num_params}"
     cfg = spec.config
     common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest)
     if spec.family == "gpt2":
@@ -124,7 +125,7 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f}"
+    return f"{n / 2**30:.2f}"
 
 
 def format_table(rows: list[MemoryEstimate], gpu_mem: float, cpu_mem: float | None, headroom: float) -> str:
@@ -134,16 +135,17 @@ def format_table(rows: list[MemoryEstimate], gpu_mem: float, cpu_mem: float | No
     lines = [head + f" {_gib(gpu_mem)} GiB", "-" * (len(head) + 12)]
     for e in rows:
         extra = e.buffers + e.live_params + e.step_transient
+        ok = "yes" if fits(e, gpu_mem, cpu_mem, headroom) else "no"
         lines.append(f"{e.setup.label:<32}{_gib(e.params):>8}{_gib(e.grads):>8}{_gib(e.optimizer):>8}{_gib(extra):>9}"
                      f"{_gib(e.activations):>8}{_gib(e.device_peak):>10}{_gib(e.host_per_node):>10}"
-                     f"{_gib(e.nvme * e.setup.gpus_per_node):>11}  {'yes' if fits(e, gpu_mem, cpu_mem, headroom) else 'no'}")
+                     f"{_gib(e.nvme * e.setup.gpus_per_node):>11}  {ok}")
     return "\n".join(lines)
 
 
-def run_settings(best: Setup) -> str:
-    """The run-config overrides that select `best`."""
-    sets = [f"zero.stage={best.zero_stage}", f"precision={best.precision}",
-            f"batch.micro_batch={best.micro_batch}"]
+def run_settings(best: Setup, model_overrides: dict[str, Any]) -> str:
+    """The run-config overrides that select `best` (and the model the estimate was for)."""
+    sets = [f"model.overrides.{k}={v}" if k != "seq_len" else f"data.seq_len={v}" for k, v in model_overrides.items()]
+    sets += [f"zero.stage={best.zero_stage}", f"precision={best.precision}", f"batch.micro_batch={best.micro_batch}"]
     if best.offload_optimizer != "none":
         sets.append(f"offload.optimizer={best.offload_optimizer}")
     if best.offload_param != "none":
@@ -176,7 +178,8 @@ def run_estimate(args: argparse.Namespace) -> int:
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
     print("GiB. GPU/rank = params + optim + the larger of acts (end of forward) and grads + buffers (end of "
           "backward); buffers: gradient buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"
-          f"fits: GPU/rank <= {100 * (1 - args.headroom):.0f}% of --gpu-mem" + (" and CPU/node of --cpu-mem" if cpu_mem else ""))
+          f"fits: GPU/rank <= {100 * (1 - args.headroom):.0f}% of --gpu-mem"
+          + (" and CPU/node of --cpu-mem" if cpu_mem else ""))
     best = recommend(rows, gpu_mem, cpu_mem, args.headroom)
     if best is None:
         smallest = min(rows, key=lambda e: e.device_peak)
@@ -185,7 +188,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         return 1
     print(f"recommended: {best.setup.label} ({_gib(best.device_peak)} GiB of {_gib(gpu_mem)} GiB per GPU"
           + (f", {_gib(best.host_per_node)} GiB CPU per node" if best.host else "") + ")")
-    print(f"  bigtrain train --model {args.model} --size {args.size} {run_settings(best.setup)}")
+    print(f"  bigtrain train --model {args.model} --size {args.size} {run_settings(best.setup, overrides)}")
     return 0
 
 

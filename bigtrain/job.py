@@ -5,6 +5,7 @@ import json
 import logging
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ import torch
 from bigtrain import checkpoint, models
 from bigtrain.config import RunConfig
 from bigtrain.config_io import to_dict
-from bigtrain.distributed import World, init_distributed, shutdown
+from bigtrain.device import default_precision
+from bigtrain.distributed import PeerWatch, World, init_distributed, shutdown
 from bigtrain.ds_lint import LintError
 from bigtrain.ds_resolve import generated_or_user
 from bigtrain.ds_runtime import fit_to_device
@@ -27,22 +29,34 @@ log = logging.getLogger("bigtrain")
 
 def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = False,
             stop_after: int | None = None) -> int:
-    """Exit code: 0 done, 2 a user's mistake (one line on stderr), else the exception propagates."""
+    """Exit code: 0 done, 2 a user's mistake (one line on stderr). Any other exception on a multi-rank
+    job ends this rank with exit 1 and a line naming the dead peer, or this rank if it is the origin."""
     world = init_distributed()
     setup_logging(world)
+    watch = PeerWatch.start(world)  # a dead peer ends this rank with a line naming it, never a hang
+    if world.is_main and world.size > 1:
+        log.info("%s", watch.describe())
     try:
         train(run, world, ds_config_path, resume, stop_after)
     except (LintError, ValueError) as err:  # deterministic: every rank raises the same before training
+        watch.leave()
         if world.is_main:
             for line in str(err).splitlines():
                 print(f"bigtrain: {line}", file=sys.stderr)
         return 2
+    except Exception as err:  # noqa: BLE001 -- a peer died, or this rank failed: name it and exit 1
+        if world.size > 1:
+            watch.fail(err)
+        raise
+    watch.leave()  # before the last barrier: a peer past it may exit at once
     shutdown()
     return 0
 
 
 def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool, stop_after: int | None) -> dict:
     out = Path(run.train.out_dir)
+    if run.precision == "auto":
+        run = replace(run, precision=default_precision())
     resolved = generated_or_user(run, world.size, ds_config_path)
     run = resolved.run
     if world.is_main:

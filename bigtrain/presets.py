@@ -21,7 +21,7 @@ def default() -> RunConfig:
 
 def _ds_base() -> RunConfig:
     """A GPT-2 small bf16 run with activation checkpointing: the shape the checked-in files are written for."""
-    return RunConfig(batch=BatchConfig(micro_batch=4, grad_accum=1),
+    return RunConfig(precision="bf16", batch=BatchConfig(micro_batch=4, grad_accum=1),
                      activation_checkpointing=ActivationCheckpointConfig(enabled=True))
 
 

@@ -11,7 +11,7 @@ from bigtrain.config_io import load_run_config, to_dict
 def test_defaults_are_the_demo_run():
     run = RunConfig()
     assert (run.model.family, run.model.size, run.data.source) == ("gpt2", "mini", "builtin")
-    assert run.zero.stage == 1 and run.precision == "bf16"
+    assert run.zero.stage == 1 and run.precision == "auto"
 
 
 def test_yaml_file_and_dotted_overrides(tmp_path):
@@ -35,7 +35,7 @@ def test_json_file_round_trip(tmp_path):
     (["zero.stag=3"], "unknown key 'zero.stag': did you mean 'stage'?"),
     (["zeros.stage=3"], "unknown key 'zeros': did you mean 'zero'?"),
     (["zero.stage=4"], "zero.stage=4: allowed values are 0, 1, 2, 3"),
-    (["precision=fp8"], "precision='fp8': allowed values are fp32, bf16, fp16"),
+    (["precision=fp8"], "precision='fp8': allowed values are auto, fp32, bf16, fp16"),
     (["offload.optimizer=gpu"], "offload.optimizer='gpu': allowed values are none, cpu, nvme"),
     (["optimizer.lr=fast"], "optimizer.lr='fast': expected a number"),
     (["train.steps=2.5"], "train.steps=2.5: expected an integer"),

@@ -3,6 +3,7 @@ tensors our models really save, the CLI, and per-rank bytes measured under ZeRO 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 
 import pytest
@@ -152,7 +153,8 @@ def test_cli_gpt2_xl_on_16_gpus(capsys):
     rows = [line for line in out.splitlines() if line.startswith("zero")]
     assert len(rows) == 20
     zero0 = rows[0].split()
-    assert zero0[0] == "zero0" and float(zero0[1]) == pytest.approx(2 * build("gpt2", "xl").num_params / 2**30, abs=0.05)
+    assert zero0[0] == "zero0"
+    assert float(zero0[1]) == pytest.approx(2 * build("gpt2", "xl").num_params / 2**30, abs=0.05)  # bf16 params
     assert "recommended: zero0 (" in out and "--set zero.stage=0" in out
     code, out, _ = run_cli(["--model", "gpt2", "--size", "xl", "--num-gpus", "8", "--num-nodes", "2",
                             "--gpu-mem", "16GB", "--micro-batch", "4"], capsys)
@@ -178,17 +180,25 @@ def test_estimate_matches_measured_memory_on_two_ranks(tmp_path):
     block over 64 KiB to the OS so that RSS follows the live tensors.
     """
     from dist_scripts.estimate_memory import BUCKET, SHAPE
-    cmd = deepspeed_cmd(REPO / "tests" / "dist_scripts" / "estimate_memory.py", [str(tmp_path), "fp32", "0", "1", "2", "3"])
+    script = REPO / "tests" / "dist_scripts" / "estimate_memory.py"
+    cmd = deepspeed_cmd(script, [str(tmp_path), "fp32", "0", "1", "2", "3"])
     proc = subprocess.run(cmd, cwd=REPO, env=rank_env(MALLOC_MMAP_THRESHOLD_="65536"), capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     shape = shape_from_spec(build("gpt2", "custom", **SHAPE))
+    reference = None
     for stage in range(4):
         ranks = [json.loads((tmp_path / f"stage{stage}_rank{r}.json").read_text()) for r in range(2)]
         est = estimate(shape, Setup(world_size=2, zero_stage=stage, precision="fp32", micro_batch=4,
                                     reduce_bucket_size=BUCKET, prefetch_bucket_size=BUCKET, overlap_comm=False))
         for res in ranks:
             assert res["num_params"] == shape.num_params
-            assert res["peak_model_state_bytes"] == pytest.approx(est.model_states, rel=0.10), (stage, res)
-            assert res["peak_rss_growth"] == pytest.approx(est.device_peak, rel=0.25), (stage, res)
-            assert all(7.0 < loss < 8.0 for loss in res["losses"])  # ~ln(2048) = 7.6 at init, finite
+            measured = res["peak_model_state_bytes"], res["peak_rss_growth"]
+            assert measured[0] == pytest.approx(est.model_states, rel=0.10), (stage, measured, est)
+            assert measured[1] == pytest.approx(est.device_peak, rel=0.25), (stage, measured, est.device_peak)
+        # Same data, same init: one step under any stage lowers each rank's loss from ~ln(2048) alike.
+        assert all(abs(res["losses"][0] - math.log(SHAPE["vocab_size"])) < 0.3 for res in ranks)
+        assert all(res["losses"][1] < res["losses"][0] for res in ranks)
+        losses = [loss for res in ranks for loss in res["losses"]]
+        reference = reference or losses
+        assert losses == pytest.approx(reference, abs=1e-3), (stage, losses, reference)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Callable
 
 import torch
 from deepspeed.accelerator import get_accelerator
@@ -84,9 +85,9 @@ class ThroughputMeter:
     does not land in the next step.
     """
 
-    def __init__(self, warmup: int = 2) -> None:
+    def __init__(self, warmup: int = 2, clock: Callable[[], float] = time.perf_counter) -> None:
         assert warmup >= 0
-        self.warmup = warmup
+        self.warmup, self.clock = warmup, clock
         self.times: list[float] = []
         self.samples: list[float] = []
         self.tokens: list[float] = []
@@ -94,7 +95,7 @@ class ThroughputMeter:
 
     def start(self) -> None:
         get_accelerator().synchronize()
-        self._mark = time.perf_counter()
+        self._mark = self.clock()
 
     restart = start
 
@@ -102,7 +103,7 @@ class ThroughputMeter:
         """Record one step that processed `samples` (and `tokens`); returns its wall time in s."""
         assert self._mark is not None, "ThroughputMeter.start() was not called"
         get_accelerator().synchronize()
-        now = time.perf_counter()
+        now = self.clock()
         dt, self._mark = now - self._mark, now
         self.times.append(dt)
         self.samples.append(samples)

@@ -56,8 +56,8 @@ def _param_tensors(params: Iterable[torch.nn.Parameter]) -> dict[str, list[torch
             found["params" if getattr(p, "ds_persist", False) else "live_params"].append(p.data)
         else:
             found["params"].append(p.data)
-        if p.grad is not None:
-            found["grads"].append(p.grad)
+        # ZeRO-1 accumulating 16-bit gradients in fp32 keeps them in `grad_accum` beside `.grad`.
+        found["grads"].extend(g for g in (p.grad, getattr(p, "grad_accum", None)) if isinstance(g, torch.Tensor))
     return found
 
 
@@ -133,10 +133,28 @@ def rss_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
+def _vm_hwm_bytes() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_bytes() -> int:
-    """Highest resident set size of this process so far (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+    """Highest resident set size of this process since start or `reset_peak_memory()`.
+
+    Linux: VmHWM from /proc/self/status (resettable); elsewhere ru_maxrss. The kernel updates
+    the high-water mark lazily, so it can trail the current RSS by a few pages: take the larger.
+    """
+    peak = _vm_hwm_bytes()
+    if peak is None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = peak if sys.platform == "darwin" else peak * 1024
+    return max(peak, rss_bytes())
 
 
 def peak_memory() -> dict[str, int]:
@@ -156,10 +174,15 @@ def peak_memory() -> dict[str, int]:
 
 
 def reset_peak_memory() -> None:
-    """Restart the device peak counter (RSS peaks cannot be reset; compare against a baseline)."""
+    """Restart the peak counters: the device's, and on Linux the peak RSS (VmHWM, via /proc/self/clear_refs)."""
     acc = get_accelerator()
     if acc.device_name() != "cpu":
         acc.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # Linux >= 4.0: resets VmHWM to the current RSS
+    except OSError:
+        pass  # not Linux: ru_maxrss cannot be reset; compare against a baseline instead
 
 
 def memory_per_rank_bytes(peak: dict[str, int]) -> int:

@@ -9,7 +9,7 @@ OUT_DIR/stage{S}_rank{R}.json with
   of model states is the largest of these), and
 - the growth of this process's peak RSS over its RSS before the model was built. The test
   runs this with MALLOC_MMAP_THRESHOLD_ fixed, so that glibc returns freed tensors to the
-  OS and RSS follows live tensors; /proc/self/clear_refs resets the peak between stages.
+  OS and RSS follows live tensors; reset_peak_memory() resets the peak between stages.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import deepspeed
 import torch
 from deepspeed import comm as dist
 
-from bigtrain.metrics import memory_report, rss_bytes
+from bigtrain.metrics import memory_report, peak_rss_bytes, reset_peak_memory, rss_bytes
 from bigtrain.models import build
 
 SHAPE = dict(n_layer=2, n_embd=256, n_head=4, n_positions=128, vocab_size=2048)
@@ -41,22 +41,9 @@ def ds_config(stage: int, precision: str, micro: int, world: int) -> dict:
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
 
 
-def reset_peak_rss() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM, the peak RSS, to the current RSS (Linux >= 4.0)
-
-
-def vm_hwm_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc/self/status")
-
-
 def measure(stage: int, precision: str, micro: int, shape: dict = SHAPE) -> dict:
     gc.collect()
-    reset_peak_rss()
+    reset_peak_memory()
     rss0 = rss_bytes()
     torch.manual_seed(0)
     spec = build("gpt2", "custom", **shape)
@@ -82,7 +69,7 @@ def measure(stage: int, precision: str, micro: int, shape: dict = SHAPE) -> dict
         losses.append(loss.item())
         if step == 0:
             snapshots["after_step1"] = memory_report(engine)
-    peak_growth = vm_hwm_bytes() - rss0
+    peak_growth = peak_rss_bytes() - rss0
     psi = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     numels = [getattr(p, "ds_numel", p.numel()) for p in model.parameters()]
     result = {"stage": stage, "precision": precision, "micro_batch": micro, "world_size": dist.get_world_size(),
