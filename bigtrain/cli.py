@@ -78,7 +78,11 @@ def deepspeed_logs_to_stderr() -> None:
 def main(argv: list[str] | None = None) -> int:
     deepspeed_logs_to_stderr()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "passes_unknown_args", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:
+        args.run_args = [*args.run_args, *unknown]
     try:
         return int(args.func(args) or 0)
     except LintError as err:

@@ -163,8 +163,8 @@ class CheckpointConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = doc(300, "Optimizer steps to train.")
-    eval_interval: int = doc(100, "Evaluate every N steps (0: only at the end).")
+    steps: int = doc(200, "Optimizer steps to train.")
+    eval_interval: int = doc(50, "Evaluate every N steps (0: only at the end).")
     eval_batches: int = doc(8, "Micro-batches per rank in each evaluation.")
     seed: int = doc(1234, "Seed for weights, data order and dropout.")
     out_dir: str = doc("runs/latest", "Where checkpoints, logs, exports and summary.json go.")

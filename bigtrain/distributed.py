@@ -190,9 +190,8 @@ class PeerWatch:
                 return
             lost = self.lost_peers() if lost else lost  # a peer just leaving has said so by now
             if lost:
-                what = ", ".join(str(p) for p in lost) + (" is" if len(lost) == 1 else " are")
-                self._end(f"{what} gone (killed or crashed); {self.peers[self.world.rank]} stops too",
-                          post=f"{what} gone (killed or crashed), seen by rank {self.world.rank}")
+                self._end(f"{_gone(lost)}; {self.peers[self.world.rank]} stops too",
+                          post=f"{_gone(lost)}, seen by rank {self.world.rank}")
             posted = self._posted()
             if posted:
                 self._end(f"{self.peers[self.world.rank]} stops: {posted}", post=None)
@@ -207,7 +206,7 @@ class PeerWatch:
         """Why the job broke, as seen from here: a dead local peer, a posted finding, silent ranks."""
         lost = self.lost_peers()
         if lost:
-            return ", ".join(str(p) for p in lost) + " gone (killed or crashed)"
+            return _gone(lost)
         posted = self._posted()
         if posted:
             return posted
@@ -235,6 +234,7 @@ class PeerWatch:
         try:
             return op(self.store)
         except Exception:  # noqa: BLE001 -- a dead store is an expected state here, not an error
+            self.store = None  # once is enough: every failed call makes torch log a stack trace
             return None
 
     def _end(self, line: str, post: str | None) -> NoReturn:
@@ -246,3 +246,7 @@ class PeerWatch:
                   file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(1)
+
+
+def _gone(peers: list[Peer]) -> str:
+    return ", ".join(str(p) for p in peers) + (" is" if len(peers) == 1 else " are") + " gone (killed or crashed)"

@@ -32,7 +32,9 @@ class Reporter:
         self.losses: list[float] = list(prior_losses or [])
         self.val_losses: list[tuple[int, float]] = []
         self.meter = ThroughputMeter(warmup=2)
-        self.peak_tflops = run.train.peak_tflops or measure_peak_tflops(PRECISION_DTYPE[run.precision])
+        if not run.train.peak_tflops:
+            torch.distributed.barrier()  # all ranks measure at once, as they will train: shared cores
+        self.peak_tflops = run.train.peak_tflops or measure_peak_tflops(PRECISION_DTYPE[run.precision], seconds=1.0)
         if world.is_main:
             source = "given" if run.train.peak_tflops else f"measured ({run.precision} matmul, {torch.get_num_threads()} threads)"
             log.info("peak %.2f TFLOP/s per rank, %s", self.peak_tflops, source)

@@ -72,5 +72,5 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--master-port", type=int, default=None, help="rendezvous port")
     p.add_argument("--launcher-arg", action="append", default=[],
                    help="extra argument for the deepspeed launcher, e.g. --launcher-arg=--bind_cores_to_rank")
-    p.add_argument("run_args", nargs=argparse.REMAINDER, help="arguments for bigtrain/run.py")
+    p.set_defaults(run_args=[], passes_unknown_args=True)  # everything else goes to run.py
     p.set_defaults(func=cmd_train)

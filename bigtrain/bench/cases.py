@@ -1,0 +1,135 @@
+"""What a benchmark job trains: a workload (model, data, batch, precision) under a strategy
+(ZeRO stage, offload, activation checkpointing, pipeline), by one runner (bigtrain or a baseline).
+
+A case turns into the run-config overrides bigtrain gets; the baselines get the same model
+(built from `spec_kwargs`), the same synthetic data and the same DeepSpeed config.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+RUNNERS = ("bigtrain", "deepspeed", "ddp")
+OFFLOADS = ("none", "optimizer", "all")  # all = optimizer and parameters (ZeRO-3 only)
+GPT2_POSITIONS = 1024  # n_positions of a custom GPT-2 shape (bigtrain's default for size "custom")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model with its data shape, batch and precision: the part that every strategy shares."""
+
+    name: str
+    family: str  # gpt2 | resnet
+    size: str = "custom"
+    overrides: dict = field(default_factory=dict)  # model.overrides (shape)
+    seq_len: int = 256  # gpt2 tokens per sample
+    vocab_size: int = 50257  # gpt2: the real GPT-2 vocabulary, so the output head has its real cost
+    image_size: int = 32  # resnet
+    num_classes: int = 10  # resnet
+    micro_batch: int = 4
+    precision: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.family not in ("gpt2", "resnet"):
+            raise ValueError(f"bench workload {self.name}: family {self.family!r}; use gpt2 or resnet")
+
+    def spec_kwargs(self) -> dict[str, Any]:
+        """`models.build(family, size, **spec_kwargs)`: the model bigtrain builds for this workload."""
+        if self.family == "gpt2":
+            derived = {"vocab_size": self.vocab_size, "n_positions": max(GPT2_POSITIONS, self.seq_len),
+                       "seq_len": self.seq_len}
+            if self.size != "custom":
+                from bigtrain.models.gpt2 import FAMILY
+                derived["n_positions"] = max(FAMILY.sizes[self.size].get("n_positions", 1024), self.seq_len)
+            return {**derived, **self.overrides}
+        return {"num_classes": self.num_classes, **self.model_overrides()}
+
+    def model_overrides(self) -> dict[str, Any]:
+        """model.overrides for bigtrain: the shape, and for ResNet the image side its FLOPs count uses."""
+        if self.family == "resnet":
+            return {"image_size": self.image_size, **self.overrides}
+        return dict(self.overrides)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How the work is split: ZeRO stage, CPU offload, activation checkpointing, pipeline stages."""
+
+    zero: int = 1
+    offload: str = "none"
+    checkpointing: bool = False
+    pipeline: int = 1
+
+    def __post_init__(self) -> None:
+        if self.offload not in OFFLOADS:
+            raise ValueError(f"offload {self.offload!r}: use one of {', '.join(OFFLOADS)}")
+        if self.offload == "all" and self.zero != 3:
+            raise ValueError("parameter offload needs ZeRO-3")
+        if self.pipeline > 1 and self.zero > 1:
+            raise ValueError("pipeline parallelism runs with ZeRO 0 or 1 only")
+
+    @property
+    def label(self) -> str:
+        parts = [f"pp{self.pipeline}"] if self.pipeline > 1 else []
+        parts.append(f"z{self.zero}")
+        if self.offload != "none":
+            parts.append("off-opt" if self.offload == "optimizer" else "off-opt+param")
+        if self.checkpointing:
+            parts.append("ac")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One job: a workload under a strategy, run by `runner` for `steps` optimizer steps."""
+
+    workload: Workload
+    strategy: Strategy
+    runner: str = "bigtrain"
+    steps: int = 22
+    group: str = "sweep"  # which table it belongs to: sweep | ratio | efficiency
+
+    def __post_init__(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner {self.runner!r}: use one of {', '.join(RUNNERS)}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload.name} {self.strategy.label} {self.runner}"
+
+    @property
+    def slug(self) -> str:
+        return "-".join(self.name.replace("+", "_").split())
+
+    def run_overrides(self) -> list[str]:
+        """`--set` overrides for bigtrain/run.py (the baselines read the same run config)."""
+        w, s = self.workload, self.strategy
+        sets = {
+            "model.family": w.family, "model.size": w.size, "data.source": "synthetic", "precision": w.precision,
+            "train.steps": self.steps, "batch.micro_batch": w.micro_batch, "zero.stage": s.zero,
+            "activation_checkpointing.enabled": str(s.checkpointing).lower(), "pipeline.stages": s.pipeline,
+            # A benchmark times training steps only: no evaluation, no sample, plain log lines.
+            "train.eval_interval": 0, "train.eval_batches": 0, "train.sample_tokens": 0,
+            "logging.progress_bar": "false",
+        }
+        if s.pipeline > 1:  # as many samples per step as the data-parallel runs: micro x 2 micro-batches
+            sets["batch.grad_accum"] = 2
+        if s.offload != "none":
+            sets["offload.optimizer"] = "cpu"
+        if s.offload == "all":
+            sets["offload.param"] = "cpu"
+        if w.family == "gpt2":
+            sets.update({"data.seq_len": w.seq_len, "data.vocab_size": w.vocab_size})
+        else:
+            sets.update({"data.image_size": w.image_size, "data.num_classes": w.num_classes})
+        for key, value in w.model_overrides().items():
+            sets[f"model.overrides.{key}"] = _yaml(value)
+        return [f"{k}={v}" for k, v in sets.items()]
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml(v) for v in value) + "]"
+    return str(value)

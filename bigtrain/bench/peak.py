@@ -1,0 +1,64 @@
+"""The bf16 and fp32 matmul peak per rank, measured the way the ranks run.
+
+Launched like a training job (same launcher, ranks, threads, binding, malloc settings), every
+rank times square matmuls at the same moment as the others, so the peak includes whatever
+two busy cores share (memory bandwidth, turbo). A rank's peak is the best of a few sizes;
+the job's per-rank peak is the mean over ranks.
+
+    deepspeed --num_gpus 2 --module bigtrain.bench.peak --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+SIZES = (1024, 2048)
+DTYPES = ("bf16", "fp32")
+
+
+def measure(seconds: float) -> dict[str, float]:
+    """This rank's best TFLOP/s per dtype over SIZES, each size timed while every rank times it."""
+    import torch
+
+    from bigtrain.distributed import barrier
+    from bigtrain.metrics import measure_peak_tflops
+    best = {}
+    for dtype in DTYPES:
+        rates = []
+        for n in SIZES:
+            barrier()  # all ranks multiply at once, as they train at once
+            rates.append(measure_peak_tflops(dtype, size=n, seconds=seconds))
+        best[dtype] = max(rates)
+    best["threads"] = torch.get_num_threads()
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", required=True)
+    p.add_argument("--seconds", type=float, default=1.0, help="timing window per dtype and size")
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    from bigtrain.distributed import init_distributed, shutdown
+    world = init_distributed()
+    result = {"rank": world.rank, "affinity": sorted(os.sched_getaffinity(0)), **measure(args.seconds)}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / f"peak_rank{world.rank}.json").write_text(json.dumps(result))
+    shutdown()
+    return 0
+
+
+def read_peaks(out: Path) -> dict:
+    """{'bf16': TFLOP/s per rank, 'fp32': ..., 'per_rank': [...]} from the ranks' files."""
+    ranks = [json.loads(f.read_text()) for f in sorted(Path(out).glob("peak_rank*.json"))]
+    if not ranks:
+        raise RuntimeError(f"the peak job wrote nothing in {out}")
+    peaks = {d: sum(r[d] for r in ranks) / len(ranks) for d in DTYPES}
+    return {**peaks, "per_rank": ranks}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
