@@ -59,18 +59,21 @@ class StepClock:
         self.times.append(now - self.mark)
         self.mark = now
 
-    def median(self) -> float:
-        measured = self.times[WARMUP:] if len(self.times) > WARMUP else self.times
-        return statistics.median(measured)
+    def measured(self) -> list[float]:
+        return self.times[WARMUP:] if len(self.times) > WARMUP else self.times
+
+    def rate(self, amount: float) -> float:
+        """Median over measured steps of amount / step time (bigtrain's definition of samples/s)."""
+        return statistics.median(amount / t for t in self.measured())
 
 
 def write_result(out: str, rank: int, clock: StepClock, global_batch: int, losses: list[float],
                  spec: Any, memory: dict, extra: dict | None = None) -> None:
     """One JSON per rank: step times, rate, losses, memory; the bench merges the ranks' files."""
     from bigtrain.metrics import peak_memory
-    step_s = clock.median()
     result = {
-        "rank": rank, "step_times": clock.times, "step_s_median": step_s, "samples_per_s": global_batch / step_s,
+        "rank": rank, "step_times": clock.times, "step_s_median": statistics.median(clock.measured()),
+        "samples_per_s": clock.rate(global_batch),
         "losses": losses, "num_params": spec.num_params, "flops_per_sample": spec.flops_per_sample,
         "tokens_per_sample": spec.tokens_per_sample, "global_batch": global_batch,
         "peak_memory": peak_memory(), "model_state_bytes": memory["model_state_bytes"],
