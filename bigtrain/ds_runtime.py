@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import copy
+import logging
 
 from bigtrain.config import RunConfig
 from bigtrain.ds_config import monitor_sections
+
+log = logging.getLogger("bigtrain")
 
 
 def fit_to_device(ds_config: dict, run: RunConfig, out_dir: str, device_name: str | None = None) -> dict:
@@ -18,6 +21,7 @@ def fit_to_device(ds_config: dict, run: RunConfig, out_dir: str, device_name: st
         device_name = get_accelerator().device_name()
     config = copy.deepcopy(ds_config)
     config.update(monitor_sections(out_dir, "train", run.logging.tensorboard, run.logging.csv))
+    _fit_schedule_length(config, run.train.steps)
     optimizer = config.get("optimizer") or {}
     params = optimizer.setdefault("params", {}) if optimizer else {}
     offloaded = (config.get("zero_optimization") or {}).get("offload_optimizer", {}).get("device", "none") != "none"
@@ -29,3 +33,13 @@ def fit_to_device(ds_config: dict, run: RunConfig, out_dir: str, device_name: st
         if wanted:
             params["torch_adam"] = True
     return config
+
+
+def _fit_schedule_length(config: dict, steps: int) -> None:
+    """The job's step count decides how long the LR schedule runs, whatever a config file was written for."""
+    params = (config.get("scheduler") or {}).get("params") or {}
+    if "total_num_steps" in params and params["total_num_steps"] != steps:
+        log.info("scheduler.params.total_num_steps %s -> %d (train.steps)", params["total_num_steps"], steps)
+        params["total_num_steps"] = steps
+        if isinstance(params.get("warmup_num_steps"), int) and params["warmup_num_steps"] > steps:
+            params["warmup_num_steps"] = steps
