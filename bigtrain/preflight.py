@@ -1,0 +1,268 @@
+"""`bigtrain preflight`: check a multi-node launch before a job is spent on it.
+
+    bigtrain preflight --hostfile hostfile --config run.yaml --deepspeed_config ds_configs/zero3.json \\
+        --gpus-per-node 8 --gpu-mem 80GiB
+
+Checks, each a line on stdout when good and one line on stderr per problem (exit 2):
+the hostfile (`HOST slots=N` lines, comments, no duplicates; a missing file is an error,
+where DeepSpeed would silently train on this machine alone), that every host answers through
+the chosen launcher, the batch triple for the total world size, and the memory per rank.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+LAUNCHERS = ("pdsh", "ssh", "no_ssh")
+LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    host: str
+    slots: int
+    line: int  # 1-based line number in the hostfile
+
+
+class PreflightError(ValueError):
+    """One or more problems, one line each."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+# --- the hostfile -------------------------------------------------------------------------------
+
+def read_hostfile(path: str | Path) -> list[HostEntry]:
+    """Parse an MPI-style hostfile strictly; raises PreflightError naming every bad line."""
+    path = Path(path)
+    if not path.is_file():
+        raise PreflightError([f"hostfile {path} does not exist; DeepSpeed would silently train on this machine "
+                              "only. Give an existing file (see hostfile.example)"])
+    entries: list[HostEntry] = []
+    problems: list[str] = []
+    for number, text in enumerate(path.read_text().splitlines(), start=1):
+        parsed = parse_hostfile_line(text, number, path)
+        if isinstance(parsed, str):
+            problems.append(parsed)
+        elif parsed is not None:
+            first = next((e for e in entries if e.host == parsed.host), None)
+            if first is not None:
+                problems.append(f"{path}:{number}: host {parsed.host} is listed twice (lines {first.line} and "
+                                f"{number}); list each host once with all its slots")
+            else:
+                entries.append(parsed)
+    if not entries and not problems:
+        problems.append(f"{path} lists no hosts; add one line per host like 'worker-1 slots=8'")
+    if problems:
+        raise PreflightError(problems)
+    return entries
+
+
+def parse_hostfile_line(text: str, number: int, path: Path | str = "hostfile") -> HostEntry | str | None:
+    """An entry, None for a blank or comment line, or a one-line problem."""
+    body = text.split("#", 1)[0].strip()
+    if not body:
+        return None
+    fields = body.split()
+    expected = "expected 'HOSTNAME slots=N', e.g. 'worker-1 slots=8'"
+    if len(fields) != 2 or not fields[1].startswith("slots="):
+        return f"{path}:{number}: {body!r}: {expected}"
+    host, slots = fields[0], fields[1][len("slots="):]
+    if not slots.isdigit() or int(slots) < 1:
+        return f"{path}:{number}: slots={slots} for {host}: slots must be a positive integer (ranks on that host)"
+    return HostEntry(host, int(slots), number)
+
+
+def world_size(entries: list[HostEntry], gpus_per_node: int | None = None) -> int:
+    """Ranks the launcher starts: every slot, or the first `gpus_per_node` of each host (`--num_gpus`)."""
+    return sum(min(e.slots, gpus_per_node) if gpus_per_node else e.slots for e in entries)
+
+
+# --- the hosts ----------------------------------------------------------------------------------
+
+def is_local(host: str) -> bool:
+    return host in LOCAL_NAMES or host == socket.gethostname()
+
+
+def check_hosts(entries: list[HostEntry], launcher: str, timeout: float = 5.0) -> list[str]:
+    """One problem per host that does not answer through `launcher` (local names are not contacted)."""
+    if launcher == "no_ssh":
+        return []  # every node starts its own launcher: nothing is contacted from here
+    if shutil.which("ssh") is None:
+        return ["ssh is not installed on this node; the pdsh and ssh launchers need it (or use --launcher no_ssh)"]
+    problems = []
+    if launcher == "pdsh" and shutil.which("pdsh") is None:
+        problems.append("pdsh is not installed on this node and is DeepSpeed's default multi-node launcher: install "
+                        "it (apt-get install pdsh) or start one launcher per node with --no_ssh --node_rank R")
+    remote = [e for e in entries if not is_local(e.host)]
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(remote)))) as pool:
+        found = list(pool.map(lambda e: check_host(e, timeout), remote))
+    return problems + [p for p in found if p]
+
+
+def check_host(entry: HostEntry, timeout: float = 5.0) -> str | None:
+    """Resolve the name, then `ssh -o BatchMode=yes HOST test -x PYTHON`: reachable without a
+    password prompt, and this repository's Python at the same path."""
+    where = f"host {entry.host} (hostfile line {entry.line})"
+    try:
+        socket.getaddrinfo(entry.host, 22)
+    except OSError as err:
+        return f"{where} does not resolve ({err.strerror or err}); fix the name or add it to DNS / /etc/hosts"
+    cmd = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(timeout)}", entry.host, "test", "-x",
+           sys.executable]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * timeout)
+    except subprocess.TimeoutExpired:
+        return f"{where} did not answer ssh within {3 * timeout:.0f} s"
+    if proc.returncode == 255:
+        reason = (proc.stderr.strip().splitlines() or ["ssh failed"])[-1]
+        return (f"{where} does not answer ssh ({reason}); set up passwordless ssh from this node "
+                f"(`ssh {entry.host} true` must work without a prompt) or use --launcher no_ssh")
+    if proc.returncode != 0:
+        return f"{where} has no {sys.executable}: every node needs this repository and its .venv at the same path"
+    return None
+
+
+# --- the job on that world size -----------------------------------------------------------------
+
+def batch_report(run, world: int, ds_path: str | None, device) -> tuple[list[str], object]:  # noqa: ANN001
+    """The lines describing the resolved batch triple, and the resolved run config (raises LintError)."""
+    from bigtrain.ds_resolve import generated_or_user
+    resolved = generated_or_user(run, world, ds_path, device=device)
+    ds = resolved.ds_config
+    stages = resolved.run.pipeline.stages
+    dp = world // stages
+    lines = [f"batch: train_batch_size {ds['train_batch_size']} = micro {ds['train_micro_batch_size_per_gpu']} "
+             f"x accum {ds['gradient_accumulation_steps']} x data-parallel {dp}"
+             + (f" (world size {world} / {stages} pipeline stages)" if stages > 1 else "")]
+    lines += [f"note: {note}" for note in resolved.notes]
+    return lines, resolved.run
+
+
+def estimate_overrides(run) -> dict:  # noqa: ANN001
+    """The model shape the runner would build, with the data's vocabulary / classes / length (as job.py)."""
+    model, data = run.model, run.data
+    derived: dict = {}
+    if model.family == "gpt2":
+        from bigtrain.models.gpt2 import FAMILY
+        positions = FAMILY.sizes.get(model.size, {}).get("n_positions", 1024)
+        if data.tokenizer is None:
+            derived["vocab_size"] = data.vocab_size
+        derived.update(n_positions=max(positions, data.seq_len), seq_len=data.seq_len)
+    elif model.family == "encoder":
+        derived.update(num_classes=data.num_classes, seq_len=data.seq_len)
+        if data.tokenizer is None:
+            derived["vocab_size"] = data.vocab_size
+    elif model.family == "resnet":
+        derived["num_classes"] = data.num_classes
+    return {**derived, **model.overrides}
+
+
+def memory_report(run, world: int, gpus_per_node: int, gpu_mem: int | None,  # noqa: ANN001
+                  headroom: float = 0.1) -> tuple[list[str], list[str]]:
+    """(lines, problems): the estimated peak per rank, and a problem if it does not fit `gpu_mem`."""
+    from bigtrain.estimate import estimate, fits, setup_from_run
+    from bigtrain.estimate_cli import shape_from_spec
+    from bigtrain.models import build
+    if run.model.pretrained:
+        return ["memory: not estimated for a pretrained model directory (use `bigtrain estimate`)"], []
+    spec = build(run.model.family, run.model.size, **estimate_overrides(run))
+    est = estimate(shape_from_spec(spec, run.precision), setup_from_run(run, world, gpus_per_node))
+    gib = 2**30
+    lines = [f"memory per rank (estimate, {est.setup.label}, {run.precision}, micro-batch {est.setup.micro_batch}): "
+             f"{est.device_peak / gib:.2f} GiB on the device (model states {est.model_states / gib:.2f}, "
+             f"activations {est.activations / gib:.2f}); {est.host_per_node / gib:.2f} GiB host memory per node"]
+    if run.pipeline.stages > 1:
+        lines.append("note: the estimate ignores pipeline stages (each stage holds only its layers)")
+    problems = []
+    if gpu_mem is not None and not fits(est, gpu_mem, None, headroom):
+        problems.append(f"estimated {est.device_peak / gib:.2f} GiB per rank does not fit --gpu-mem "
+                        f"{gpu_mem / gib:.1f} GiB with {headroom:.0%} headroom; see `bigtrain estimate --model "
+                        f"{run.model.family} --size {run.model.size} --gpu-mem {gpu_mem / gib:.0f}GiB` for setups that fit")
+    return lines, problems
+
+
+# --- the command --------------------------------------------------------------------------------
+
+def _device_caps(name: str):  # noqa: ANN202
+    from bigtrain.ds_lint import DeviceCaps
+    if name == "auto":
+        return DeviceCaps.detect()
+    return DeviceCaps(name, fp16=True, bf16=True) if name != "cpu" else DeviceCaps.detect() if \
+        _here_is_cpu() else DeviceCaps("cpu", fp16=False, bf16=True)
+
+
+def _here_is_cpu() -> bool:
+    from deepspeed.accelerator import get_accelerator
+    return get_accelerator().device_name() == "cpu"
+
+
+def preflight(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(report lines, problems) for the parsed `bigtrain preflight` arguments."""
+    from bigtrain.config_io import load_run_config
+    from bigtrain.ds_lint import LintError
+    from bigtrain.estimate import parse_memory
+    try:
+        entries = read_hostfile(args.hostfile)
+    except PreflightError as err:
+        return [], err.problems
+    world = world_size(entries, args.gpus_per_node)
+    per_node = args.gpus_per_node or max(e.slots for e in entries)
+    lines = [f"hostfile {args.hostfile}: {len(entries)} host(s), world size {world} "
+             f"({' + '.join(str(min(e.slots, args.gpus_per_node or e.slots)) for e in entries)})"]
+    problems = check_hosts(entries, args.launcher, args.ssh_timeout)
+    contacted = "not contacted (no_ssh)" if args.launcher == "no_ssh" else f"checked over ssh for {args.launcher}"
+    lines.append(f"hosts: {', '.join(e.host for e in entries)}: {contacted}")
+    try:
+        gpu_mem = parse_memory(args.gpu_mem, "--gpu-mem") if args.gpu_mem else None
+        run = load_run_config(args.config, args.set)
+        batch_lines, run = batch_report(run, world, args.deepspeed_config, _device_caps(args.device))
+        lines += batch_lines
+        mem_lines, mem_problems = memory_report(run, world, per_node, gpu_mem, args.headroom)
+        lines += mem_lines
+        problems += mem_problems
+    except LintError as err:
+        problems += err.problems
+    except ValueError as err:
+        problems += str(err).splitlines()
+    return lines, problems
+
+
+def run_preflight(args: argparse.Namespace) -> int:
+    lines, problems = preflight(args)
+    for line in lines:
+        print(line)
+    for problem in problems:
+        print(f"bigtrain preflight: {problem}", file=sys.stderr)
+    print("preflight: " + ("OK" if not problems else f"{len(problems)} problem(s)"), file=sys.stderr)
+    return 2 if problems else 0
+
+
+def add_preflight_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `bigtrain preflight` on the CLI's subparsers."""
+    p = subparsers.add_parser("preflight", help="check a hostfile, its hosts, the batch triple and memory",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hostfile", required=True, help="MPI-style hostfile: 'HOST slots=N' per line")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="pdsh",
+                   help="how ranks start: pdsh (DeepSpeed's default, over ssh), ssh, or no_ssh "
+                        "(one launcher per node with --node_rank); default pdsh")
+    p.add_argument("--config", help="run config YAML/JSON")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override")
+    p.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config",
+                   help="the DeepSpeed JSON the job will use (linted and fitted to the world size)")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="ranks per node if fewer than the slots (deepspeed --num_gpus); default all slots")
+    p.add_argument("--gpu-mem", default=None, help="memory per accelerator, e.g. 80GiB: fail if the estimate exceeds it")
+    p.add_argument("--headroom", type=float, default=0.1, help="share of --gpu-mem kept free (default 0.1)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="the nodes' accelerator for the lint (fp16/bf16 support); default: this machine's")
+    p.add_argument("--ssh-timeout", type=float, default=5.0, help="ssh ConnectTimeout per host in seconds")
+    p.set_defaults(func=run_preflight)

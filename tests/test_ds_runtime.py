@@ -1,0 +1,34 @@
+"""Per-job adjustments of a resolved DeepSpeed config (device, output dir, schedule length)."""
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from bigtrain.config import RunConfig
+from bigtrain.ds_runtime import fit_to_device
+
+ZERO1 = json.loads((Path(__file__).resolve().parents[1] / "ds_configs" / "zero1.json").read_text())
+ZERO2_OFFLOAD = json.loads((Path(__file__).resolve().parents[1] / "ds_configs" / "zero2_offload.json").read_text())
+
+
+def run_with(steps=200, torch_adam=None, tensorboard=False):
+    run = RunConfig()
+    return replace(run, train=replace(run.train, steps=steps),
+                   optimizer=replace(run.optimizer, torch_adam=torch_adam),
+                   logging=replace(run.logging, tensorboard=tensorboard))
+
+
+def test_cpu_uses_torch_adam_unless_offloaded():
+    assert fit_to_device(ZERO1, run_with(), "/out", "cpu")["optimizer"]["params"]["torch_adam"] is True
+    assert "torch_adam" not in fit_to_device(ZERO1, run_with(), "/out", "cuda")["optimizer"]["params"]
+    assert "torch_adam" not in fit_to_device(ZERO2_OFFLOAD, run_with(), "/out", "cpu")["optimizer"]["params"]
+    assert fit_to_device(ZERO1, run_with(torch_adam=True), "/out", "cuda")["optimizer"]["params"]["torch_adam"]
+
+
+def test_schedule_length_follows_the_job_and_monitors_go_to_out():
+    config = fit_to_device(ZERO1, run_with(steps=5000, tensorboard=True), "/out", "cuda")
+    assert config["scheduler"]["params"]["total_num_steps"] == 5000
+    assert config["csv_monitor"] == {"enabled": True, "output_path": "/out/csv", "job_name": "train"}
+    assert config["tensorboard"]["output_path"] == "/out/tensorboard"
+    short = fit_to_device(ZERO1, run_with(steps=10), "/out", "cuda")["scheduler"]["params"]
+    assert short["total_num_steps"] == 10 and short["warmup_num_steps"] == 10
+    assert ZERO1["scheduler"]["params"]["total_num_steps"] == 200  # the input is not modified
