@@ -106,3 +106,13 @@ def test_bad_config_fails_fast_with_one_line(tmp_path):
     assert proc.returncode != 0
     assert "DeepSpeed pipelines support ZeRO 0-1 only" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_bigtrain_train_wrapper_launches_two_ranks(tmp_path):
+    """The README's first command is `bigtrain train`; here with a tiny model and 3 steps."""
+    out = tmp_path / "wrapped"
+    proc = subprocess.run([str(Path(sys.executable).parent / "bigtrain"), "train", "--master-port", str(free_port()),
+                           "--out", str(out), *TINY, "--steps", "3"],
+                          cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "--num_gpus 2" in proc.stderr and summary(out)["world_size"] == 2
