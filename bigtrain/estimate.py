@@ -189,8 +189,10 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int) -> Setup
     from bigtrain.ds_config import batch_triple
     triple = batch_triple(run, world_size)
     z = run.zero
+    # The estimate is for accelerator memory, where `precision: auto` means bf16 (bigtrain.device).
+    precision = "bf16" if run.precision == "auto" else run.precision
     return Setup(world_size=triple.dp_size, gpus_per_node=gpus_per_node, zero_stage=z.stage,
-                 precision=run.precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
+                 precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
                  checkpointing=run.activation_checkpointing.enabled, micro_batch=triple.micro_batch,
                  grad_accum=triple.grad_accum, reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
                  prefetch_bucket_size=z.prefetch_bucket_size, param_persistence_threshold=z.param_persistence_threshold)

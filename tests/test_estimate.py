@@ -125,6 +125,7 @@ def test_setup_from_run_config():
                     offload=OffloadConfig(optimizer="cpu"), activation_checkpointing=ActivationCheckpointConfig(True))
     s = setup_from_run(run, world_size=16, gpus_per_node=8)
     assert (s.zero_stage, s.offload_optimizer, s.checkpointing, s.micro_batch, s.grad_accum) == (3, "cpu", True, 2, 2)
+    assert s.precision == "bf16"  # `auto` is bf16 on the accelerators the estimate is for
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:

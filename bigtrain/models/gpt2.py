@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.initialization import guard_torch_init_functions, no_init_weights
+from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.masking_utils import create_causal_mask
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
@@ -100,10 +102,23 @@ def build_model(cfg: GPT2Config, pretrained: str | None) -> GPT2LMHeadModel:
     if pretrained:
         model = GPT2LMHeadModel.from_pretrained(pretrained, config=cfg, local_files_only=True,
                                                 attn_implementation=cfg._attn_implementation)
-    else:
+    elif is_deepspeed_zero3_enabled():  # transformers builds inside zero.Init and initializes gathered weights
         model = GPT2LMHeadModel._from_config(cfg, attn_implementation=cfg._attn_implementation)
+    else:
+        model = _initialized_as_under_zero3(cfg)
     # transformers 5 leaves loss_type None, and the HF Trainer then scales the loss by (T-1)/T.
     model.loss_type = "ForCausalLM"
+    return model
+
+
+def _initialized_as_under_zero3(cfg: GPT2Config) -> GPT2LMHeadModel:
+    """Draw the initial weights from the RNG in the order the ZeRO-3 build does (constructors' own
+    inits skipped, then `initialize_weights`), so every ZeRO stage starts from the same weights."""
+    with no_init_weights():
+        model = GPT2LMHeadModel._from_config(cfg, attn_implementation=cfg._attn_implementation)
+    with torch.no_grad(), guard_torch_init_functions():
+        model.initialize_weights()
+    model.tie_weights()
     return model
 
 
