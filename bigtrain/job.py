@@ -23,6 +23,7 @@ from bigtrain.engine import Engine, EngineOptions
 from bigtrain.inputs import TrainingData, build_training_data, model_overrides
 from bigtrain.report import Reporter
 from bigtrain.trainer import LoopSettings, train_loop
+from bigtrain.universal import ResumePlan, Shape, plan_resume, restore_rng, universal_ds_config
 
 log = logging.getLogger("bigtrain")
 
@@ -65,18 +66,21 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
     ds_config = fit_to_device(resolved.ds_config, run, str(out))
     seed_everything(run.train.seed)
     ckpt_dir = Path(run.checkpoint.dir or out / "checkpoints")
+    # Before the engine: loading a checkpoint saved at another shape switches DeepSpeed's config.
+    plan = plan_resume(ckpt_dir, Shape.of_job(world.size, ds_config, run.pipeline.stages), world,
+                       ds_config["train_batch_size"]) if resume else None
     data = build_training_data(run.data, run.model, out, world, run.train.seed)
     if world.is_main:
         log.info("data: %s", data.bundle.description)
     model_build = {"family": run.model.family, "size": run.model.size,
                    "overrides": model_overrides(run.model, data, run.data.seq_len)}
     spec = models.build(model_build["family"], model_build["size"], **model_build["overrides"])
-    engine = Engine(spec, ds_config, EngineOptions(
+    engine = Engine(spec, universal_ds_config(ds_config) if plan and plan.universal else ds_config, EngineOptions(
         pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
         activation_checkpointing=run.activation_checkpointing.enabled,
         checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed))
     data.set_data_parallel(engine.dp_rank, engine.dp_size)
-    saved = resume_from(engine, ckpt_dir, world, data) if resume else {}
+    saved = resume_from(engine, plan, world, data, run.train.seed) if plan else {}
     start_step = int(saved.get("step", 0))
     if world.is_main:
         log.info("model %s/%s: %.2fM parameters; %s", spec.family, spec.size, spec.num_params / 1e6,
@@ -97,20 +101,19 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
     return summary
 
 
-def resume_from(engine: Engine, ckpt_dir: Path, world: World, data: TrainingData) -> dict:
-    """Load the newest complete checkpoint; returns its saved state (step, losses, data position)."""
-    found = checkpoint.find_resumable(ckpt_dir)
-    if found is None:
-        raise ValueError(f"--resume: no complete checkpoint in {ckpt_dir}; drop --resume to start fresh")
-    tag, state = found
-    if int(state.get("world_size", world.size)) != world.size:
-        raise ValueError(f"checkpoint {ckpt_dir / tag} was saved at world size {state['world_size']}, "
-                         f"this job has {world.size}")
-    checkpoint.load(engine.ds, ckpt_dir, tag, world.rank)
-    data.load_state_dict(state["data"])
+def resume_from(engine: Engine, plan: ResumePlan, world: World, data: TrainingData, seed: int) -> dict:
+    """Load the planned checkpoint (universal when the shape changed); returns its saved state.
+
+    The state (step, losses, data position) comes from the bigtrain.json marker of the
+    checkpoint found; the sampler continues the same global sample order at another
+    data-parallel size.
+    """
+    checkpoint.load(engine.ds, plan.ckpt_dir, plan.load_tag, world.rank)
+    rng = restore_rng(plan, world.rank, seed)
+    data.load_state_dict(plan.state["data"])
     if world.is_main:
-        log.info("resumed from %s at step %d", ckpt_dir / tag, state["step"])
-    return state
+        log.info("resumed from %s at step %d (RNG %s)", plan.ckpt_dir / plan.load_tag, plan.state["step"], rng)
+    return plan.state
 
 
 def checkpoint_state(run: RunConfig, ds_config: dict, world: World, data: TrainingData, step: int,

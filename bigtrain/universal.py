@@ -1,0 +1,274 @@
+"""Resuming at another shape (world size, ZeRO stage, optimizer offload) through DeepSpeed's universal checkpoint.
+
+A ZeRO checkpoint holds each rank's slice of the flattened optimizer state, so DeepSpeed can
+load it only at the data-parallel size and stage it was saved with. When `--resume` finds a
+checkpoint saved at another shape, rank 0 converts it once with DeepSpeed's `ds_to_universal`
+into CKPT/step_N_universal/ (one fp32 / exp_avg / exp_avg_sq file per parameter), and every
+rank loads that with `checkpoint.load_universal`, re-slicing it for the new shape. Since that
+switch is part of the DeepSpeed config, the plan is made before the engine is created.
+
+What is not convertible fails with a ValueError before any rank trains:
+- ZeRO-0 checkpoints keep the whole optimizer state in one file, with no partitions for
+  ds_to_universal to read; they need no conversion at another world size either (ZeRO-0 to
+  ZeRO-0 loads as is), but cannot move to ZeRO 1-3 (nor can ZeRO 1-3 move to ZeRO-0, which
+  DeepSpeed never loads universal checkpoints into);
+- pipeline checkpoints: their parameters are named by pipeline layer, not by the plain
+  module's names, so a shape change involving a pipeline has no mapping here.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import hashlib
+import json
+import logging
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bigtrain import checkpoint
+from bigtrain.distributed import World
+
+log = logging.getLogger("bigtrain")
+SUFFIX = "_universal"
+MARKER = "bigtrain_universal.json"  # written last: the conversion is complete
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a ZeRO checkpoint's layout depends on.
+
+    The optimizer's offload device counts too: offloading swaps the optimizer class (torch's or
+    the fused Adam for DeepSpeedCPUAdam), whose saved param groups do not load into the other
+    one (KeyError 'bias_correction'), while the universal checkpoint loads into either.
+    """
+
+    world_size: int
+    zero_stage: int
+    pipeline_stages: int = 1
+    optimizer_offload: str = "none"
+
+    @classmethod
+    def of_checkpoint(cls, state: dict) -> "Shape":
+        """The shape recorded in a checkpoint's bigtrain.json marker."""
+        stages = int(state.get("pipeline_stages") or 1)
+        return cls.of_job(int(state["world_size"]), state.get("ds_config") or {}, stages)
+
+    @classmethod
+    def of_job(cls, world_size: int, ds_config: dict, pipeline_stages: int) -> "Shape":
+        zero = ds_config.get("zero_optimization") or {}
+        offload = (zero.get("offload_optimizer") or {}).get("device") or "none"
+        return cls(world_size, int(zero.get("stage", 0)), pipeline_stages, str(offload))
+
+    def __str__(self) -> str:
+        text = f"world size {self.world_size} / ZeRO-{self.zero_stage}"
+        text += f" / {self.pipeline_stages} pipeline stages" if self.pipeline_stages > 1 else ""
+        return text + (f" / optimizer offload {self.optimizer_offload}" if self.optimizer_offload != "none" else "")
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Which checkpoint to resume from and how DeepSpeed loads it."""
+
+    ckpt_dir: Path
+    tag: str  # the checkpoint found: step_NNNNNN
+    state: dict  # its bigtrain.json marker
+    saved: Shape
+    current: Shape
+    universal: bool  # load CKPT/<tag>_universal with checkpoint.load_universal
+
+    @property
+    def load_tag(self) -> str:
+        return self.tag + SUFFIX if self.universal else self.tag
+
+
+def plan_resume(ckpt_dir: Path, current: Shape, world: World, global_batch: int | None = None) -> ResumePlan:
+    """Find the newest complete checkpoint and, if its shape differs, convert it (collective).
+
+    Every rank calls this before the engine exists. Rank 0 converts while the others wait;
+    unsupported shape changes raise the same ValueError on every rank before that.
+    `global_batch` (this job's train_batch_size) is compared with the saved one for a warning.
+    """
+    found = checkpoint.find_resumable(ckpt_dir)
+    if found is None:
+        raise ValueError(f"--resume: no complete checkpoint in {ckpt_dir}; drop --resume to start fresh")
+    tag, state = found
+    saved = Shape.of_checkpoint(state)
+    saved_batch = (state.get("ds_config") or {}).get("train_batch_size")
+    if world.is_main and global_batch and saved_batch and saved_batch != global_batch:
+        log.warning("checkpoint %s trained with a global batch of %d, this job has %d: the run continues with "
+                    "another batch size; set batch.global_batch=%d to keep it", ckpt_dir / tag, saved_batch,
+                    global_batch, saved_batch)
+    universal = needs_universal(saved, current, ckpt_dir / tag)
+    if universal:
+        path, reused = _convert_collectively(ckpt_dir, tag, world)
+        if world.is_main:
+            done = "reusing the universal checkpoint at" if reused else "converted to a universal checkpoint at"
+            log.info("checkpoint saved at %s, this job is %s: %s %s", saved, current, done, path)
+    return ResumePlan(ckpt_dir, tag, state, saved, current, universal)
+
+
+def needs_universal(saved: Shape, current: Shape, where: Path) -> bool:
+    """False when DeepSpeed loads the checkpoint as is; ValueError when no conversion can help."""
+    if saved == current:
+        return False
+    if saved.pipeline_stages > 1 or current.pipeline_stages > 1:
+        raise ValueError(f"checkpoint {where} was saved at {saved}, this job is {current}: bigtrain resumes "
+                         "pipeline checkpoints only at the shape they were saved at (pipeline layers are not "
+                         "named like the plain module's parameters, so the universal conversion has no mapping); "
+                         f"resume with world size {saved.world_size}, pipeline.stages={saved.pipeline_stages} "
+                         f"and zero.stage={saved.zero_stage}")
+    if saved.zero_stage == 0 and current.zero_stage == 0:
+        return False  # the whole optimizer state is in one file: any world size loads it
+    if saved.zero_stage == 0:
+        raise ValueError(f"checkpoint {where} was saved with ZeRO-0, which writes no optimizer partitions for "
+                         f"DeepSpeed's universal checkpoint conversion, so it cannot resume at ZeRO-"
+                         f"{current.zero_stage}; resume with zero.stage=0 (any world size works)")
+    if current.zero_stage == 0:
+        raise ValueError(f"checkpoint {where} was saved at {saved}; DeepSpeed loads a converted (universal) "
+                         "checkpoint only into ZeRO stages 1-3, not ZeRO-0; resume with zero.stage=1 (the "
+                         "same memory as ZeRO-0 at one rank)")
+    if "nvme" in (saved.optimizer_offload, current.optimizer_offload):
+        raise ValueError(f"checkpoint {where} was saved at {saved}, this job is {current}: DeepSpeed neither "
+                         "converts nor loads universal checkpoints with the optimizer offloaded to NVMe; resume "
+                         "at the saved shape, or from a checkpoint saved with offload.optimizer=none or cpu")
+    return True
+
+
+def universal_ds_config(ds_config: dict) -> dict:
+    """`ds_config` with DeepSpeed's switch for loading universal checkpoints."""
+    config = copy.deepcopy(ds_config)
+    config.setdefault("checkpoint", {})["load_universal"] = True
+    return config
+
+
+def convert_to_universal(ckpt_dir: Path, tag: str) -> tuple[Path, bool]:
+    """CKPT/<tag> -> CKPT/<tag>_universal, once: (path, whether a complete one already existed).
+
+    Written into a temporary directory, completed with a marker and renamed into place, so a
+    crash mid-conversion leaves nothing that a later resume would take for complete.
+    """
+    from deepspeed.checkpoint import ds_to_universal
+
+    final = Path(ckpt_dir) / (tag + SUFFIX)
+    source = hashlib.sha256((Path(ckpt_dir) / tag / checkpoint.MARKER).read_bytes()).hexdigest()
+    if (final / MARKER).is_file() and json.loads((final / MARKER).read_text()).get("source_marker") == source:
+        return final, True  # converted before (a rewritten checkpoint of the same step has another marker)
+    tmp = _tmp_dir(Path(ckpt_dir), tag)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    args = argparse.Namespace(input_folder=str(Path(ckpt_dir) / tag), output_folder=str(tmp),
+                              num_extract_workers=1, num_merge_workers=1,  # no forks from inside a rank
+                              keep_temp_folder=False, strict=True,
+                              inject_missing_state=True)  # the version tag non-Megatron models lack
+    with open(tmp / "convert.log", "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        ds_to_universal.main(args)
+    _loadable_by_every_stage(tmp)
+    (tmp / MARKER).write_text(json.dumps({"source": tag, "source_marker": source}))
+    shutil.rmtree(final, ignore_errors=True)  # a stale conversion of an older checkpoint of this step
+    tmp.replace(final)
+    # ds_to_universal names its temporary folder in `latest_universal`; point it at the real one.
+    (Path(ckpt_dir) / "latest_universal").write_text(final.name)
+    _remove_orphans(Path(ckpt_dir))
+    return final, False
+
+
+def restore_rng(plan: ResumePlan, rank: int, seed: int) -> str:
+    """This rank's RNG after a resume; returns how it was set (for the log).
+
+    At the saved world size each rank takes back its own stream. At another one, per-rank
+    streams have no 1:1 mapping (dropout masks of the uninterrupted run fall on other
+    samples anyway), so every rank is re-seeded from (seed, step, rank): reproducible, and
+    different on every rank.
+    """
+    rng_file = plan.ckpt_dir / plan.tag / f"rng_rank{rank}.pt"
+    if plan.saved.world_size == plan.current.world_size and rng_file.is_file():
+        checkpoint.set_rng_state(torch.load(rng_file, weights_only=False))
+        return "restored"
+    derived = int(np.random.SeedSequence([seed, int(plan.state["step"]), rank]).generate_state(1)[0])
+    random.seed(derived)
+    np.random.seed(derived)
+    torch.manual_seed(derived)
+    return f"re-seeded from (seed {seed}, step {plan.state['step']}, rank)"
+
+
+def _convert_collectively(ckpt_dir: Path, tag: str, world: World) -> tuple[Path, bool]:
+    """Rank 0 converts; its outcome (or its error) reaches every rank, so none waits forever."""
+    outcome: list = [None]
+    if world.is_main:
+        try:
+            path, reused = convert_to_universal(ckpt_dir, tag)
+            outcome = [(str(path), reused, None)]
+        except Exception as err:  # noqa: BLE001 -- passed to every rank and raised there
+            outcome = [(None, False, f"{type(err).__name__}: {err}")]
+    if world.size > 1:
+        torch.distributed.broadcast_object_list(outcome, src=0)
+    path, reused, error = outcome[0]
+    if error is not None:
+        raise RuntimeError(f"converting checkpoint {Path(ckpt_dir) / tag} to a universal checkpoint failed on "
+                           f"rank 0: {error} (DeepSpeed's output: {_tmp_dir(Path(ckpt_dir), tag) / 'convert.log'})")
+    return Path(path), reused
+
+
+def _loadable_by_every_stage(folder: Path) -> None:
+    """Complete ds_to_universal's output so that both ZeRO 1-2 and ZeRO-3 engines load it.
+
+    DeepSpeed writes the universal layout in the dialect of the stage that saved it, and its
+    loaders read only their own: the model-states file name (ZeRO-3 looks for
+    zero_pp_rank_0_mp_rank_XX_model_states.pt, ZeRO 1-2 for mp_rank_XX_model_states.pt; under
+    load_universal only its metadata is read, the weights come from zero/), where Adam's step
+    count lives (per parameter in step.pt for ZeRO 1-2, in optimizer_state.pt's
+    optimizer_state_dict for ZeRO-3), ds_version, which the ZeRO 1-2 loader requires, and the
+    per-parameter files (ZeRO-3 writes bare flat tensors, the ZeRO 1-2 loader reads
+    {"param": tensor, "cat_dim": 0} and the ZeRO-3 loader reads both).
+    """
+    for plain in folder.glob("mp_rank_*_model_states.pt"):
+        if not (folder / f"zero_pp_rank_0_{plain.name}").exists():
+            shutil.copy2(plain, folder / f"zero_pp_rank_0_{plain.name}")
+    for zero3 in folder.glob("zero_pp_rank_0_mp_rank_*_model_states.pt"):
+        if not (folder / zero3.name[len("zero_pp_rank_0_"):]).exists():
+            shutil.copy2(zero3, folder / zero3.name[len("zero_pp_rank_0_"):])
+    import deepspeed
+    from deepspeed.checkpoint.constants import CAT_DIM, PARAM
+
+    state_path = folder / "zero" / "optimizer_state.pt"
+    state = torch.load(state_path, weights_only=False)
+    param_dirs = [d for d in (folder / "zero").iterdir() if (d / "fp32.pt").is_file()]
+    step = _adam_step(state, param_dirs)
+    state.setdefault("ds_version", deepspeed.__version__)
+    state.setdefault("optimizer_state_dict", {"state": {0: {"step": step}}, "param_groups": state["param_groups"]})
+    torch.save(state, state_path)
+    for param_dir in param_dirs:
+        if not (param_dir / "step.pt").is_file():
+            torch.save(step, param_dir / "step.pt")
+        for name in ("fp32", "exp_avg", "exp_avg_sq"):
+            path = param_dir / f"{name}.pt"
+            tensor = torch.load(path, weights_only=False) if path.is_file() else None
+            if torch.is_tensor(tensor):
+                torch.save({PARAM: tensor, CAT_DIM: 0}, path)
+
+
+def _adam_step(state: dict, param_dirs: list[Path]) -> Any:
+    """The optimizer's step count, from whichever place the saving stage put it."""
+    if "optimizer_state_dict" in state:
+        return state["optimizer_state_dict"]["state"][0]["step"]
+    steps = [torch.load(d / "step.pt", weights_only=False) for d in param_dirs if (d / "step.pt").is_file()]
+    assert steps, "ds_to_universal wrote no step.pt for a ZeRO 1-2 checkpoint"
+    return steps[0]
+
+
+def _tmp_dir(ckpt_dir: Path, tag: str) -> Path:
+    return ckpt_dir / f".{tag}{SUFFIX}.tmp"
+
+
+def _remove_orphans(ckpt_dir: Path) -> None:
+    """Universal copies whose source checkpoint was pruned are never loaded again."""
+    for path in ckpt_dir.glob(f"step_*{SUFFIX}"):
+        if not (ckpt_dir / path.name[:-len(SUFFIX)]).is_dir():
+            shutil.rmtree(path, ignore_errors=True)

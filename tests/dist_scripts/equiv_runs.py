@@ -1,0 +1,144 @@
+"""Run by tests/test_equivalence.py and tests/test_reshape_resume.py through the deepspeed
+launcher: several runner jobs (`bigtrain.job.train`, what `bigtrain/run.py` calls) one after
+another in one launch, because on a 2-core CPU the launcher's start-up, imports and process
+group set-up cost ~20 s while a tiny model's 10 steps take ~1 s.
+
+Usage: equiv_runs.py ROOT PLAN.json
+PLAN.json is a list of jobs, each {"name": str, "args": [run.py arguments]} plus optionally
+- "copy_from": NAME  copy ROOT/NAME first (rank 0), to resume from that job's checkpoints;
+- "plain_init": true  start a pipeline job from the plain module's initial weights
+  (see `pipeline_from_plain_init`);
+- "expect_error": true  the job must fail with a ValueError (a user's mistake); its message
+  goes to ROOT/NAME/error.txt.
+Each job trains with `--out ROOT/NAME` and writes summary.json there; this script adds
+ROOT/NAME/probe_rank{R}.json: the optimizer classes DeepSpeed built and how many blocks ran
+through DeepSpeed's activation checkpointing.
+
+Order matters: DeepSpeed keeps process-wide state, so a pipeline job goes last (its grid stays
+in `deepspeed.utils.groups`), and transformers' ZeRO-3 switch is cleared after each job (a
+live ZeRO-3 model leaves it on).
+"""
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import deepspeed
+import torch
+from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import bigtrain.engine  # noqa: E402
+from bigtrain.distributed import World, barrier, init_distributed, shutdown  # noqa: E402
+from bigtrain.job import setup_logging, train  # noqa: E402
+from bigtrain.parallel.pipeline import load_pipeline_state  # noqa: E402
+from bigtrain.run import build_parser, run_config_from_args  # noqa: E402
+
+
+@contextmanager
+def pipeline_from_plain_init() -> Iterator[None]:
+    """Pipeline stages start from the plain module's initial weights.
+
+    The runner builds each pipeline layer under its own seed (seed + layer index), so that a
+    model's initial weights do not depend on the stage count; the plain module draws its
+    weights from the global stream instead. To compare the training math of the two forms
+    they must start equal: the plain module is built here from the global RNG exactly where
+    `Engine` would build it (the pipeline path does not touch the global stream), under
+    fork_rng so the run's stream stays as the plain run leaves it, and loaded into the stages.
+    """
+    original = bigtrain.engine.to_pipeline_module
+
+    def build(spec, *args, **kwargs):
+        with torch.random.fork_rng(devices=[]):
+            plain_state = spec.build().state_dict()
+        pipe = original(spec, *args, **kwargs)
+        load_pipeline_state(pipe, spec, plain_state)
+        return pipe
+
+    bigtrain.engine.to_pipeline_module = build
+    try:
+        yield
+    finally:
+        bigtrain.engine.to_pipeline_module = original
+
+
+@contextmanager
+def probe(report: dict) -> Iterator[None]:
+    """Record the optimizer DeepSpeed built and count activation-checkpointed block calls."""
+    initialize = deepspeed.initialize
+    names = ("checkpoint", "non_reentrant_checkpoint")
+    checkpoint_fns = {name: getattr(deepspeed.checkpointing, name) for name in names}
+    report["checkpoint_calls"] = 0
+
+    def counting(fn):
+        def call(*args: Any, **kwargs: Any) -> Any:
+            report["checkpoint_calls"] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    def recording_initialize(*args: Any, **kwargs: Any) -> Any:
+        result = initialize(*args, **kwargs)
+        optimizer = result[1]
+        report["optimizer"] = type(optimizer).__name__
+        report["base_optimizer"] = type(getattr(optimizer, "optimizer", optimizer)).__name__
+        return result
+
+    deepspeed.initialize = recording_initialize
+    for name, fn in checkpoint_fns.items():
+        setattr(deepspeed.checkpointing, name, counting(fn))
+    try:
+        yield
+    finally:
+        deepspeed.initialize = initialize
+        for name, fn in checkpoint_fns.items():
+            setattr(deepspeed.checkpointing, name, fn)
+
+
+def run_one(root: Path, job: dict, world: World) -> None:
+    out = root / job["name"]
+    if job.get("copy_from") and world.is_main:
+        shutil.copytree(root / job["copy_from"], out)
+        (out / "summary.json").unlink(missing_ok=True)  # the resumed job writes its own
+    barrier()
+    args = build_parser().parse_args(["--out", str(out), *job["args"]])
+    report: dict = {}
+    try:
+        with probe(report), (pipeline_from_plain_init() if job.get("plain_init") else _nothing()):
+            train(run_config_from_args(args), world, args.deepspeed_config, args.resume, args.stop_after)
+    except ValueError as err:
+        if not job.get("expect_error"):
+            raise
+        out.mkdir(parents=True, exist_ok=True)
+        if world.is_main:
+            (out / "error.txt").write_text(str(err))
+    else:
+        assert not job.get("expect_error"), f"job {job['name']} was expected to fail with a ValueError"
+    (out / f"probe_rank{world.rank}.json").write_text(json.dumps(report))
+    unset_hf_deepspeed_config()
+    gc.collect()
+    barrier()
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def main() -> None:
+    root, plan = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    world = init_distributed()
+    setup_logging(world)
+    for job in json.loads(Path(plan).read_text()):
+        run_one(Path(root), job, world)
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Resuming at another shape: a checkpoint saved at 2 ranks continues at 1 rank, or at another
+ZeRO stage, through DeepSpeed's universal checkpoint (bigtrain/universal.py), on the curve of
+the uninterrupted run within 1e-4 relative.
+
+Tiny GPT-2, fp32, 10 steps, saved after 5. The global batch stays 8: micro 4 x accum 1 x dp 2
+at two ranks, micro 4 x accum 2 x dp 1 at one. The sampler continues one global order, so step
+6 at one rank takes the same 8 samples as step 6 at two (checked in
+test_resumed_steps_see_the_same_samples_at_another_data_parallel_size).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launch import REPO, deepspeed_cmd, rank_env
+
+pytestmark = pytest.mark.dist
+
+SCRIPT = REPO / "tests" / "dist_scripts" / "equiv_runs.py"
+STEPS, SPLIT, RTOL = 10, 5, 1e-4
+COMMON = ["--size", "tiny", "--set", "data.vocab_size=512", "--set", "data.seq_len=64", "--set", "precision=fp32",
+          "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0", "--peak-tflops", "1",
+          "--steps", str(STEPS), "--set", "train.eval_interval=0", "--set", "train.eval_batches=0",
+          "--set", "batch.global_batch=8", "--set", "batch.micro_batch=4"]
+
+
+def job(name: str, stage: int, *extra: str, copy_from: str | None = None, expect_error: bool = False) -> dict:
+    return {"name": name, "args": [*COMMON, "--set", f"zero.stage={stage}", *extra], "copy_from": copy_from,
+            "expect_error": expect_error}
+
+
+def launch_jobs(root: Path, name: str, jobs: list[dict], num_ranks: int) -> str:
+    """Run `jobs` in one launch of equiv_runs.py; returns the launch's stdout (rank 0's log)."""
+    plan = root / f"{name}.json"
+    plan.write_text(json.dumps(jobs))
+    proc = subprocess.run(deepspeed_cmd(SCRIPT, [str(root), str(plan)], num_ranks), cwd=REPO, env=rank_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, str]:
+    """(ROOT, log of both launches): uninterrupted and split runs at 2 ranks, then resumes."""
+    root = tmp_path_factory.mktemp("reshape")
+    stop = ("--stop-after", str(SPLIT))
+    two_ranks = [job("full2", 2), job("split2", 2, *stop), job("to_zero3", 3, "--resume", copy_from="split2"),
+                 job("to_offload", 2, "--set", "offload.optimizer=cpu", "--resume", copy_from="split2"),
+                 job("full3", 3), job("split3", 3, *stop), job("full0", 0), job("split0", 0, *stop)]
+    one_rank = [job("to_one_rank", 2, "--resume", copy_from="split2"),
+                job("zero3_to_one_rank", 2, "--resume", copy_from="split3"),
+                job("zero0_to_one_rank", 0, "--resume", copy_from="split0"),
+                job("zero0_to_zero2", 2, "--resume", copy_from="split0", expect_error=True)]
+    log = launch_jobs(root, "two_ranks", two_ranks, num_ranks=2)
+    log += launch_jobs(root, "one_rank", one_rank, num_ranks=1)
+    return root, log
+
+
+def summary(root: Path, name: str) -> dict:
+    return json.loads((root / name / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("resumed, reference, split", [
+    ("to_one_rank", "full2", "split2"),  # 2 ranks ZeRO-2 -> 1 rank ZeRO-2
+    ("to_zero3", "full2", "split2"),  # 2 ranks ZeRO-2 -> 2 ranks ZeRO-3
+    ("to_offload", "full2", "split2"),  # torch AdamW -> DeepSpeedCPUAdam (optimizer offload)
+    ("zero3_to_one_rank", "full3", "split3"),  # 2 ranks ZeRO-3 -> 1 rank ZeRO-2
+    ("zero0_to_one_rank", "full0", "split0"),  # ZeRO-0: any world size loads it as it is
+])
+def test_resume_at_another_shape_continues_the_curve(runs, resumed, reference, split):
+    root, _ = runs
+    full, before, after = (summary(root, n)["losses"] for n in (reference, split, resumed))
+    assert len(full) == len(after) == STEPS and len(before) == SPLIT
+    assert after[:SPLIT] == before  # the history comes from the checkpoint
+    worst = max(abs(a - b) / abs(b) for a, b in zip(after[SPLIT:], full[SPLIT:]))
+    assert worst <= RTOL, (after, full)
+    assert full[-1] < full[0] - 0.01  # a curve that moves
+
+
+def test_resume_at_one_rank_keeps_the_global_batch_and_saves_at_the_new_shape(runs):
+    root, _ = runs
+    ds = summary(root, "to_one_rank")["ds_config"]
+    triple = (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])
+    assert triple == (8, 4, 2)
+    assert "checkpoint" not in ds  # load_universal is for loading only, not recorded as the run's config
+    marker = json.loads((root / "to_one_rank" / "checkpoints" / "step_000010" / "bigtrain.json").read_text())
+    assert marker["world_size"] == 1 and marker["step"] == STEPS
+    zero3 = root / "to_zero3" / "checkpoints" / "step_000010"
+    assert sorted(p.name for p in zero3.glob("zero_pp_rank_*_optim_states.pt")) == [
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+
+
+def test_conversion_is_logged_in_one_line(runs):
+    root, log = runs
+    for name, saved, now in [("to_one_rank", "world size 2 / ZeRO-2", "world size 1 / ZeRO-2"),
+                             ("to_zero3", "world size 2 / ZeRO-2", "world size 2 / ZeRO-3"),
+                             ("to_offload", "world size 2 / ZeRO-2", "world size 2 / ZeRO-2 / optimizer offload cpu"),
+                             ("zero3_to_one_rank", "world size 2 / ZeRO-3", "world size 1 / ZeRO-2")]:
+        universal = root / name / "checkpoints" / "step_000005_universal"
+        assert (f"checkpoint saved at {saved}, this job is {now}: converted to a universal checkpoint at "
+                f"{universal}\n") in log
+        assert (universal / "bigtrain_universal.json").is_file()
+    assert not (root / "zero0_to_one_rank" / "checkpoints" / "step_000005_universal").exists()
+    assert f"resumed from {root / 'to_zero3' / 'checkpoints' / 'step_000005_universal'} at step 5 (RNG restored)" in log
+    assert f"resumed from {root / 'zero0_to_one_rank' / 'checkpoints' / 'step_000005'} at step 5 (RNG re-seeded" in log
+
+
+def test_zero0_checkpoint_at_zero2_fails_with_the_fix(runs):
+    root, _ = runs
+    message = (root / "zero0_to_zero2" / "error.txt").read_text()
+    assert "saved with ZeRO-0" in message and "resume with zero.stage=0" in message
+    assert not (root / "zero0_to_zero2" / "summary.json").exists()
+
+
+def test_conversion_happens_once_and_is_redone_for_a_rewritten_checkpoint(runs, tmp_path):
+    from bigtrain.universal import convert_to_universal
+
+    root, _ = runs
+    ckpt = tmp_path / "checkpoints"
+    shutil.copytree(root / "split2" / "checkpoints", ckpt)
+    (ckpt / "step_000001_universal").mkdir()  # an orphan: its checkpoint was pruned
+    path, reused = convert_to_universal(ckpt, "step_000005")
+    assert (path, reused) == (ckpt / "step_000005_universal", False)
+    assert not (ckpt / "step_000001_universal").exists()
+    assert (ckpt / "latest_universal").read_text() == "step_000005_universal"
+    # Loadable by both families of ZeRO engines, whichever saved it.
+    assert (path / "mp_rank_00_model_states.pt").is_file()
+    assert (path / "zero_pp_rank_0_mp_rank_00_model_states.pt").is_file()
+    assert (path / "zero" / "transformer.wte.weight" / "step.pt").is_file()
+    stamp = os.stat(path / "zero" / "transformer.wte.weight" / "fp32.pt").st_mtime_ns
+    assert convert_to_universal(ckpt, "step_000005") == (path, True)
+    assert os.stat(path / "zero" / "transformer.wte.weight" / "fp32.pt").st_mtime_ns == stamp
+    marker = ckpt / "step_000005" / "bigtrain.json"
+    marker.write_text(marker.read_text().replace('"step": 5', '"step": 5 '))  # a new save of the same step
+    assert convert_to_universal(ckpt, "step_000005") == (path, False)
+
+
+@pytest.mark.parametrize("saved, current, expected", [
+    ((2, 2, 1), (2, 2, 1), False),
+    ((2, 2, 1, "none"), (2, 2, 1, "cpu"), True),  # another optimizer class: native loading fails
+    ((2, 3, 1, "nvme"), (2, 3, 1, "nvme"), False),
+    ((2, 3, 1, "nvme"), (1, 3, 1, "nvme"), "NVMe"),
+    ((2, 2, 1), (1, 3, 1, "nvme"), "NVMe"),
+    ((2, 2, 1), (1, 2, 1), True),
+    ((2, 2, 1), (2, 3, 1), True),
+    ((2, 3, 1), (4, 1, 1), True),
+    ((2, 0, 1), (1, 0, 1), False),  # ZeRO-0 keeps the whole optimizer state in one file
+    ((2, 0, 1), (2, 2, 1), "saved with ZeRO-0"),
+    ((2, 2, 1), (2, 0, 1), "only into ZeRO stages 1-3"),
+    ((2, 1, 2), (1, 1, 1), "pipeline checkpoints only at the shape"),
+    ((2, 1, 1), (2, 1, 2), "pipeline checkpoints only at the shape"),
+])
+def test_which_shape_changes_need_or_refuse_a_conversion(saved, current, expected):
+    from bigtrain.universal import Shape, needs_universal
+
+    if isinstance(expected, bool):
+        assert needs_universal(Shape(*saved), Shape(*current), Path("ckpt/step_000005")) is expected
+    else:
+        with pytest.raises(ValueError, match=expected):
+            needs_universal(Shape(*saved), Shape(*current), Path("ckpt/step_000005"))
+
+
+def test_shape_reads_the_checkpoint_marker_and_the_job_config():
+    from bigtrain.universal import Shape, universal_ds_config
+
+    state = {"world_size": 2, "pipeline_stages": 1, "ds_config": {"zero_optimization": {"stage": 2}}}
+    assert Shape.of_checkpoint(state) == Shape(2, 2, 1, "none")
+    offloaded = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
+    assert Shape.of_job(2, offloaded, 1) == Shape(2, 2, 1, "cpu")
+    assert str(Shape(2, 2, 1)) == "world size 2 / ZeRO-2"
+    assert str(Shape(4, 1, 2)) == "world size 4 / ZeRO-1 / 2 pipeline stages"
+    assert str(Shape(1, 3, 1, "cpu")) == "world size 1 / ZeRO-3 / optimizer offload cpu"
+    config = {"zero_optimization": {"stage": 3}}
+    assert Shape.of_job(1, config, 1) == Shape(1, 3, 1)
+    assert universal_ds_config(config) == {"zero_optimization": {"stage": 3}, "checkpoint": {"load_universal": True}}
+    assert config == {"zero_optimization": {"stage": 3}}
+
+
+def test_resumed_steps_see_the_same_samples_at_another_data_parallel_size():
+    """Saved after 5 steps of 8 samples at dp 2; steps 6.. at dp 1 take the uninterrupted run's samples."""
+    from bigtrain.data.sampler import ResumableSampler
+
+    def take(samplers: list, per_rank: int) -> set[int]:
+        streams = [iter(s) for s in samplers]
+        return {next(it) for it in streams for _ in range(per_rank)}
+
+    two = [ResumableSampler(1000, r, 2, seed=3) for r in range(2)]
+    uninterrupted = [take(two, 4) for _ in range(SPLIT + 4)]
+    before = [ResumableSampler(1000, r, 2, seed=3) for r in range(2)]
+    for _ in range(SPLIT):
+        take(before, 4)
+    one = ResumableSampler(1000, 0, 1, seed=3)
+    one.load_state_dict(before[0].state_dict())
+    resumed = [take([one], 8) for _ in range(4)]
+    assert resumed == uninterrupted[SPLIT:]
