@@ -1,8 +1,9 @@
 """Save and resume through DeepSpeed's checkpoints, so that a kill at any moment loses nothing.
 
 Layout: CKPT_DIR/step_000120/ holds DeepSpeed's files for that step, one `rng_rank{r}.pt`
-per rank, and, written last by rank 0 after every rank finished, `bigtrain.json`. A tag
-directory without that marker is incomplete (the job died while saving) and is never used.
+per rank, and, written last by rank 0 after every rank finished, `bigtrain.json` (the saved
+state and the list of files). A tag directory without that marker is incomplete (the job died
+while saving), and one with a listed file missing or a torch file cut short is damaged: neither is used.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import logging
 import random
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from bigtrain.distributed import barrier
 
 log = logging.getLogger("bigtrain")
 MARKER = "bigtrain.json"
-MANIFEST = "files"  # in the marker: relative path -> size in bytes of every file of the tag
+MANIFEST = "files"  # in the marker: relative path -> size in bytes of every file of the tag at save time
 TAG_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -44,7 +46,7 @@ def save(ds_engine: Any, ckpt_dir: str | Path, step: int, state: dict, rank: int
 
 
 def write_marker(tag_dir: Path, state: dict) -> None:
-    """Declare `tag_dir` complete: `state` plus every file's size, so a truncated or deleted file is caught."""
+    """Declare `tag_dir` complete: `state` plus every file's name and size, so a deleted file is caught."""
     files = {str(p.relative_to(tag_dir)): p.stat().st_size for p in sorted(tag_dir.rglob("*"))
              if p.is_file() and p.name != MARKER and not p.name.endswith(".tmp")}
     _write_atomic(tag_dir / MARKER, json.dumps({**state, MANIFEST: files}, indent=2))
@@ -69,30 +71,25 @@ def check_complete(tag_dir: Path) -> str | None:
         state = json.loads(marker.read_text())
     except json.JSONDecodeError:
         return "its completion marker is not valid JSON"
-    changed = _manifest_problems(tag_dir, state.get(MANIFEST))
-    if changed:
-        return changed
     world = int(state.get("world_size", 1))
-    missing = [f"rng_rank{r}.pt" for r in range(world) if not (tag_dir / f"rng_rank{r}.pt").is_file()]
-    if missing:
-        return f"missing {', '.join(missing)}"
-    for path in tag_dir.glob("*.pt"):
-        if path.stat().st_size == 0:
-            return f"{path.name} is empty"
-    return None
-
-
-def _manifest_problems(tag_dir: Path, manifest: dict | None) -> str | None:
-    """What differs from the sizes recorded when the marker was written (older markers have none)."""
-    if not manifest:
-        return None
-    missing = [name for name in manifest if not (tag_dir / name).is_file()]
+    expected = set(state.get(MANIFEST) or {}) | {f"rng_rank{r}.pt" for r in range(world)}
+    missing = sorted(name for name in expected if not (tag_dir / name).is_file())
     if missing:
         return f"missing {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-    for name, size in manifest.items():
-        now = (tag_dir / name).stat().st_size
-        if now != size:
-            return f"{name} has {now} bytes, {size} when it was saved (truncated or overwritten)"
+    return _damaged_file(tag_dir, state.get(MANIFEST) or {})
+
+
+def _damaged_file(tag_dir: Path, sizes: dict) -> str | None:
+    """The first torch file that is empty or cut short. torch.save writes a zip archive whose
+    directory sits at the end, so a truncated file fails `is_zipfile`, which reads only the tail.
+    A file rewritten whole (a converted checkpoint) is still a complete archive and passes."""
+    for path in sorted(tag_dir.rglob("*.pt")):
+        name, size = str(path.relative_to(tag_dir)), path.stat().st_size
+        if size == 0:
+            return f"{name} is empty"
+        if not zipfile.is_zipfile(path):
+            saved = f", {sizes[name]} when it was saved" if name in sizes else ""
+            return f"{name} is truncated or corrupt (not a complete torch file: {size} bytes{saved})"
     return None
 
 
@@ -141,12 +138,16 @@ def _step_of(tag: str) -> int:
 def _prune(ckpt_dir: Path, keep_last: int) -> None:
     """Remove all but the newest `keep_last` complete checkpoints; incomplete ones older than those go too."""
     tags = sorted(_tags(ckpt_dir), key=_step_of, reverse=True)
-    complete = [t for t in tags if check_complete(ckpt_dir / t) is None]
-    keep = set(complete[:keep_last])
+    keep: set[str] = set()
+    for tag in tags:  # newest first, and only until enough are found: checking reads every file's tail
+        if len(keep) < keep_last and check_complete(ckpt_dir / tag) is None:
+            keep.add(tag)
     oldest_kept = min((_step_of(t) for t in keep), default=0)
     for tag in tags:
         if tag not in keep and _step_of(tag) < oldest_kept:
             shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
+            # its conversion for a resume at another shape (bigtrain.universal), if one was made
+            shutil.rmtree(ckpt_dir / f"{tag}_universal", ignore_errors=True)
 
 
 def _write_atomic(path: Path, text: str) -> None:

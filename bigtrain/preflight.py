@@ -18,6 +18,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bigtrain.config import RunConfig
+    from bigtrain.ds_lint import DeviceCaps
 
 LAUNCHERS = ("pdsh", "ssh", "no_ssh")
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -133,7 +138,7 @@ def check_host(entry: HostEntry, timeout: float = 5.0) -> str | None:
 
 # --- the job on that world size -----------------------------------------------------------------
 
-def batch_report(run, world: int, ds_path: str | None, device) -> tuple[list[str], object]:  # noqa: ANN001
+def batch_report(run: RunConfig, world: int, ds_path: str | None, device: DeviceCaps) -> tuple[list[str], RunConfig]:
     """The lines describing the resolved batch triple, and the resolved run config (raises LintError)."""
     from bigtrain.ds_resolve import generated_or_user
     resolved = generated_or_user(run, world, ds_path, device=device)
@@ -147,7 +152,7 @@ def batch_report(run, world: int, ds_path: str | None, device) -> tuple[list[str
     return lines, resolved.run
 
 
-def estimate_overrides(run) -> dict:  # noqa: ANN001
+def estimate_overrides(run: RunConfig) -> dict:
     """The model shape the runner would build, with the data's vocabulary / classes / length (as job.py)."""
     model, data = run.model, run.data
     derived: dict = {}
@@ -166,7 +171,7 @@ def estimate_overrides(run) -> dict:  # noqa: ANN001
     return {**derived, **model.overrides}
 
 
-def memory_report(run, world: int, gpus_per_node: int, gpu_mem: int | None,  # noqa: ANN001
+def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int | None,
                   headroom: float = 0.1) -> tuple[list[str], list[str]]:
     """(lines, problems): the estimated peak per rank, and a problem if it does not fit `gpu_mem`."""
     from bigtrain.estimate import estimate, fits, setup_from_run
@@ -186,23 +191,20 @@ def memory_report(run, world: int, gpus_per_node: int, gpu_mem: int | None,  # n
     if gpu_mem is not None and not fits(est, gpu_mem, None, headroom):
         problems.append(f"estimated {est.device_peak / gib:.2f} GiB per rank does not fit --gpu-mem "
                         f"{gpu_mem / gib:.1f} GiB with {headroom:.0%} headroom; see `bigtrain estimate --model "
-                        f"{run.model.family} --size {run.model.size} --gpu-mem {gpu_mem / gib:.0f}GiB` for setups that fit")
+                        f"{run.model.family} --size {run.model.size} --gpu-mem {gpu_mem / gib:.0f}GiB` "
+                        "for setups that fit")
     return lines, problems
 
 
 # --- the command --------------------------------------------------------------------------------
 
-def _device_caps(name: str):  # noqa: ANN202
+def device_caps(name: str) -> DeviceCaps:
+    """What the nodes' accelerator supports, for the lint: this machine's, or a named kind."""
     from bigtrain.ds_lint import DeviceCaps
-    if name == "auto":
-        return DeviceCaps.detect()
-    return DeviceCaps(name, fp16=True, bf16=True) if name != "cpu" else DeviceCaps.detect() if \
-        _here_is_cpu() else DeviceCaps("cpu", fp16=False, bf16=True)
-
-
-def _here_is_cpu() -> bool:
-    from deepspeed.accelerator import get_accelerator
-    return get_accelerator().device_name() == "cpu"
+    here = DeviceCaps.detect()
+    if name == "auto" or name == here.name:
+        return here
+    return DeviceCaps("cuda", fp16=True, bf16=True) if name == "cuda" else DeviceCaps("cpu", fp16=False, bf16=True)
 
 
 def preflight(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -210,6 +212,8 @@ def preflight(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     from bigtrain.config_io import load_run_config
     from bigtrain.ds_lint import LintError
     from bigtrain.estimate import parse_memory
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        return [], [f"--gpus-per-node {args.gpus_per_node}: must be >= 1"]
     try:
         entries = read_hostfile(args.hostfile)
     except PreflightError as err:
@@ -219,12 +223,16 @@ def preflight(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     lines = [f"hostfile {args.hostfile}: {len(entries)} host(s), world size {world} "
              f"({' + '.join(str(min(e.slots, args.gpus_per_node or e.slots)) for e in entries)})"]
     problems = check_hosts(entries, args.launcher, args.ssh_timeout)
-    contacted = "not contacted (no_ssh)" if args.launcher == "no_ssh" else f"checked over ssh for {args.launcher}"
-    lines.append(f"hosts: {', '.join(e.host for e in entries)}: {contacted}")
+    if args.launcher == "no_ssh":
+        lines.append("hosts: not contacted (no_ssh: start one launcher per node with --node_rank R)")
+    else:
+        names = [e.host + (" (this node)" if is_local(e.host) else "") for e in entries]
+        lines.append(f"hosts: {', '.join(names)}: checked over ssh")
     try:
         gpu_mem = parse_memory(args.gpu_mem, "--gpu-mem") if args.gpu_mem else None
-        run = load_run_config(args.config, args.set)
-        batch_lines, run = batch_report(run, world, args.deepspeed_config, _device_caps(args.device))
+        shorthands = [f"model.{key}={value}" for key, value in (("family", args.model), ("size", args.size)) if value]
+        run = load_run_config(args.config, shorthands + list(args.set))
+        batch_lines, run = batch_report(run, world, args.deepspeed_config, device_caps(args.device))
         lines += batch_lines
         mem_lines, mem_problems = memory_report(run, world, per_node, gpu_mem, args.headroom)
         lines += mem_lines
@@ -255,14 +263,29 @@ def add_preflight_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="how ranks start: pdsh (DeepSpeed's default, over ssh), ssh, or no_ssh "
                         "(one launcher per node with --node_rank); default pdsh")
     p.add_argument("--config", help="run config YAML/JSON")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override")
+    p.add_argument("--model", help="model family (model.family), as for bigtrain/run.py")
+    p.add_argument("--size", help="model size (model.size), as for bigtrain/run.py")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override (repeatable)")
     p.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config",
                    help="the DeepSpeed JSON the job will use (linted and fitted to the world size)")
     p.add_argument("--gpus-per-node", type=int, default=None,
                    help="ranks per node if fewer than the slots (deepspeed --num_gpus); default all slots")
-    p.add_argument("--gpu-mem", default=None, help="memory per accelerator, e.g. 80GiB: fail if the estimate exceeds it")
+    p.add_argument("--gpu-mem", default=None,
+                   help="memory per accelerator, e.g. 80GiB: fail if the estimate exceeds it")
     p.add_argument("--headroom", type=float, default=0.1, help="share of --gpu-mem kept free (default 0.1)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="the nodes' accelerator for the lint (fp16/bf16 support); default: this machine's")
     p.add_argument("--ssh-timeout", type=float, default=5.0, help="ssh ConnectTimeout per host in seconds")
     p.set_defaults(func=run_preflight)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bigtrain.preflight ...`, the same as `bigtrain preflight ...` (used by the slurm script)."""
+    parser = argparse.ArgumentParser(prog="bigtrain")
+    add_preflight_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["preflight", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
