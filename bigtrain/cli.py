@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
 from bigtrain.ds_lint import LintError
 
 
@@ -59,11 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_config_args(p)
     p.set_defaults(func=cmd_lint)
 
+    from bigtrain.bench.cli import add_bench_parser
     from bigtrain.estimate import add_estimate_parser
     from bigtrain.export import add_export_parser
     from bigtrain.models.cli import add_models_parser
+    from bigtrain.preflight import add_preflight_parser
     from bigtrain.train_cli import add_train_parser
-    for register in (add_train_parser, add_estimate_parser, add_export_parser, add_models_parser):
+    for register in (add_train_parser, add_estimate_parser, add_export_parser, add_models_parser,
+                     add_preflight_parser, add_bench_parser):
         register(sub)
     return parser
 

@@ -3,6 +3,7 @@ the peers of a job, and ending it with a line naming the rank when one of them d
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -36,6 +37,8 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
     from deepspeed.accelerator import get_accelerator
 
     _single_process_env()
+    if get_accelerator().device_name() == "cpu" and not torch.distributed.is_initialized():
+        tune_cpu_rank()  # before gloo starts its threads, so they inherit the binding
     minutes = timeout_minutes or float(os.environ.get("DEEPSPEED_TIMEOUT", "10"))
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
@@ -44,7 +47,83 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
                   torch.distributed.get_world_size())
     if get_accelerator().device_name() != "cpu":
         get_accelerator().set_device(world.local_rank)
+    else:
+        release_shm_buffer(world)
     return world
+
+
+def release_shm_buffer(world: World) -> None:
+    """Unlink this rank's /dev/shm all-reduce buffer once every rank has mapped it.
+
+    DeepSpeed's CPU backend (ops/csrc/cpu/comm/shm.cpp) gives each rank of a single-host job a
+    ~69 MB shared-memory file and never unlinks it: every job left world-size files in RAM
+    (tmpfs) behind, 21 GB on this 24 GB machine after a few hundred test jobs. After the barrier
+    every rank has mapped all buffers; the mappings outlive the names, and the memory returns
+    when the ranks exit, however they exit.
+    """
+    local_size = os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE"))
+    if world.size < 2 or local_size != str(world.size):  # DeepSpeed only uses shm when all ranks are local
+        return
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{world.rank}")
+    torch.distributed.barrier()
+    try:
+        os.unlink(os.path.join("/dev/shm", name))
+    except OSError:  # no shm op built here, or not Linux
+        pass
+
+
+# --- CPU ranks: their own cores, and an allocator that keeps freed memory --------------------------
+
+def tune_cpu_rank() -> None:
+    """A CPU rank's fast defaults: pinned to its share of the cores, and malloc keeping freed memory."""
+    local_size = int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    bind_to_cores(int(os.environ.get("LOCAL_RANK", "0")), local_size)
+    keep_freed_memory()
+
+
+def bind_to_cores(local_rank: int, local_size: int) -> list[int] | None:
+    """Pin every thread of this process to its 1/local_size share of the cores, and use that many threads.
+
+    What `deepspeed --bind_cores_to_rank` does with numactl, without needing numactl. Skipped
+    (returns None) with BIGTRAIN_BIND_CORES=0, when the affinity is already narrower than the
+    machine (numactl, taskset, a container's cpuset), or with fewer cores than ranks.
+    """
+    if os.environ.get("BIGTRAIN_BIND_CORES", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < (os.cpu_count() or 0) or len(cores) < local_size or not 0 <= local_rank < local_size:
+        return None
+    share = len(cores) // local_size
+    mine = cores[local_rank * share:(local_rank + 1) * share]
+    for tid in os.listdir("/proc/self/task"):  # sched_setaffinity(0) would pin the calling thread only
+        try:
+            os.sched_setaffinity(int(tid), mine)
+        except OSError:  # a thread that just ended
+            pass
+    torch.set_num_threads(min(torch.get_num_threads(), share))
+    return mine
+
+
+def keep_freed_memory() -> bool:
+    """glibc: never mmap (so never munmap) large blocks, never trim the heap; the process's RSS
+    stays at its peak instead of faulting fresh pages in every step (large tensors such as the
+    logits are otherwise mapped and unmapped every step; docs/benchmarks.md has the numbers).
+
+    `bigtrain train` sets the same through GLIBC_TUNABLES (train_cli.MALLOC_TUNABLES); this is
+    the run-time equivalent for a raw `deepspeed` launch. Skipped with BIGTRAIN_MALLOC_TUNING=0,
+    when GLIBC_TUNABLES already sets malloc options, or off glibc.
+    """
+    if os.environ.get("BIGTRAIN_MALLOC_TUNING", "1") == "0" or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
+        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return False
 
 
 def _single_process_env() -> None:
@@ -172,11 +251,10 @@ class PeerWatch:
         """The main thread's exception handler on a multi-rank job: one clear line, exit 1, no hang."""
         cause = self._diagnose_within(3 * self.interval + 3.0)
         me = self.peers[self.world.rank]
-        summary = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
         if cause:
-            self._end(f"{me} stops: {cause} (here: {summary[:300]})", post=None)
+            self._end(f"{me} stops: {cause} (here: {_short(err)})", post=None)
         traceback.print_exception(err)
-        self._end(f"{me} failed: {summary[:300]}", post=f"{me} failed")
+        self._end(f"{me} failed: {_short(err)}", post=f"{me} failed ({_short(err)})")
 
     def lost_peers(self) -> list[Peer]:
         """Peers on this host whose process is gone without having said it leaves."""
@@ -250,3 +328,10 @@ class PeerWatch:
 
 def _gone(peers: list[Peer]) -> str:
     return ", ".join(str(p) for p in peers) + (" is" if len(peers) == 1 else " are") + " gone (killed or crashed)"
+
+
+def _short(err: BaseException) -> str:
+    """`Type: first sentence`, without gloo's "[file.cc:537] " prefix and advice."""
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*", "", str(err).strip().split("\n")[0])
+    text = re.split(r"\. (?=[A-Z])", text, maxsplit=1)[0]
+    return f"{type(err).__name__}: {text[:200]}"

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 RUN_SCRIPT = Path(__file__).resolve().parent / "run.py"
+# glibc malloc for CPU ranks: never mmap/munmap large blocks, never trim the heap (docs/benchmarks.md).
+MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
 
 
 def default_num_ranks() -> int:
@@ -39,10 +41,13 @@ def launcher_command(run_args: list[str], num_ranks: int, hostfile: str | None, 
 
 
 def thread_env(num_ranks: int) -> dict:
-    """Split the cores between the ranks on a CPU host unless the user chose OMP_NUM_THREADS."""
+    """The ranks' environment: the cores split between the ranks unless the user chose OMP_NUM_THREADS,
+    and glibc malloc keeping freed memory unless GLIBC_TUNABLES is set (docs/benchmarks.md has the numbers;
+    each rank also pins itself to its share of the cores, see `distributed.bind_to_cores`)."""
     env = dict(os.environ)
     if "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(num_ranks, 1)))
+    env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
 

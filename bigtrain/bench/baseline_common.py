@@ -18,6 +18,15 @@ import torch
 WARMUP = 2  # steps left out of the median, as bigtrain's ThroughputMeter does
 
 
+def same_rank_setup() -> None:
+    """The core binding and malloc settings bigtrain's ranks give themselves (before the process group)."""
+    from deepspeed.accelerator import get_accelerator
+
+    from bigtrain.distributed import tune_cpu_rank
+    if get_accelerator().device_name() == "cpu":
+        tune_cpu_rank()
+
+
 def load_job(path: str) -> dict:
     return json.loads(Path(path).read_text())
 

@@ -17,7 +17,8 @@ from deepspeed.accelerator import get_accelerator
 from transformers.integrations import HfDeepSpeedConfig
 
 from bigtrain import models
-from bigtrain.bench.baseline_common import StepClock, load_job, synthetic_batches, to_device, write_result
+from bigtrain.bench.baseline_common import (StepClock, load_job, same_rank_setup, synthetic_batches, to_device,
+                                            write_result)
 from bigtrain.metrics import memory_report
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     job, ds_config = load_job(args.job), json.loads(Path(args.ds_config).read_text())
 
+    same_rank_setup()
     deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     torch.manual_seed(job["seed"])

@@ -15,11 +15,11 @@ from bigtrain.train_cli import thread_env
 HF_OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def job_env(num_ranks: int = 2, timeout_minutes: float = 5.0, extra: dict | None = None) -> dict[str, str]:
+def job_env(num_ranks: int = 2, timeout_minutes: int = 5, extra: dict | None = None) -> dict[str, str]:
     """The runner's environment for `num_ranks` ranks, plus a collective timeout so nothing hangs."""
     env = thread_env(num_ranks)
     env.update(HF_OFFLINE)
-    env.update(PYTHONUNBUFFERED="1", DEEPSPEED_TIMEOUT=str(timeout_minutes))
+    env.update(PYTHONUNBUFFERED="1", DEEPSPEED_TIMEOUT=str(int(timeout_minutes)))  # DeepSpeed parses an int
     env.update(extra or {})
     return env
 

@@ -1,0 +1,89 @@
+"""`bigtrain bench`: run a sweep (or the capacity search) and write the tables and plots.
+
+    bigtrain bench --short                     # CI: tiny sizes, ~1 min, checks the numbers are sane
+    bigtrain bench                             # full sweep (~20 min): docs/benchmarks.md + docs/img/*.png
+    bigtrain bench --capacity                  # largest GPT-2 per strategy (~30 min): its own section
+    bigtrain bench --from-json docs/benchmarks.json   # rewrite the page from saved results
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bigtrain.bench.jobs import REPO
+
+DOCS = REPO / "docs"
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def publish(report: dict, page: Path, img_dir: Path) -> list[Path]:
+    """Tables into the page's sweep section, plots into img_dir; returns the images."""
+    from bigtrain.bench.doc import sweep_section, update_page
+    from bigtrain.bench.plots import write_plots
+    images = write_plots(report["rows"], report["ratios"], img_dir)
+    update_page(page, "sweep", sweep_section(report["rows"], report["ratios"], report["meta"], images, page))
+    return images
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.from_json:
+        report = json.loads(Path(args.from_json).read_text())
+        publish(report, Path(args.page or DOCS / "benchmarks.md"), Path(args.img_dir or DOCS / "img"))
+        return 0
+    workdir = Path(args.workdir)
+    if args.capacity:
+        return _capacity(args, workdir)
+    from bigtrain.bench.sweep import full_plan, run_plan, save_results, short_plan
+    plan = short_plan() if args.short else full_plan(repeats=args.repeats)
+    _log(f"bigtrain bench --{plan.mode}: {len(plan.cases)} jobs (+ the peak measurement), at most "
+         f"{args.max_minutes:.0f} min; logs under {workdir}")
+    report = run_plan(plan, workdir, args.max_minutes, log=_log)
+    default_out = workdir if args.short else DOCS  # CI never rewrites the committed page
+    page = Path(args.page or default_out / "benchmarks.md")
+    save_results(report, page.with_suffix(".json"))
+    images = publish(report, page, Path(args.img_dir or default_out / "img"))
+    _log(f"wrote {page}, {page.with_suffix('.json')} and {len(images)} plots")
+    for problem in report["problems"]:
+        print(f"bigtrain bench: {problem}", file=sys.stderr)
+    return 1 if report["problems"] else 0
+
+
+def _capacity(args: argparse.Namespace, workdir: Path) -> int:
+    from bigtrain.bench.capacity import CapacityPlan, default_budget, search_capacity
+    from bigtrain.bench.doc import capacity_section, update_page
+    from bigtrain.bench.hostenv import job_env
+    from bigtrain.bench.sweep import save_results
+    plan = CapacityPlan(budget_bytes=default_budget(args.budget_gib), precision=args.capacity_precision)
+    _log(f"capacity search: budget {plan.budget_bytes / 2**30:.1f} GiB, {plan.precision}, up to "
+         f"{plan.max_probes} probes per strategy")
+    result = search_capacity(plan, workdir, job_env(2), log=_log)
+    page = Path(args.page or DOCS / "benchmarks.md")
+    save_results(result, page.with_name("capacity.json"))
+    update_page(page, "capacity", capacity_section(result))
+    _log(f"wrote the capacity section of {page}; ratio {result['ratio']}")
+    return 0 if result["ratio"] else 1
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark bigtrain against hand-written DeepSpeed and DDP loops",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--short", action="store_true", help="tiny sizes for CI; writes under --workdir")
+    mode.add_argument("--full", action="store_true", help="the full sweep (the default)")
+    mode.add_argument("--capacity", action="store_true", help="largest GPT-2 shape per ZeRO strategy")
+    mode.add_argument("--from-json", metavar="FILE", help="rewrite the page and plots from saved results")
+    p.add_argument("--page", default=None, help="markdown page to update (default docs/benchmarks.md; "
+                                                "--short: WORKDIR/benchmarks.md)")
+    p.add_argument("--img-dir", default=None, help="where the PNGs go (default next to the page, in img/)")
+    p.add_argument("--workdir", default="runs/bench", help="job outputs and logs")
+    p.add_argument("--repeats", type=int, default=1, help="full sweep: bigtrain/DeepSpeed pairs per ZeRO stage")
+    p.add_argument("--max-minutes", type=float, default=25.0, help="skip the remaining jobs after this long")
+    p.add_argument("--budget-gib", type=float, default=None,
+                   help="capacity: memory budget of the whole job (default: what is free now, less 1.5 GiB)")
+    p.add_argument("--capacity-precision", choices=("bf16", "fp32"), default="bf16", help="capacity: precision")
+    p.set_defaults(func=cmd_bench)

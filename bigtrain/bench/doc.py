@@ -1,0 +1,99 @@
+"""The generated parts of docs/benchmarks.md.
+
+The page mixes prose written by people (how to read the numbers, the profile, the settings
+that matter) with sections `bigtrain bench` regenerates between markers:
+
+    <!-- bench:sweep begin --> ... <!-- bench:sweep end -->
+    <!-- bench:capacity begin --> ... <!-- bench:capacity end -->
+
+Only the text between a pair of markers is replaced; a missing page starts from a stub.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from bigtrain.bench.table import efficiency_table, jobs_table, ratio_table
+from bigtrain.metrics import format_bytes
+
+STUB = """# Benchmarks
+
+Measured by `bigtrain bench` (see the end of this page for how to re-run it).
+"""
+
+
+def replace_section(text: str, name: str, body: str) -> str:
+    begin, end = f"<!-- bench:{name} begin -->", f"<!-- bench:{name} end -->"
+    block = f"{begin}\n{body.strip()}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        return head + block + rest.split(end, 1)[1]
+    return text.rstrip() + "\n\n" + block + "\n"
+
+
+def update_page(path: Path, name: str, body: str) -> Path:
+    """Write `body` as section `name` of the page at `path` (created from a stub if missing)."""
+    path = Path(path)
+    text = path.read_text() if path.exists() else STUB
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(replace_section(text, name, body))
+    os.replace(tmp, path)
+    return path
+
+
+def conditions(meta: dict) -> str:
+    host, load, peaks = meta["host"], meta.get("load", {}), meta["peaks"]
+    amx = "yes" if host["amx"] else "no (bf16 runs on AVX512-BF16)" if host["avx512_bf16"] else "no"
+    lines = [
+        f"- Run: `{meta['command']}` on {host['date']}, {meta['minutes']:.1f} min, mode `{meta['mode']}`.",
+        f"- Host: {host['cpu']}, {host['cores']} cores, {host['memory_gib']} GiB; AMX: {amx}.",
+        f"- Every job: {meta['ranks']} ranks through the deepspeed launcher, {meta['env_summary']}.",
+        f"- Matmul peak per rank, measured in this run by both ranks multiplying 1024/2048 squares at once "
+        f"(best rate reached, at the start{'' if meta['mode'] == 'short' else ' and the end'}): "
+        f"**bf16 {peaks['bf16']:.3f} TFLOP/s, fp32 {peaks['fp32']:.3f} TFLOP/s**.",
+    ]
+    if load:
+        lines.append(f"- Host CPU busy between jobs (other work on the machine): median {100 * load['busy_median']:.0f}%, "
+                     f"max {100 * load['busy_max']:.0f}% over {load['samples']} samples; numbers taken on a busy "
+                     "host are noisy, ratios of neighbouring jobs less so.")
+    return "\n".join(lines)
+
+
+def sweep_section(rows: list[dict], ratio_records: list[dict], meta: dict, images: list[Path], page: Path) -> str:
+    """The regenerated `sweep` section: conditions, ratios, efficiency, every job, plots."""
+    parts = ["### Conditions", conditions(meta),
+             "### bigtrain against the baselines (same model, data, batch, DeepSpeed config, environment)",
+             "Rates are medians over the steps after a 2-step warm-up; each bigtrain job ran next to its "
+             "baseline (alternating order) to share the machine's state.", ratio_table(ratio_records)]
+    if any(r.get("group") == "efficiency" for r in rows):
+        parts += ["### Efficiency runs", efficiency_table(rows)]
+    parts += ["### Every job", "MFU counts the model's FLOPs only (no recomputation under activation "
+              "checkpointing); model states are counted from the tensors, peak RSS is the process's.",
+              jobs_table(rows)]
+    if images:
+        parts.append("### Plots")
+        parts += [f"![{p.stem}]({os.path.relpath(p, Path(page).parent)})" for p in images]
+    return "\n\n".join(parts)
+
+
+def capacity_section(result: dict) -> str:
+    """The regenerated `capacity` section from capacity.search_capacity's result."""
+    lines = [f"Budget: {format_bytes(result['budget_bytes'])} for the whole job ({result['ranks']} ranks, "
+             f"summed peak RSS, enforced by a watchdog), {result['precision']}, micro-batch "
+             f"{result['micro_batch']}, sequence {result['seq_len']}, {result['steps']} steps, shape "
+             f"{result['shape_rule']}.", ""]
+    header = "| strategy | largest that trains | parameters | summed peak RSS | smallest that did not |"
+    lines += [header, "|---|---|---|---|---|"]
+    for name, found in result["strategies"].items():
+        best, fail = found.get("largest"), found.get("smallest_failing")
+        lines.append(f"| {name} | {best['label'] if best else 'none'} | "
+                     f"{best['num_params'] / 1e6:.0f}M | {format_bytes(best['peak_bytes'])} | "
+                     f"{fail['label'] + ' (' + fail['why'] + ')' if fail else '-'} |" if best else
+                     f"| {name} | none | - | - | {fail['label'] if fail else '-'} |")
+    if result.get("ratio"):
+        lines += ["", f"**Ratio of parameters, ZeRO-3 + offload over ZeRO-0: {result['ratio']:.2f}** "
+                      f"(target >= 1.8)."]
+    lines += ["", "Probes, in order: " + "; ".join(f"{p['strategy']} {p['label']}: {p['outcome']}"
+                                                   for p in result["probes"])]
+    return "\n".join(lines)

@@ -1,0 +1,164 @@
+"""Launch one benchmark job through the deepspeed launcher and read back what it measured.
+
+All three runners get the same DeepSpeed JSON (generated from the case's run config, with
+DeepSpeed's wall-clock breakdown on), the same environment and the same launcher. The result
+is a flat dict with the same keys whichever runner produced it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bigtrain.bench.cases import Case
+from bigtrain.bench.timers import step_split
+
+REPO = Path(__file__).resolve().parents[2]
+MONITOR_KEYS = ("tensorboard", "csv_monitor", "wandb", "comet")
+MODULES = {"deepspeed": "bigtrain.bench.baseline_deepspeed", "ddp": "bigtrain.bench.baseline_ddp"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How jobs start: ranks, environment, time limit."""
+
+    env: dict
+    num_ranks: int = 2
+    timeout_s: float = 900.0
+
+
+def deepspeed_bin() -> str:
+    return shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
+
+
+def ds_config_for(case: Case, num_ranks: int) -> dict:
+    """The DeepSpeed dict bigtrain would generate for this case, monitors left out, DeepSpeed's timers on."""
+    from bigtrain.config_io import load_run_config
+    from bigtrain.ds_config import build_ds_config
+    from bigtrain.ds_runtime import fit_to_device
+    run = load_run_config(None, case.run_overrides())
+    config = fit_to_device(build_ds_config(run, num_ranks), run, "unused", device_name=_device_name())
+    for key in MONITOR_KEYS:
+        config.pop(key, None)
+    # DeepSpeed 0.19.8's pipeline engine fails with the breakdown on ("bwd_microstep timer has
+    # already been started"): pipeline rows have no forward/backward/step split.
+    config["wall_clock_breakdown"] = case.strategy.pipeline == 1
+    return config
+
+
+def job_description(case: Case, ds_config: dict) -> dict:
+    """What a baseline needs to build the same model and data as bigtrain."""
+    w = case.workload
+    opt = ds_config["optimizer"]["params"]
+    return {"family": w.family, "size": w.size, "spec_kwargs": w.spec_kwargs(), "seq_len": w.seq_len,
+            "vocab_size": w.vocab_size, "image_size": w.image_size, "num_classes": w.num_classes,
+            "synthetic_samples": 4096, "seed": 1234, "steps": case.steps, "micro_batch": w.micro_batch,
+            "precision": w.precision, "grad_clip": ds_config.get("gradient_clipping", 1.0),
+            "optimizer": {k: opt[k] for k in ("lr", "betas", "eps", "weight_decay")}}
+
+
+def command(case: Case, out: Path, ds_path: Path, job_path: Path, port: int, num_ranks: int,
+            peak_tflops: float | None) -> list[str]:
+    cmd = [deepspeed_bin(), "--num_gpus", str(num_ranks), "--master_port", str(port)]
+    if case.runner == "bigtrain":
+        args = [str(REPO / "bigtrain" / "run.py"), "--out", str(out), "--deepspeed_config", str(ds_path)]
+        if peak_tflops:
+            args += ["--peak-tflops", f"{peak_tflops:.6g}"]
+        for item in case.run_overrides():
+            args += ["--set", item]
+        return cmd + args
+    args = ["--module", MODULES[case.runner], "--job", str(job_path), "--out", str(out)]
+    if case.runner == "deepspeed":
+        args += ["--ds-config", str(ds_path)]
+    return cmd + args
+
+
+def run_case(case: Case, workdir: Path, launch: Launch, peak_tflops: float | None = None) -> dict:
+    """Run `case` under `workdir/<slug>`; returns the normalized result (ok=False with the log tail on failure)."""
+    from bigtrain.distributed import free_port
+    out = Path(workdir) / case.slug
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    ds_config = ds_config_for(case, launch.num_ranks)
+    ds_path, job_path = out / "ds_config.json", out / "job.json"
+    ds_path.write_text(json.dumps(ds_config, indent=2))
+    job_path.write_text(json.dumps(job_description(case, ds_config), indent=2))
+    port = free_port()
+    cmd = command(case, out, ds_path, job_path, port, launch.num_ranks, peak_tflops)
+    env = {**launch.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), launch.env.get("PYTHONPATH")]))}
+    try:
+        rc, log, wall = _run(cmd, env, launch.timeout_s, out / "log.txt")
+    finally:
+        remove_shm_leftovers(port)
+    result = {"case": case.name, "runner": case.runner, "workload": case.workload.name,
+              "strategy": case.strategy.label, "group": case.group, "precision": case.workload.precision,
+              "rc": rc, "wall_s": wall}
+    try:
+        measured = read_bigtrain(out) if case.runner == "bigtrain" else read_baseline(out)
+    except (OSError, ValueError, KeyError) as err:
+        return {**result, "ok": False, "error": f"{type(err).__name__}: {err}", "log_tail": log[-3000:]}
+    return {**result, **measured, "ok": rc == 0, "split_ms": step_split(log), "log_tail": "" if rc == 0 else log[-3000:]}
+
+
+def _run(cmd: list[str], env: dict, timeout_s: float, log_path: Path) -> tuple[int, str, float]:
+    """Run in a session of its own so a timeout ends the launcher and every rank; the log streams to a file."""
+    start = time.perf_counter()
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log_file.write(f"\n[bench] killed after {timeout_s:.0f} s\n")
+            rc = 124
+    return rc, log_path.read_text(errors="replace"), time.perf_counter() - start
+
+
+def remove_shm_leftovers(port: int) -> int:
+    """Unlink the /dev/shm all-reduce buffers DeepSpeed's CPU backend left for the job on `port`
+    (the baselines and killed jobs do not release them; see distributed.release_shm_buffer)."""
+    removed = 0
+    for path in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"):
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def read_bigtrain(out: Path) -> dict[str, Any]:
+    s = json.loads((out / "summary.json").read_text())
+    model = s["model"]
+    return {"samples_per_s": s["samples_per_s"], "step_s_median": s["step_s_median"], "losses": s["losses"],
+            "num_params": model["num_params"], "flops_per_sample": model["flops_per_sample"],
+            "tokens_per_sample": model["tokens_per_sample"], "global_batch": s["ds_config"]["train_batch_size"],
+            "peak_rss_per_rank": [m.get("peak_device_bytes", m["peak_rss_bytes"]) for m in s["peak_memory_per_rank"]],
+            "model_state_bytes_per_rank": s["model_state_bytes_per_rank"], "world_size": s["world_size"]}
+
+
+def read_baseline(out: Path) -> dict[str, Any]:
+    ranks = [json.loads(f.read_text()) for f in sorted(out.glob("result_rank*.json"))]
+    if not ranks:
+        raise ValueError(f"no result_rank*.json in {out}")
+    r0 = ranks[0]  # rank 0's clock, as bigtrain reports rank 0's
+    return {"samples_per_s": r0["samples_per_s"], "step_s_median": r0["step_s_median"], "losses": r0["losses"],
+            "num_params": r0["num_params"], "flops_per_sample": r0["flops_per_sample"],
+            "tokens_per_sample": r0["tokens_per_sample"], "global_batch": r0["global_batch"],
+            "peak_rss_per_rank": [r["peak_memory"].get("peak_device_bytes", r["peak_memory"]["peak_rss_bytes"])
+                                  for r in ranks],
+            "model_state_bytes_per_rank": [r["model_state_bytes"] for r in ranks], "world_size": len(ranks)}
+
+
+def _device_name() -> str:
+    from deepspeed.accelerator import get_accelerator
+    return get_accelerator().device_name()

@@ -1,0 +1,86 @@
+"""One row per finished job: rates, achieved TFLOP/s, MFU against both measured peaks, memory,
+the step split, and the ratios against the baselines run on the same workload and strategy."""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+SANE_MFU = (0.0, 1.0)
+
+
+def make_row(result: dict, peaks: dict) -> dict[str, Any]:
+    """Derived numbers of one job (`result` from jobs.run_case, `peaks` from peak.read_peaks)."""
+    row = {k: result[k] for k in ("case", "runner", "workload", "strategy", "group", "precision", "ok")}
+    if not result.get("ok"):
+        return {**row, "error": result.get("error") or f"exit code {result.get('rc')}"}
+    world = result["world_size"]
+    sps = result["samples_per_s"]
+    tflops = result["flops_per_sample"] * sps / 1e12
+    row.update(
+        samples_per_s=sps, tokens_per_s=sps * result["tokens_per_sample"] if result["tokens_per_sample"] else None,
+        step_s=result["step_s_median"], tflops=tflops, world_size=world, global_batch=result["global_batch"],
+        num_params=result["num_params"], tokens_per_sample=result["tokens_per_sample"],
+        mfu_bf16=tflops / (peaks["bf16"] * world), mfu_fp32=tflops / (peaks["fp32"] * world),
+        # against the peak of the precision it trained in (fp16 matmuls: no peak measured, use bf16's)
+        mfu=tflops / (peaks["fp32" if result["precision"] == "fp32" else "bf16"] * world),
+        model_state_bytes=max(result["model_state_bytes_per_rank"]),
+        peak_rss_bytes=max(result["peak_rss_per_rank"]),
+        split_ms=result.get("split_ms") or {}, final_loss=result["losses"][-1] if result["losses"] else None,
+    )
+    return row
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """bigtrain's rate over the hand-written DeepSpeed loop's, per workload and strategy (medians over
+    repeats), and over the DDP loop's on the same workload. One record per pair that both ran."""
+    rates: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r.get("ok"):
+            rates.setdefault((r["workload"], r["strategy"], r["runner"]), []).append(r["samples_per_s"])
+    ddp = {w: statistics.median(v) for (w, _, runner), v in rates.items() if runner == "ddp"}
+    records = []
+    for (workload, strategy, runner), values in rates.items():
+        ds = rates.get((workload, strategy, "deepspeed"))
+        if runner != "bigtrain" or not ds:
+            continue
+        mine, theirs = statistics.median(values), statistics.median(ds)
+        records.append({"workload": workload, "strategy": strategy, "bigtrain": mine, "deepspeed": theirs,
+                        "ratio": mine / theirs, "jobs": len(values) + len(ds), "ddp": ddp.get(workload),
+                        "vs_ddp": mine / ddp[workload] if workload in ddp else None,
+                        "tokens_per_sample": next(r["tokens_per_sample"] for r in rows
+                                                  if r.get("ok") and r["workload"] == workload)})
+    return records
+
+
+def check_rows(rows: list[dict], peaks: dict) -> list[str]:
+    """Problems that make a table meaningless: failed jobs, non-finite or non-positive numbers,
+    MFU (against the peak of the job's own precision) outside (0, 1], baselines that trained
+    a different model. Empty when all is sane."""
+    problems = []
+    for name in ("bf16", "fp32"):
+        if not (math.isfinite(peaks.get(name, float("nan"))) and peaks[name] > 0):
+            problems.append(f"{name} peak {peaks.get(name)} is not a positive number")
+    for row in rows:
+        if not row.get("ok"):
+            problems.append(f"{row['case']}: failed ({row.get('error', '?')})")
+            continue
+        for key in ("samples_per_s", "tflops", "step_s", "model_state_bytes", "peak_rss_bytes"):
+            value = row[key]
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                problems.append(f"{row['case']}: {key}={value} is not a positive finite number")
+        if not SANE_MFU[0] < row["mfu"] <= SANE_MFU[1]:
+            problems.append(f"{row['case']}: MFU {row['mfu']:.3f} against the {row['precision']} peak is outside (0, 1]")
+        if row["final_loss"] is None or not math.isfinite(row["final_loss"]):
+            problems.append(f"{row['case']}: final loss {row['final_loss']} is not finite")
+    problems += _same_models(rows)
+    return problems
+
+
+def _same_models(rows: list[dict]) -> list[str]:
+    """Every runner of a workload must have trained a model of the same size (a fairness check)."""
+    sizes: dict[str, set[int]] = {}
+    for row in rows:
+        if row.get("ok"):
+            sizes.setdefault(row["workload"], set()).add(row["num_params"])
+    return [f"{w}: runners trained models of different sizes {sorted(s)}" for w, s in sizes.items() if len(s) > 1]

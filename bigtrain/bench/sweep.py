@@ -1,0 +1,142 @@
+"""The sweeps: which jobs run, in which order, and what comes out of them.
+
+`short` (CI, ~1 min): tiny GPT-2 and ResNet, a few steps, bigtrain against both baselines.
+`full` (~20 min on 2 cores): a GPT-2 workload at ZeRO 0-3, each stage run next to the
+hand-written DeepSpeed loop (alternating which goes first, so drift hits both alike), the DDP
+loop, offload / activation checkpointing / pipeline variants, the efficiency runs at the
+largest GPT-2 that runs comfortably, and ResNet-18.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from bigtrain.bench.cases import Case, Strategy, Workload
+from bigtrain.bench.hostenv import LoadLog, host_facts, job_env
+from bigtrain.bench.jobs import REPO, Launch, run_case
+from bigtrain.bench.peak import read_peaks
+from bigtrain.bench.rows import check_rows, make_row, ratios
+
+RATIO_STEPS = 22  # 2 warm-up + 20 measured: the ratio is a median of >= 20 steps
+SWEEP_STEPS = 12
+
+Z = {stage: Strategy(zero=stage) for stage in range(4)}
+
+
+@dataclass
+class Plan:
+    mode: str
+    cases: list[Case] = field(default_factory=list)
+
+
+def ratio_pairs(w: Workload, stages: tuple[int, ...], steps: int, repeats: int = 1) -> list[Case]:
+    """bigtrain and the DeepSpeed loop per stage, alternating which runs first."""
+    cases = []
+    for rep in range(repeats):
+        for i, stage in enumerate(stages):
+            pair = [Case(w, Z[stage], "bigtrain", steps, "ratio"), Case(w, Z[stage], "deepspeed", steps, "ratio")]
+            cases += pair if (i + rep) % 2 == 0 else pair[::-1]
+    return cases
+
+
+def short_plan() -> Plan:
+    gpt2 = Workload("gpt2-tiny", "gpt2", "custom", {"n_layer": 2, "n_embd": 64, "n_head": 2}, seq_len=64,
+                    vocab_size=512, micro_batch=2, precision="bf16")
+    resnet = Workload("resnet-tiny", "resnet", "tiny", {}, image_size=32, micro_batch=4, precision="fp32")
+    steps = 6
+    return Plan("short", [*ratio_pairs(gpt2, (1,), steps), Case(gpt2, Z[0], "ddp", steps, "ratio"),
+                          Case(resnet, Z[3], "bigtrain", steps, "sweep")])
+
+
+# The GPT-2 the sweep runs every strategy on: GPT-2's vocabulary and a short sequence, small
+# enough for ~1 s steps on one core per rank.
+SWEEP_GPT2 = Workload("gpt2-4x256", "gpt2", "custom", {"n_layer": 4, "n_embd": 256, "n_head": 4}, seq_len=128,
+                      micro_batch=4, precision="bf16")
+# The largest GPT-2 that runs comfortably on one core per rank (~4 s steps): GPT-2 "mini".
+EFFICIENCY_GPT2 = Workload("gpt2-mini", "gpt2", "mini", {}, seq_len=256, micro_batch=4, precision="bf16")
+RESNET = Workload("resnet18-32px", "resnet", "18", {"cifar_stem": True}, image_size=32, micro_batch=8,
+                  precision="fp32")
+
+
+def full_plan(repeats: int = 1) -> Plan:
+    w = SWEEP_GPT2
+    cases = [*ratio_pairs(w, (0, 1, 2, 3), RATIO_STEPS, repeats), Case(w, Z[1], "ddp", RATIO_STEPS, "ratio")]
+    for strategy in (Strategy(1, checkpointing=True), Strategy(2, "optimizer"), Strategy(3, "all"),
+                     Strategy(3, "all", checkpointing=True), Strategy(0, pipeline=2), Strategy(1, pipeline=2)):
+        cases.append(Case(w, strategy, "bigtrain", SWEEP_STEPS, "sweep"))
+    fp32 = Workload("gpt2-mini", "gpt2", "mini", {}, seq_len=256, micro_batch=4, precision="fp32")
+    for workload, stage in ((EFFICIENCY_GPT2, 1), (EFFICIENCY_GPT2, 2), (fp32, 1)):
+        cases.append(Case(workload, Z[stage], "bigtrain", SWEEP_STEPS, "efficiency"))
+    for strategy in (Z[0], Z[1], Z[3], Strategy(1, checkpointing=True), Strategy(1, pipeline=2)):
+        cases.append(Case(RESNET, strategy, "bigtrain", SWEEP_STEPS, "sweep"))
+    return Plan("full", cases)
+
+
+def measure_peaks(workdir: Path, launch: Launch, name: str = "peak", seconds: float = 1.0) -> Path:
+    """Run the peak job (launched like the others); returns the directory with the ranks' files."""
+    from bigtrain.bench.jobs import _run, deepspeed_bin, remove_shm_leftovers
+    from bigtrain.distributed import free_port
+    out = Path(workdir) / name
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cmd = [deepspeed_bin(), "--num_gpus", str(launch.num_ranks), "--master_port", str(port),
+           "--module", "bigtrain.bench.peak", "--out", str(out), "--seconds", str(seconds)]
+    try:
+        rc, log, _ = _run(cmd, {**launch.env, "PYTHONPATH": str(REPO)}, 300, out / "log.txt")
+    finally:
+        remove_shm_leftovers(port)
+    if rc != 0:
+        raise RuntimeError(f"peak measurement failed ({rc}):\n{log[-2000:]}")
+    return out
+
+
+def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str], None] = print) -> dict:
+    """Peaks, then every case in order (stopping early past `max_minutes`); rows and conditions."""
+    start = time.perf_counter()
+    launch = Launch(job_env(2), timeout_s=max(120.0, 60 * max_minutes))
+    load = LoadLog()
+    load.sample()
+    seconds = 0.3 if plan.mode == "short" else 1.0
+    peak_dirs = [measure_peaks(workdir, launch, "peak_start", seconds)]
+    peaks = read_peaks(*peak_dirs)
+    log(f"peak per rank: bf16 {peaks['bf16']:.3f} TFLOP/s, fp32 {peaks['fp32']:.3f} TFLOP/s")
+    results = []
+    for i, case in enumerate(plan.cases, 1):
+        elapsed = (time.perf_counter() - start) / 60
+        if elapsed > max_minutes:
+            log(f"[{i}/{len(plan.cases)}] skipped {case.name}: past the {max_minutes:.0f} min budget")
+            continue
+        busy = load.sample(0.5)
+        peak = peaks["fp32" if case.workload.precision == "fp32" else "bf16"]
+        result = run_case(case, workdir, launch, peak_tflops=peak)
+        results.append(result)
+        row = make_row(result, peaks)
+        log(f"[{i}/{len(plan.cases)} {elapsed:4.1f} min, host {100 * busy:.0f}% busy before] {case.name}: "
+            + (f"{row['samples_per_s']:.2f} samples/s, MFU {100 * row['mfu']:.1f}% ({case.workload.precision})"
+               if row["ok"] else f"FAILED {row['error']}"))
+    if plan.mode != "short":  # again at the end: a busy host only lowers a measurement
+        peak_dirs.append(measure_peaks(workdir, launch, "peak_end", seconds))
+        peaks = read_peaks(*peak_dirs)
+        log(f"peak per rank, best of start and end: bf16 {peaks['bf16']:.3f}, fp32 {peaks['fp32']:.3f} TFLOP/s")
+    rows = [make_row(r, peaks) for r in results]
+    meta = {"mode": plan.mode, "host": host_facts(), "load": load.summary(), "peaks": peaks, "ranks": 2,
+            "minutes": (time.perf_counter() - start) / 60, "command": f"bigtrain bench --{plan.mode}",
+            "env_summary": env_summary(launch.env)}
+    return {"meta": meta, "results": results, "rows": rows, "ratios": ratios(rows), "problems": check_rows(rows, peaks)}
+
+
+def env_summary(env: dict) -> str:
+    bind = "each rank pinned to its own core (bigtrain.distributed.bind_to_cores)" \
+        if env.get("BIGTRAIN_BIND_CORES", "1") != "0" else "no core binding"
+    return (f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')}, GLIBC_TUNABLES={env.get('GLIBC_TUNABLES', '(unset)')}, "
+            f"{bind}")
+
+
+def save_results(report: dict, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, default=str))
+    return path

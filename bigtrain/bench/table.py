@@ -1,0 +1,72 @@
+"""Markdown tables of a sweep: every job, bigtrain against the baselines, and the efficiency runs."""
+from __future__ import annotations
+
+from typing import Any
+
+from bigtrain.metrics import format_bytes, human_count
+
+RATIO_TARGET = 0.98
+
+
+def _rate(row: dict) -> str:
+    if row.get("tokens_per_s"):
+        return f"{human_count(row['tokens_per_s'])} tok/s"
+    return f"{row['samples_per_s']:.1f} samples/s"
+
+
+def _split(row: dict) -> str:
+    split = row.get("split_ms") or {}
+    parts = [f"{split[k]:.0f}" if k in split else "-" for k in ("forward", "backward", "step")]
+    return " / ".join(parts) if split else "-"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def jobs_table(rows: list[dict]) -> str:
+    """Every job of the sweep, failed ones included (with their error)."""
+    header = ["workload", "precision", "strategy", "runner", "throughput", "TFLOP/s", "MFU bf16 peak",
+              "MFU fp32 peak", "model states/rank", "peak RSS/rank", "fwd / bwd / step ms"]
+    body = []
+    for r in rows:
+        if not r.get("ok"):
+            body.append([r["workload"], r["precision"], r["strategy"], r["runner"], f"failed: {r.get('error', '?')[:60]}",
+                         *["-"] * 6])
+            continue
+        body.append([r["workload"], r["precision"], r["strategy"], r["runner"], _rate(r), f"{r['tflops']:.3f}",
+                     _pct(r["mfu_bf16"]), _pct(r["mfu_fp32"]), format_bytes(r["model_state_bytes"]),
+                     format_bytes(r["peak_rss_bytes"]), _split(r)])
+    return markdown_table(header, body)
+
+
+def ratio_table(records: list[dict]) -> str:
+    """bigtrain / hand-written DeepSpeed (target >= 0.98) and bigtrain / DDP, from rows.ratios()."""
+    header = ["workload", "strategy", "bigtrain", "hand-written DeepSpeed", "bigtrain / DeepSpeed",
+              "DDP", "bigtrain / DDP"]
+    body = []
+    for rec in records:
+        scale = rec["tokens_per_sample"] or 1
+        unit = "tok/s" if rec["tokens_per_sample"] else "samples/s"
+        verdict = "ok" if rec["ratio"] >= RATIO_TARGET else f"below {RATIO_TARGET}"
+        body.append([rec["workload"], rec["strategy"], f"{human_count(rec['bigtrain'] * scale)} {unit}",
+                     f"{human_count(rec['deepspeed'] * scale)} {unit}", f"**{rec['ratio']:.3f}** ({verdict})",
+                     f"{human_count(rec['ddp'] * scale)} {unit}" if rec["ddp"] else "-",
+                     f"{rec['vs_ddp']:.2f}" if rec["vs_ddp"] else "-"])
+    return markdown_table(header, body)
+
+
+def efficiency_table(rows: list[dict]) -> str:
+    """The efficiency runs: MFU against the peak of their own precision, and against the other."""
+    header = ["workload", "precision", "strategy", "throughput", "TFLOP/s (job)", "MFU bf16 peak", "MFU fp32 peak",
+              "fwd / bwd / step ms"]
+    body = [[r["workload"], r["precision"], r["strategy"], _rate(r), f"{r['tflops']:.3f}", _pct(r["mfu_bf16"]),
+             _pct(r["mfu_fp32"]), _split(r)]
+            for r in rows if r.get("ok") and r["group"] == "efficiency" and r["runner"] == "bigtrain"]
+    return markdown_table(header, body)

@@ -1,0 +1,172 @@
+"""`bigtrain bench`: the pieces (timers, cases, rows, page sections, capacity search, rank
+tuning) and the short sweep end to end through the real launcher."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import REPO, rank_env
+
+from bigtrain.bench.capacity import search_depth
+from bigtrain.bench.cases import Case, Strategy, Workload
+from bigtrain.bench.doc import replace_section
+from bigtrain.bench.rows import check_rows, make_row, ratios
+from bigtrain.bench.timers import step_split
+
+DS_LOG = """[Rank 0] time (ms) | fwd_microstep: 10.00 | bwd_microstep: 20.00 | step_microstep: 5.00
+[Rank 0] time (ms) | fwd: 100.00 | bwd: 200.00 | bwd_inner: 180.00 | bwd_allreduce: 20.00 | step: 50.00
+[Rank 0] time (ms) | fwd: 90.00 | bwd: 190.00 | bwd_inner: 170.00 | bwd_allreduce: 20.00 | step: 40.00
+[Rank 0] time (ms) | fwd: 11.50 | bwd: 21.00 | bwd_inner: 19.00 | bwd_allreduce: 2.00 | step: 4.00
+[Rank 0] time (ms) | fwd: 12.50 | bwd: 23.00 | bwd_inner: 20.00 | bwd_allreduce: 3.00 | step: 6.00
+[Rank 0] time (ms) | fwd: 13.50 | bwd: 25.00 | bwd_inner: 21.00 | bwd_allreduce: 4.00 | step: 8.00
+"""
+PEAKS = {"bf16": 0.05, "fp32": 0.1}
+TINY = Workload("t", "gpt2", "custom", {"n_layer": 2, "n_embd": 64, "n_head": 2}, seq_len=64, vocab_size=512,
+                micro_batch=2)
+
+
+def test_step_split_takes_medians_of_global_timers_after_warmup():
+    split = step_split(DS_LOG, warmup=2)
+    assert split == {"forward": 12.5, "backward": 23.0, "step": 6.0, "allreduce": 3.0}
+    assert step_split("no timers here") == {}
+
+
+def test_case_overrides_make_a_valid_run_config_and_the_same_ds_config_for_every_runner():
+    from bigtrain.bench.jobs import ds_config_for, job_description
+    from bigtrain.config_io import load_run_config
+    case = Case(TINY, Strategy(zero=3, offload="all", checkpointing=True), "bigtrain", steps=5)
+    run = load_run_config(None, case.run_overrides())
+    assert (run.zero.stage, run.offload.param, run.activation_checkpointing.enabled) == (3, "cpu", True)
+    assert (run.train.steps, run.train.eval_batches, run.data.seq_len, run.model.overrides["n_layer"]) == (5, 0, 64, 2)
+    ds = ds_config_for(case, 2)
+    baseline = ds_config_for(Case(TINY, case.strategy, "deepspeed", steps=5), 2)
+    assert ds == baseline and ds["wall_clock_breakdown"] is True and "csv_monitor" not in ds
+    assert ds["train_batch_size"] == 4 and ds["zero_optimization"]["offload_param"]["device"] == "cpu"
+    job = job_description(case, ds)
+    assert job["spec_kwargs"] == {"vocab_size": 512, "n_positions": 1024, "seq_len": 64, "n_layer": 2, "n_embd": 64,
+                                  "n_head": 2}
+    assert Strategy(1, pipeline=2).label == "pp2 z1" and case.strategy.label == "z3 off-opt+param ac"
+
+
+def test_strategy_rejects_combinations_deepspeed_cannot_run():
+    with pytest.raises(ValueError, match="parameter offload needs ZeRO-3"):
+        Strategy(zero=1, offload="all")
+    with pytest.raises(ValueError, match="pipeline parallelism runs with ZeRO 0 or 1"):
+        Strategy(zero=2, pipeline=2)
+
+
+def _result(runner, sps, strategy="z1", **kw):
+    base = {"case": f"t {strategy} {runner}", "runner": runner, "workload": "t", "strategy": strategy,
+            "group": "ratio", "precision": "bf16", "ok": True, "world_size": 2, "samples_per_s": sps,
+            "step_s_median": 4 / sps, "flops_per_sample": 1e9, "tokens_per_sample": 64, "global_batch": 4,
+            "num_params": 1000, "model_state_bytes_per_rank": [10, 12], "peak_rss_per_rank": [100, 90],
+            "losses": [6.0, 5.5], "split_ms": {}}
+    return {**base, **kw}
+
+
+def test_rows_compute_mfu_against_both_peaks_and_ratios_from_medians():
+    rows = [make_row(_result("bigtrain", s), PEAKS) for s in (10.0, 12.0, 11.0)]
+    rows += [make_row(_result("deepspeed", s), PEAKS) for s in (10.0, 11.5)]
+    rows.append(make_row(_result("ddp", 8.0), PEAKS))
+    row = rows[0]
+    assert row["tflops"] == pytest.approx(1e9 * 10 / 1e12)
+    assert row["mfu_bf16"] == pytest.approx(0.01 / (0.05 * 2)) and row["mfu"] == row["mfu_bf16"]
+    assert row["mfu_fp32"] == pytest.approx(0.01 / (0.1 * 2))
+    assert (row["model_state_bytes"], row["peak_rss_bytes"], row["tokens_per_s"]) == (12, 100, 640.0)
+    (rec,) = ratios(rows)
+    assert rec["ratio"] == pytest.approx(11.0 / 10.75) and rec["vs_ddp"] == pytest.approx(11.0 / 8.0)
+    assert check_rows(rows, PEAKS) == []
+
+
+def test_check_rows_names_every_insane_number():
+    rows = [make_row(_result("bigtrain", 1e6), PEAKS),  # 1e15 FLOP/s: MFU far above 1
+            make_row(_result("deepspeed", 2.0, losses=[float("nan")]), PEAKS),
+            make_row(_result("ddp", 2.0, num_params=999), PEAKS),
+            make_row({**_result("bigtrain", 1.0, strategy="z2"), "ok": False, "error": "boom"}, PEAKS)]
+    problems = "\n".join(check_rows(rows, {"bf16": 0.05, "fp32": float("nan")}))
+    assert "fp32 peak nan is not a positive number" in problems
+    assert "t z1 bigtrain: MFU 10000.000 against the bf16 peak is outside (0, 1]" in problems
+    assert "t z1 deepspeed: final loss nan is not finite" in problems
+    assert "t z2 bigtrain: failed (boom)" in problems
+    assert "t: runners trained models of different sizes [999, 1000]" in problems
+
+
+def test_replace_section_rewrites_only_between_its_markers():
+    page = "# B\n\nprose\n\n<!-- bench:sweep begin -->\nold\n<!-- bench:sweep end -->\n\nmore prose\n"
+    new = replace_section(page, "sweep", "new table")
+    assert new == "# B\n\nprose\n\n<!-- bench:sweep begin -->\nnew table\n<!-- bench:sweep end -->\n\nmore prose\n"
+    added = replace_section(new, "capacity", "cap")
+    assert added.endswith("<!-- bench:capacity begin -->\ncap\n<!-- bench:capacity end -->\n") and "new table" in added
+
+
+@pytest.mark.parametrize("limit,guess", [(17, 8), (17, 40), (1, 5), (30, 30)])
+def test_capacity_search_finds_the_boundary(limit, guess):
+    probed = []
+
+    def fits(n):
+        probed.append(n)
+        return n <= limit
+
+    ok, bad = search_depth(fits, guess, max_probes=12)
+    assert (ok, bad) == (limit, limit + 1)
+    assert len(probed) <= 12 and len(set(probed)) == len(probed)
+
+
+def _in_child(code: str, **env: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **env},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) != os.cpu_count()
+                    or os.cpu_count() < 2, reason="needs an unrestricted affinity over >= 2 cores")
+def test_each_rank_binds_itself_to_its_share_of_the_cores():
+    code = ("import os, threading, torch; from bigtrain.distributed import bind_to_cores; "
+            "t = threading.Thread(target=lambda: __import__('time').sleep(2)); t.start(); "
+            "mine = bind_to_cores(1, 2); tid = t.native_id; "
+            "print(mine, sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(tid)), torch.get_num_threads())")
+    cores = sorted(os.sched_getaffinity(0))
+    share = cores[len(cores) // 2:len(cores) // 2 * 2]
+    assert _in_child(code) == f"{share} {share} {share} {min(len(share), os.cpu_count())}"
+    assert _in_child(code, BIGTRAIN_BIND_CORES="0").startswith(f"None {cores}")
+
+
+def test_runner_env_and_ranks_keep_freed_memory():
+    from bigtrain.train_cli import MALLOC_TUNABLES, thread_env
+    assert thread_env(2)["GLIBC_TUNABLES"] == MALLOC_TUNABLES if "GLIBC_TUNABLES" not in os.environ else True
+    assert _in_child("from bigtrain.distributed import keep_freed_memory; print(keep_freed_memory())",
+                     GLIBC_TUNABLES="") == "True"
+    assert _in_child("from bigtrain.distributed import keep_freed_memory; print(keep_freed_memory())",
+                     GLIBC_TUNABLES=MALLOC_TUNABLES) == "False"  # the environment already did it
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_short_bench_writes_a_sane_table_and_plots(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bigtrain.bench", "--short", "--workdir", str(tmp_path)],
+                          cwd=REPO, env={**rank_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert report["problems"] == []
+    rows = report["rows"]
+    assert {(r["runner"], r["strategy"]) for r in rows} == {("bigtrain", "z1"), ("deepspeed", "z1"), ("ddp", "z0"),
+                                                            ("bigtrain", "z3")}
+    for row in rows:
+        assert row["ok"] and 0 < row["mfu"] <= 1 and math.isfinite(row["samples_per_s"]) and row["samples_per_s"] > 0
+        assert row["model_state_bytes"] > 0 and row["peak_rss_bytes"] > row["model_state_bytes"]
+    gpt2 = [r for r in rows if r["workload"] == "gpt2-tiny"]
+    assert len({r["num_params"] for r in gpt2}) == 1  # every runner trained the same model
+    assert {"forward", "backward", "step"} <= set(next(r for r in gpt2 if r["runner"] == "bigtrain")["split_ms"])
+    (rec,) = report["ratios"]
+    assert rec["ratio"] > 0.3 and rec["vs_ddp"] > 0  # a smoke bound: tiny jobs on a shared CI host are noisy
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert "<!-- bench:sweep begin -->" in page and "| gpt2-tiny | z1 |" in page and "bigtrain / DeepSpeed" in page
+    for name in ("throughput", "mfu", "memory", "step_split", "vs_baselines"):
+        png = tmp_path / "img" / f"bench_{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
