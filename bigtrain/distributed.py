@@ -162,6 +162,15 @@ def all_reduce_max_flag(flag: bool, device: torch.device | str) -> bool:
     return bool(t.item() > 0)
 
 
+def all_reduce_mean_tensor(value: torch.Tensor) -> float:
+    """Mean of a scalar tensor over all ranks, in fp64; the one host sync of a training step."""
+    t = value.to(torch.float64)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(t)
+        t /= torch.distributed.get_world_size()
+    return t.item()
+
+
 def all_reduce_mean(values: list[float], device: torch.device | str, group=None) -> list[float]:
     """Mean of each value over the ranks of `group` (all ranks by default), in fp64."""
     t = torch.tensor(values, dtype=torch.float64, device=device)

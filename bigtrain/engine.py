@@ -8,7 +8,7 @@ import deepspeed
 import torch
 from deepspeed.accelerator import get_accelerator
 
-from bigtrain.distributed import all_reduce_mean
+from bigtrain.distributed import all_reduce_mean, all_reduce_mean_tensor
 from bigtrain.models.spec import ModelSpec
 from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
 
@@ -77,14 +77,14 @@ class Engine:
         self.ds.train()
         if self.is_pipeline:
             return float(self.ds.train_batch(self._pipe_iter(batches)).item())
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for _ in range(self.grad_accum):
             inputs, labels = self._inputs(next(batches))
             loss = self.spec.loss(self.ds(inputs), labels)
             self.ds.backward(loss)
             self.ds.step()
-            total += loss.detach().float().item()
-        return all_reduce_mean([total / self.grad_accum], self.device)[0]
+            total += loss.detach()  # stays on the device: no host sync per micro-batch
+        return all_reduce_mean_tensor(total / self.grad_accum)
 
     @torch.no_grad()
     def eval_loss(self, batches: list[dict]) -> float:

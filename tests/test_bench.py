@@ -95,6 +95,24 @@ def test_check_rows_names_every_insane_number():
     assert "t: runners trained models of different sizes [999, 1000]" in problems
 
 
+def test_settings_runs_set_their_environment_and_compare_with_the_defaults(tmp_path, monkeypatch):
+    from bigtrain.bench import jobs
+    from bigtrain.bench.sweep import settings_cases
+    from bigtrain.bench.table import settings_table
+    cases = settings_cases(TINY, Strategy(1))
+    assert [c.setting for c in cases][0] == "defaults" and cases[-1].setting == "defaults, again"
+    assert len({c.slug for c in cases}) == len(cases) and all("," not in c.slug for c in cases)
+    seen = {}
+    monkeypatch.setattr(jobs, "_run", lambda cmd, env, timeout, log: (seen.update(env) or 1, "", 0.0))
+    result = jobs.run_case(cases[1], tmp_path, jobs.Launch({"OMP_NUM_THREADS": "1"}))
+    assert seen["BIGTRAIN_BIND_CORES"] == "0" and seen["OMP_NUM_THREADS"] == "1"
+    assert result["setting"] == "no core binding" and not result["ok"]
+    rows = [make_row(_result("bigtrain", sps, group="settings", setting=name), PEAKS)
+            for sps, name in ((10.0, "defaults"), (8.0, "no core binding"), (12.0, "defaults, again"))]
+    table = settings_table(rows)
+    assert "| no core binding |" in table and "| 0.727 |" in table  # 8 against the mean of 10 and 12
+
+
 def test_replace_section_rewrites_only_between_its_markers():
     page = "# B\n\nprose\n\n<!-- bench:sweep begin -->\nold\n<!-- bench:sweep end -->\n\nmore prose\n"
     new = replace_section(page, "sweep", "new table")

@@ -6,6 +6,7 @@ A case turns into the run-config overrides bigtrain gets; the baselines get the 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,7 +88,9 @@ class Case:
     strategy: Strategy
     runner: str = "bigtrain"
     steps: int = 22
-    group: str = "sweep"  # which table it belongs to: sweep | ratio | efficiency
+    group: str = "sweep"  # which table it belongs to: sweep | ratio | efficiency | settings
+    setting: str = ""  # a named change to the ranks' environment (settings group), e.g. "no core binding"
+    env: tuple[tuple[str, str], ...] = ()  # that change: variables set for this job only
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
@@ -95,11 +98,11 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.workload.name} {self.strategy.label} {self.runner}"
+        return f"{self.workload.name} {self.strategy.label} {self.runner}" + (f" {self.setting}" if self.setting else "")
 
     @property
     def slug(self) -> str:
-        return "-".join(self.name.replace("+", "_").split())
+        return "-".join(re.sub(r"[^\w.-]+", " ", self.name.replace("+", "_")).split())
 
     def run_overrides(self) -> list[str]:
         """`--set` overrides for bigtrain/run.py (the baselines read the same run config)."""

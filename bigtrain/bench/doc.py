@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bigtrain.bench.table import efficiency_table, jobs_table, ratio_table
+from bigtrain.bench.table import efficiency_table, jobs_table, ratio_table, settings_table
 from bigtrain.metrics import format_bytes
 
 STUB = """# Benchmarks
@@ -68,6 +68,11 @@ def sweep_section(rows: list[dict], ratio_records: list[dict], meta: dict, image
              "baseline (alternating order) to share the machine's state.", ratio_table(ratio_records)]
     if any(r.get("group") == "efficiency" for r in rows):
         parts += ["### Efficiency runs", efficiency_table(rows)]
+    if any(r.get("group") == "settings" for r in rows):
+        parts += ["### What the CPU defaults are worth",
+                  "The efficiency workload with one of bigtrain's rank settings undone (core binding: "
+                  "`BIGTRAIN_BIND_CORES=0`; malloc tuning: `BIGTRAIN_MALLOC_TUNING=0` and an empty "
+                  "`GLIBC_TUNABLES`), between two runs with the defaults.", settings_table(rows)]
     parts += ["### Every job", "MFU counts the model's FLOPs only (no recomputation under activation "
               "checkpointing); model states are counted from the tensors, peak RSS is the process's.",
               jobs_table(rows)]

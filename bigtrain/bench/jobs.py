@@ -92,13 +92,15 @@ def run_case(case: Case, workdir: Path, launch: Launch, peak_tflops: float | Non
     job_path.write_text(json.dumps(job_description(case, ds_config), indent=2))
     port = free_port()
     cmd = command(case, out, ds_path, job_path, port, launch.num_ranks, peak_tflops)
-    env = {**launch.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), launch.env.get("PYTHONPATH")]))}
+    env = {**launch.env, **dict(case.env),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), launch.env.get("PYTHONPATH")]))}
     try:
         rc, log, wall = _run(cmd, env, launch.timeout_s, out / "log.txt")
     finally:
         remove_shm_leftovers(port)
     result = {"case": case.name, "runner": case.runner, "workload": case.workload.name,
               "strategy": case.strategy.label, "group": case.group, "precision": case.workload.precision,
+              "setting": case.setting or "bigtrain's defaults",
               "rc": rc, "wall_s": wall}
     try:
         measured = read_bigtrain(out) if case.runner == "bigtrain" else read_baseline(out)

@@ -12,6 +12,7 @@ SANE_MFU = (0.0, 1.0)
 def make_row(result: dict, peaks: dict) -> dict[str, Any]:
     """Derived numbers of one job (`result` from jobs.run_case, `peaks` from peak.read_peaks)."""
     row = {k: result[k] for k in ("case", "runner", "workload", "strategy", "group", "precision", "ok")}
+    row["setting"] = result.get("setting", "bigtrain's defaults")
     if not result.get("ok"):
         return {**row, "error": result.get("error") or f"exit code {result.get('rc')}"}
     world = result["world_size"]

@@ -67,12 +67,30 @@ def full_plan(repeats: int = 1) -> Plan:
     for strategy in (Strategy(1, checkpointing=True), Strategy(2, "optimizer"), Strategy(3, "all"),
                      Strategy(3, "all", checkpointing=True), Strategy(0, pipeline=2), Strategy(1, pipeline=2)):
         cases.append(Case(w, strategy, "bigtrain", SWEEP_STEPS, "sweep"))
-    fp32 = Workload("gpt2-mini", "gpt2", "mini", {}, seq_len=256, micro_batch=4, precision="fp32")
+    fp32 = Workload("gpt2-mini (fp32)", "gpt2", "mini", {}, seq_len=256, micro_batch=4, precision="fp32")
     for workload, stage in ((EFFICIENCY_GPT2, 1), (EFFICIENCY_GPT2, 2), (fp32, 1)):
         cases.append(Case(workload, Z[stage], "bigtrain", SWEEP_STEPS, "efficiency"))
     for strategy in (Z[0], Z[1], Z[3], Strategy(1, checkpointing=True), Strategy(1, pipeline=2)):
         cases.append(Case(RESNET, strategy, "bigtrain", SWEEP_STEPS, "sweep"))
-    return Plan("full", cases)
+    return Plan("full", cases + settings_cases(EFFICIENCY_GPT2, Z[1]))
+
+
+# What each of bigtrain's CPU defaults is worth: the efficiency job with one of them undone.
+NO_MALLOC_TUNING = (("BIGTRAIN_MALLOC_TUNING", "0"), ("GLIBC_TUNABLES", ""))
+SETTINGS = {
+    "no core binding": (("BIGTRAIN_BIND_CORES", "0"),),
+    "no malloc tuning": NO_MALLOC_TUNING,
+    "neither": (("BIGTRAIN_BIND_CORES", "0"), *NO_MALLOC_TUNING),
+    "neither, 2 threads per rank": (("BIGTRAIN_BIND_CORES", "0"), ("OMP_NUM_THREADS", "2"), *NO_MALLOC_TUNING),
+}
+
+
+def settings_cases(workload: Workload, strategy: Strategy) -> list[Case]:
+    """The defaults, then each setting undone, then the defaults again (drift shows as their difference)."""
+    default = Case(workload, strategy, "bigtrain", SWEEP_STEPS, "settings", "defaults")
+    variants = [Case(workload, strategy, "bigtrain", SWEEP_STEPS, "settings", name, env)
+                for name, env in SETTINGS.items()]
+    return [default, *variants, Case(workload, strategy, "bigtrain", SWEEP_STEPS, "settings", "defaults, again")]
 
 
 def measure_peaks(workdir: Path, launch: Launch, name: str = "peak", seconds: float = 1.0) -> Path:

@@ -70,3 +70,17 @@ def efficiency_table(rows: list[dict]) -> str:
              _pct(r["mfu_fp32"]), _split(r)]
             for r in rows if r.get("ok") and r["group"] == "efficiency" and r["runner"] == "bigtrain"]
     return markdown_table(header, body)
+
+
+def settings_table(rows: list[dict]) -> str:
+    """The settings runs: each against the mean of the two runs with bigtrain's defaults."""
+    runs = [r for r in rows if r.get("ok") and r["group"] == "settings"]
+    defaults = [r["samples_per_s"] for r in runs if r["setting"] in ("defaults", "defaults, again")]
+    if not defaults:
+        return "(no run with the defaults finished)"
+    base = sum(defaults) / len(defaults)
+    header = ["workload", "precision", "strategy", "ranks' environment", "throughput", "MFU", "vs defaults",
+              "peak RSS/rank"]
+    body = [[r["workload"], r["precision"], r["strategy"], r["setting"], _rate(r), _pct(r["mfu"]),
+             f"{r['samples_per_s'] / base:.3f}", format_bytes(r["peak_rss_bytes"])] for r in runs]
+    return markdown_table(header, body)
