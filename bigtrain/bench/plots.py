@@ -14,7 +14,8 @@ def _plt():
 
 
 def _bigtrain_rows(rows: list[dict], workload: str) -> list[dict]:
-    return [r for r in rows if r.get("ok") and r["runner"] == "bigtrain" and r["workload"] == workload]
+    return [r for r in rows if r.get("ok") and r["runner"] == "bigtrain" and r["workload"] == workload
+            and r.get("group") != "settings"]  # those have a table of their own
 
 
 def _workloads(rows: list[dict]) -> list[str]:
@@ -67,41 +68,38 @@ def _throughput(rows: list[dict], path: Path) -> bool:
     return _save(plt, fig, path)
 
 
-def _mfu(rows: list[dict], path: Path) -> bool:
+def _paired_bars(rows: list[dict], path: Path, title: str, bars: tuple, xlabel: str, label, mark=None) -> bool:
+    """Per workload, two bars per bigtrain row: `bars` = ((legend, value of a row), (legend, value))."""
     workloads = [w for w in _workloads(rows) if _bigtrain_rows(rows, w)]
     if not workloads:
         return False
-    plt, fig, axes = _grid(len(workloads), "MFU against the measured matmul peaks")
+    plt, fig, axes = _grid(len(workloads), title)
     for ax, w in zip(axes, workloads):
         rs = _bigtrain_rows(rows, w)
         y = list(range(len(rs)))
-        ax.barh([i - 0.2 for i in y], [100 * r["mfu_bf16"] for r in rs], height=0.4, label="vs bf16 peak")
-        ax.barh([i + 0.2 for i in y], [100 * r["mfu_fp32"] for r in rs], height=0.4, label="vs fp32 peak")
-        ax.set_yticks(y, [f"{r['strategy']} ({r['precision']})" for r in rs])
-        ax.axvline(30, color="gray", linestyle="--", linewidth=1)
-        ax.set_xlabel("MFU %")
+        for offset, (legend, value) in zip((-0.2, 0.2), bars):
+            ax.barh([i + offset for i in y], [value(r) for r in rs], height=0.4, label=legend)
+        ax.set_yticks(y, [label(r) for r in rs])
+        if mark is not None:
+            ax.axvline(mark, color="gray", linestyle="--", linewidth=1)
+        ax.set_xlabel(xlabel)
         ax.set_title(w)
         ax.invert_yaxis()
         ax.legend(fontsize=8)
     return _save(plt, fig, path)
+
+
+def _mfu(rows: list[dict], path: Path) -> bool:
+    return _paired_bars(rows, path, "MFU against the measured matmul peaks",
+                        (("vs bf16 peak", lambda r: 100 * r["mfu_bf16"]), ("vs fp32 peak", lambda r: 100 * r["mfu_fp32"])),
+                        "MFU %", lambda r: f"{r['strategy']} ({r['precision']})", mark=30)
 
 
 def _memory(rows: list[dict], path: Path) -> bool:
-    workloads = [w for w in _workloads(rows) if _bigtrain_rows(rows, w)]
-    if not workloads:
-        return False
-    plt, fig, axes = _grid(len(workloads), "memory per rank: model states (from the tensors) and peak RSS")
-    for ax, w in zip(axes, workloads):
-        rs = _bigtrain_rows(rows, w)
-        y = list(range(len(rs)))
-        ax.barh([i - 0.2 for i in y], [r["model_state_bytes"] / 2**20 for r in rs], height=0.4, label="model states")
-        ax.barh([i + 0.2 for i in y], [r["peak_rss_bytes"] / 2**20 for r in rs], height=0.4, label="peak RSS")
-        ax.set_yticks(y, [r["strategy"] for r in rs])
-        ax.set_xlabel("MiB per rank")
-        ax.set_title(w)
-        ax.invert_yaxis()
-        ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return _paired_bars(rows, path, "memory per rank: model states (from the tensors) and peak RSS",
+                        (("model states", lambda r: r["model_state_bytes"] / 2**20),
+                         ("peak RSS", lambda r: r["peak_rss_bytes"] / 2**20)),
+                        "MiB per rank", lambda r: r["strategy"])
 
 
 def _split(rows: list[dict], path: Path) -> bool:
