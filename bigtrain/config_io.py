@@ -121,6 +121,8 @@ def _coerce_scalar(hint: type, value: Any, path: str, f: dataclasses.Field | Non
     if hint is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):  # YAML reads `size: 50` as a number
+            return str(value)
         raise ValueError(f"{path}={value!r}: expected a string{about}")
     raise AssertionError(f"unsupported config type {hint} at {path}")
 

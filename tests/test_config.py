@@ -93,3 +93,10 @@ def test_rescale_keeps_global_batch_when_it_can():
     assert (new.global_batch, new.micro_batch, new.grad_accum) == (32, 4, 4) and "was 8" in note
     new, note = rescale_for_world(t, 3)  # 32 is not a multiple of 4 x 3
     assert (new.global_batch, new.micro_batch, new.grad_accum) == (12, 4, 1) and "changed the global batch" in note
+
+
+def test_a_number_given_for_a_name_reads_as_that_name():
+    run = load_run_config(None, ["model.family=resnet", "model.size=50"])
+    assert run.model.size == "50"
+    with pytest.raises(ValueError, match="model.size=True: expected a string"):
+        load_run_config(None, ["model.size=true"])

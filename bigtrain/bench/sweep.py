@@ -129,7 +129,12 @@ def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str],
             continue
         busy = load.sample(0.5)
         peak = peaks["fp32" if case.workload.precision == "fp32" else "bf16"]
-        result = run_case(case, workdir, launch, peak_tflops=peak)
+        try:
+            result = run_case(case, workdir, launch, peak_tflops=peak)
+        except (ValueError, OSError, RuntimeError) as err:  # a case bigtrain cannot set up: one failed row
+            result = {"case": case.name, "runner": case.runner, "workload": case.workload.name,
+                      "strategy": case.strategy.label, "group": case.group, "precision": case.workload.precision,
+                      "setting": case.setting, "ok": False, "error": f"{type(err).__name__}: {err}"}
         results.append(result)
         row = make_row(result, peaks)
         log(f"[{i}/{len(plan.cases)} {elapsed:4.1f} min, host {100 * busy:.0f}% busy before] {case.name}: "
