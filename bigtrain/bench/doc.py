@@ -96,7 +96,11 @@ def capacity_section(result: dict) -> str:
                      f"{best['num_params'] / 1e6:.0f}M | {format_bytes(best['peak_bytes'])} | "
                      f"{fail['label'] + ' (' + fail['why'] + ')' if fail else '-'} |" if best else
                      f"| {name} | none | - | - | {fail['label'] if fail else '-'} |")
-    if result.get("ratio"):
+    if result.get("ratios"):  # several strategies against the first
+        first = next(iter(result["strategies"]))
+        lines += ["", "Parameters over " + first + ": " + ", ".join(
+            f"**{name} {ratio:.2f}**" for name, ratio in result["ratios"].items() if name != first) + " (target >= 1.8)."]
+    elif result.get("ratio"):
         lines += ["", f"**Ratio of parameters, ZeRO-3 + offload over ZeRO-0: {result['ratio']:.2f}** "
                       f"(target >= 1.8)."]
     lines += ["", "Probes, in order: " + "; ".join(f"{p['strategy']} {p['label']}: {p['outcome']}"
