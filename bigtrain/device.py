@@ -1,6 +1,9 @@
 """Facts about this job's accelerator that choose defaults (precision)."""
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import MutableMapping
 from pathlib import Path
 
 
@@ -22,3 +25,27 @@ def default_precision(device_name: str | None = None) -> str:
     if name == "cpu":
         return "bf16" if cpu_has_amx() else "fp32"
     return "bf16" if acc.is_bf16_supported() else "fp16"
+
+
+def deepspeed_arch_list(value: str) -> str | None:
+    """`TORCH_CUDA_ARCH_LIST` as DeepSpeed's JIT op builder can read it, or None when it already can.
+
+    DeepSpeed 0.19's builder parses each entry as MAJOR.MINOR[+PTX] and fails on the arch-specific
+    suffix NVIDIA's CUDA images set (`9.0a`: "invalid literal for int() with base 10: '0a'") before
+    it builds FusedAdam. Its ops use no arch-specific instructions, so `9.0a` becomes `9.0`.
+    """
+    entries = [e for e in value.replace(";", " ").split() if e]
+    fixed = [re.sub(r"^(\d+)\.(\d+)[a-z]+", r"\1.\2", e) for e in entries]
+    return ";".join(dict.fromkeys(fixed)) if fixed != entries else None
+
+
+def fix_cuda_arch_list(environ: MutableMapping[str, str] | None = None) -> str | None:
+    """Rewrite an unreadable `TORCH_CUDA_ARCH_LIST` in `environ` (default: this process's); returns a
+    line saying what changed, or None."""
+    environ = os.environ if environ is None else environ
+    old = environ.get("TORCH_CUDA_ARCH_LIST", "")
+    new = deepspeed_arch_list(old)
+    if new is None:
+        return None
+    environ["TORCH_CUDA_ARCH_LIST"] = new
+    return f"TORCH_CUDA_ARCH_LIST={old!r} -> {new!r}: DeepSpeed's op builder cannot parse arch suffixes"

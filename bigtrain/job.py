@@ -14,7 +14,7 @@ import torch
 from bigtrain import checkpoint, models
 from bigtrain.config import RunConfig
 from bigtrain.config_io import to_dict
-from bigtrain.device import default_precision
+from bigtrain.device import default_precision, fix_cuda_arch_list
 from bigtrain.distributed import PeerWatch, World, init_distributed, shutdown
 from bigtrain.ds_lint import LintError
 from bigtrain.ds_resolve import generated_or_user
@@ -26,6 +26,7 @@ from bigtrain.trainer import LoopSettings, train_loop
 from bigtrain.universal import ResumePlan, Shape, plan_resume, restore_rng, universal_ds_config
 
 log = logging.getLogger("bigtrain")
+PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = False,
@@ -39,7 +40,11 @@ def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = Fa
         log.info("%s", watch.describe())
     try:
         train(run, world, ds_config_path, resume, stop_after)
-    except (LintError, ValueError) as err:  # deterministic: every rank raises the same before training
+    except (LintError, ValueError) as err:
+        if not users_mistake(err):
+            if world.size > 1:
+                watch.fail(err)
+            raise
         watch.leave()
         if world.is_main:
             for line in str(err).splitlines():
@@ -54,8 +59,33 @@ def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = Fa
     return 0
 
 
+def users_mistake(err: Exception) -> bool:
+    """A lint error, or a ValueError bigtrain raised about the user's config or data (deterministic: every
+    rank raises the same, and one line says what to change). A ValueError from inside a library is a
+    failure whose traceback the user needs."""
+    if isinstance(err, LintError):
+        return True
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR)
+
+
+def slow_vocab_hint(spec: models.ModelSpec) -> str | None:
+    """On a GPU, an output layer whose row count is no multiple of 64 runs on slow matmul kernels."""
+    from deepspeed.accelerator import get_accelerator
+    vocab = spec.extra.get("vocab_size") if spec.family == "gpt2" else None
+    if vocab is None or vocab % 64 == 0 or get_accelerator().device_name() == "cpu" or spec.extra.get("pretrained"):
+        return None
+    return (f"vocabulary of {vocab} rows (not a multiple of 64): the output layer's matmuls take slow kernels on "
+            "GPUs; --set model.overrides.vocab_multiple=64 pads it (docs/benchmarks.md, On a GPU)")
+
+
 def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool, stop_after: int | None) -> dict:
     out = Path(run.train.out_dir)
+    arch_note = fix_cuda_arch_list()  # for ranks not started by `bigtrain train`
+    if arch_note and world.is_main:
+        log.warning("%s", arch_note)
     if run.precision == "auto":
         run = replace(run, precision=default_precision())
     resolved = generated_or_user(run, world.size, ds_config_path)
@@ -75,6 +105,8 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
     model_build = {"family": run.model.family, "size": run.model.size,
                    "overrides": model_overrides(run.model, data, run.data.seq_len)}
     spec = models.build(model_build["family"], model_build["size"], **model_build["overrides"])
+    if world.is_main and (hint := slow_vocab_hint(spec)):
+        log.warning("%s", hint)
     engine = Engine(spec, universal_ds_config(ds_config) if plan and plan.universal else ds_config, EngineOptions(
         pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
         activation_checkpointing=run.activation_checkpointing.enabled,

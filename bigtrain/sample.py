@@ -21,8 +21,10 @@ def generate_sample(model: torch.nn.Module, tokenizer: Any, max_new_tokens: int,
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
     generator_state = torch.get_rng_state()
     torch.manual_seed(0)
+    padding = range(len(tokenizer), model.config.vocab_size)  # rows of a padded vocabulary (vocab_multiple)
     try:
         out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=True, top_k=40,
+                             suppress_tokens=list(padding) or None,
                              pad_token_id=tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0)
     finally:
         torch.set_rng_state(generator_state)

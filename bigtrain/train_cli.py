@@ -49,6 +49,8 @@ def thread_env(num_ranks: int) -> dict:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(num_ranks, 1)))
     env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from bigtrain.device import fix_cuda_arch_list
+    fix_cuda_arch_list(env)  # the ranks would otherwise fail building DeepSpeed's FusedAdam
     return env
 
 

@@ -121,6 +121,31 @@ def test_replace_section_rewrites_only_between_its_markers():
     assert added.endswith("<!-- bench:capacity begin -->\ncap\n<!-- bench:capacity end -->\n") and "new table" in added
 
 
+def test_gpu_plan_pairs_gpt2_small_and_medium_with_deepspeed_one_rank_per_gpu(tmp_path):
+    from bigtrain.bench.cli import publish
+    from bigtrain.bench.peak import sizes_for
+    from bigtrain.bench.sweep import gpu_plan
+    plan = gpu_plan(num_gpus=1)
+    assert (plan.mode, plan.ranks, len(plan.cases)) == ("gpu", 1, 8)
+    assert {(c.workload.size, c.strategy.zero, c.runner) for c in plan.cases} == {
+        (size, zero, runner) for size in ("small", "medium") for zero in (1, 2) for runner in ("bigtrain", "deepspeed")}
+    assert all(c.workload.seq_len == 1024 and c.workload.precision == "bf16" for c in plan.cases)
+    with pytest.raises(ValueError, match="needs a GPU"):
+        gpu_plan(num_gpus=0)
+    assert sizes_for("cpu") == (1024, 2048) and min(sizes_for("cuda")) >= 4096
+    # The GPU results go to their own section; the CPU sweep's section and plots stay as they were.
+    rows = [make_row(_result("bigtrain", 12.0, world_size=1), PEAKS), make_row(_result("deepspeed", 10.0, world_size=1), PEAKS)]
+    meta = {"mode": "gpu", "command": "bigtrain bench --gpu", "minutes": 6.0, "ranks": 1, "device": "NVIDIA H100",
+            "peak_sizes": [4096, 8192], "peaks": PEAKS, "env_summary": "one NVIDIA H100 per rank", "load": {},
+            "host": {"cpu": "x", "cores": 16, "memory_gib": 125.9, "amx": True, "avx512_bf16": True, "date": "d"}}
+    page = tmp_path / "benchmarks.md"
+    page.write_text("<!-- bench:sweep begin -->\nCPU\n<!-- bench:sweep end -->\n")
+    assert publish({"meta": meta, "rows": rows, "ratios": ratios(rows)}, page, tmp_path / "img") == []
+    text = page.read_text()
+    assert "CPU" in text and "Accelerator: **NVIDIA H100**" in text and "4096/8192 squares" in text
+    assert "**1.200** (ok)" in text and "peak GPU memory/rank" in text and not (tmp_path / "img").exists()
+
+
 @pytest.mark.parametrize("limit,guess", [(17, 8), (17, 40), (1, 5), (30, 30)])
 def test_capacity_search_finds_the_boundary(limit, guess):
     probed = []

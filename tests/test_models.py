@@ -239,3 +239,37 @@ def test_models_package_never_imports_deepspeed():
                  or "from deepspeed" in p.read_text()]
     assert offenders == []
     assert len(list(root.glob("*.py"))) >= 6
+
+
+def test_gpt2_vocab_multiple_pads_the_output_layer_and_samples_skip_the_padding(tmp_path: pathlib.Path):
+    from bigtrain.sample import generate_sample
+    spec = build("gpt2", "tiny", vocab_size=250, vocab_multiple=64)
+    plain = build("gpt2", "tiny", vocab_size=250)
+    assert spec.config.vocab_size == 256 and spec.num_params == plain.num_params + 6 * spec.config.n_embd
+    torch.manual_seed(0)
+    model = spec.build()
+    with torch.no_grad():  # padded rows whose logits would dominate every top-k if they were not suppressed
+        model.transformer.wte.weight[250:] = 1000 * torch.randn(6, spec.config.n_embd)
+
+    class Tokenizer:  # the 250-token vocabulary the data has
+        eos_token_id = None
+
+        def __len__(self):
+            return 250
+
+        def __call__(self, text, return_tensors):
+            return {"input_ids": torch.tensor([[1, 2, 3]])}
+
+        def decode(self, ids, skip_special_tokens):
+            seen.extend(ids.tolist())
+            return ""
+
+    seen: list[int] = []
+    generate_sample(model.eval(), Tokenizer(), max_new_tokens=24, device="cpu")
+    assert len(seen) == 27 and max(seen) < 250
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="would pad the pretrained vocabulary 256"):
+        build("gpt2", "custom", pretrained=str(tmp_path), vocab_multiple=100)
+    assert build("gpt2", "custom", pretrained=str(tmp_path), vocab_multiple=64).config.vocab_size == 256
+    with pytest.raises(ValueError, match="vocab_multiple=0: must be a positive integer"):
+        build("gpt2", "tiny", vocab_multiple=0)

@@ -3,6 +3,7 @@
     bigtrain bench --short                     # CI: tiny sizes, ~1 min, checks the numbers are sane
     bigtrain bench                             # full sweep (~20 min): docs/benchmarks.md + docs/img/*.png
     bigtrain bench --capacity                  # largest GPT-2 per strategy (~30 min): its own section
+    bigtrain bench --gpu                       # GPT-2 small/medium, ZeRO-1/2, one rank per GPU (~6 min)
     bigtrain bench --from-json docs/benchmarks.json   # rewrite the page from saved results
 """
 from __future__ import annotations
@@ -22,9 +23,12 @@ def _log(line: str) -> None:
 
 
 def publish(report: dict, page: Path, img_dir: Path) -> list[Path]:
-    """Tables into the page's sweep section, plots into img_dir; returns the images."""
-    from bigtrain.bench.doc import sweep_section, update_page
+    """Tables into the page's sweep (or gpu) section, plots into img_dir; returns the images."""
+    from bigtrain.bench.doc import gpu_section, sweep_section, update_page
     from bigtrain.bench.plots import write_plots
+    if report["meta"]["mode"] == "gpu":  # its own section; the CPU sweep's plots stay
+        update_page(page, "gpu", gpu_section(report["rows"], report["ratios"], report["meta"]))
+        return []
     images = write_plots(report["rows"], report["ratios"], img_dir)
     update_page(page, "sweep", sweep_section(report["rows"], report["ratios"], report["meta"], images, page))
     return images
@@ -38,16 +42,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     if args.capacity:
         return _capacity(args, workdir)
-    from bigtrain.bench.sweep import full_plan, run_plan, save_results, short_plan
-    plan = short_plan() if args.short else full_plan(repeats=args.repeats)
+    from bigtrain.bench.sweep import full_plan, gpu_plan, run_plan, save_results, short_plan
+    if args.gpu:
+        import torch
+        plan = gpu_plan(torch.cuda.device_count() if torch.cuda.is_available() else 0, repeats=args.repeats)
+    else:
+        plan = short_plan() if args.short else full_plan(repeats=args.repeats)
     _log(f"bigtrain bench --{plan.mode}: {len(plan.cases)} jobs (+ the peak measurement), at most "
          f"{args.max_minutes:.0f} min; logs under {workdir}")
     report = run_plan(plan, workdir, args.max_minutes, log=_log)
     default_out = workdir if args.short else DOCS  # CI never rewrites the committed page
     page = Path(args.page or default_out / "benchmarks.md")
-    save_results(report, page.with_suffix(".json"))
+    save_results(report, page.with_name(page.stem + ("_gpu" if args.gpu else "") + ".json"))
     images = publish(report, page, Path(args.img_dir or default_out / "img"))
-    _log(f"wrote {page}, {page.with_suffix('.json')} and {len(images)} plots")
+    _log(f"wrote {page} and {len(images)} plots")
     for problem in report["problems"]:
         print(f"bigtrain bench: {problem}", file=sys.stderr)
     return 1 if report["problems"] else 0
@@ -76,6 +84,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     mode.add_argument("--short", action="store_true", help="tiny sizes for CI; writes under --workdir")
     mode.add_argument("--full", action="store_true", help="the full sweep (the default)")
     mode.add_argument("--capacity", action="store_true", help="largest GPT-2 shape per ZeRO strategy")
+    mode.add_argument("--gpu", action="store_true", help="GPT-2 small and medium on the GPUs, ZeRO-1/2 "
+                                                         "against hand-written DeepSpeed: the page's gpu section")
     mode.add_argument("--from-json", metavar="FILE", help="rewrite the page and plots from saved results")
     p.add_argument("--page", default=None, help="markdown page to update (default docs/benchmarks.md; "
                                                 "--short: WORKDIR/benchmarks.md)")

@@ -5,6 +5,7 @@ that matter) with sections `bigtrain bench` regenerates between markers:
 
     <!-- bench:sweep begin --> ... <!-- bench:sweep end -->
     <!-- bench:capacity begin --> ... <!-- bench:capacity end -->
+    <!-- bench:gpu begin --> ... <!-- bench:gpu end -->
 
 Only the text between a pair of markers is replaced; a missing page starts from a stub.
 """
@@ -45,19 +46,35 @@ def update_page(path: Path, name: str, body: str) -> Path:
 def conditions(meta: dict) -> str:
     host, load, peaks = meta["host"], meta.get("load", {}), meta["peaks"]
     amx = "yes" if host["amx"] else "no (bf16 runs on AVX512-BF16)" if host["avx512_bf16"] else "no"
+    device = meta.get("device", "cpu")
+    sizes = "/".join(str(n) for n in meta.get("peak_sizes", (1024, 2048)))
+    where = "" if meta["mode"] == "short" else " and the end"
     lines = [
         f"- Run: `{meta['command']}` on {host['date']}, {meta['minutes']:.1f} min, mode `{meta['mode']}`.",
-        f"- Host: {host['cpu']}, {host['cores']} cores, {host['memory_gib']} GiB; AMX: {amx}.",
-        f"- Every job: {meta['ranks']} ranks through the deepspeed launcher, {meta['env_summary']}.",
-        f"- Matmul peak per rank, measured in this run by both ranks multiplying 1024/2048 squares at once "
-        f"(best rate reached, at the start{'' if meta['mode'] == 'short' else ' and the end'}): "
-        f"**bf16 {peaks['bf16']:.3f} TFLOP/s, fp32 {peaks['fp32']:.3f} TFLOP/s**.",
+        f"- Host: {host['cpu']}, {host['cores']} cores, {host['memory_gib']} GiB; AMX: {amx}."
+        + ("" if device == "cpu" else f" Accelerator: **{device}**."),
+        f"- Every job: {meta['ranks']} rank{'s' if meta['ranks'] > 1 else ''} through the deepspeed launcher, "
+        f"{meta['env_summary']}.",
+        f"- Matmul peak per rank, measured in this run by every rank multiplying {sizes} squares at once "
+        f"(best rate reached, at the start{where}): "
+        f"**bf16 {peaks['bf16']:.3f} TFLOP/s, fp32 {peaks['fp32']:.3f} TFLOP/s**"
+        + ("." if device == "cpu" else " (fp32 matmuls as torch runs them by default: no TF32)."),
     ]
-    if load:
+    if load and device == "cpu":
         lines.append(f"- Host CPU busy between jobs (other work on the machine): median {100 * load['busy_median']:.0f}%, "
                      f"max {100 * load['busy_max']:.0f}% over {load['samples']} samples; numbers taken on a busy "
                      "host are noisy, ratios of neighbouring jobs less so.")
     return "\n".join(lines)
+
+
+def gpu_section(rows: list[dict], ratio_records: list[dict], meta: dict) -> str:
+    """The regenerated `gpu` section (`bigtrain bench --gpu`): conditions, ratios, every job."""
+    return "\n\n".join([
+        "### Conditions", conditions(meta),
+        "### bigtrain against hand-written DeepSpeed (same model, data, batch, DeepSpeed config)",
+        "Rates are medians over the steps after a 2-step warm-up.", ratio_table(ratio_records),
+        "### Every job", "MFU counts the model's FLOPs only, against the bf16 peak measured above; peak "
+        "memory is the GPU's (torch's max allocated).", jobs_table(rows, memory_label="peak GPU memory/rank")])
 
 
 def sweep_section(rows: list[dict], ratio_records: list[dict], meta: dict, images: list[Path], page: Path) -> str:

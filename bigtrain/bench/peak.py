@@ -15,25 +15,41 @@ import os
 import sys
 from pathlib import Path
 
-SIZES = (1024, 2048)
 DTYPES = ("bf16", "fp32")
 
 
+def sizes_for(device_name: str) -> tuple[int, ...]:
+    """Square sizes that keep a CPU core busy for milliseconds and fill a GPU's matrix units."""
+    return (1024, 2048) if device_name == "cpu" else (4096, 8192)
+
+
 def measure(seconds: float) -> dict[str, float]:
-    """This rank's best TFLOP/s per dtype over SIZES, each size timed while every rank times it."""
+    """This rank's best TFLOP/s per dtype over `sizes_for` its device, each size timed while every rank times it."""
     import torch
+    from deepspeed.accelerator import get_accelerator
 
     from bigtrain.distributed import barrier
     from bigtrain.metrics import measure_peak_tflops
+    device_name = get_accelerator().device_name()
     best = {}
     for dtype in DTYPES:
         rates = []
-        for n in SIZES:
+        for n in sizes_for(device_name):
             barrier()  # all ranks multiply at once, as they train at once
             rates.append(measure_peak_tflops(dtype, size=n, seconds=seconds))
         best[dtype] = max(rates)
     best["threads"] = torch.get_num_threads()
+    best["sizes"] = list(sizes_for(device_name))
+    best["device"] = device_model(device_name)
     return best
+
+
+def device_model(device_name: str) -> str:
+    """`NVIDIA H100 80GB HBM3` for cuda (what torch's device module reports), else the accelerator's name."""
+    import torch
+    module = getattr(torch, device_name, None)
+    get_name = getattr(module, "get_device_name", None) if device_name != "cpu" else None
+    return get_name() if callable(get_name) else device_name
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ largest GPT-2 that runs comfortably, and ResNet-18.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ Z = {stage: Strategy(zero=stage) for stage in range(4)}
 class Plan:
     mode: str
     cases: list[Case] = field(default_factory=list)
+    ranks: int = 2  # ranks per job: 2 on a CPU host, one per GPU on a GPU host
 
 
 def ratio_pairs(w: Workload, stages: tuple[int, ...], steps: int, repeats: int = 1) -> list[Case]:
@@ -75,6 +77,20 @@ def full_plan(repeats: int = 1) -> Plan:
     return Plan("full", cases + settings_cases(EFFICIENCY_GPT2, Z[1]))
 
 
+# GPT-2 small and medium as they are trained: GPT-2's vocabulary, 1024 tokens, bf16.
+GPU_WORKLOADS = (Workload("gpt2-small", "gpt2", "small", {}, seq_len=1024, micro_batch=16, precision="bf16"),
+                 Workload("gpt2-medium", "gpt2", "medium", {}, seq_len=1024, micro_batch=8, precision="bf16"))
+GPU_STEPS = 40  # steps take ~0.1-0.3 s on one H100: 38 measured after the warm-up
+
+
+def gpu_plan(num_gpus: int, repeats: int = 1) -> Plan:
+    """GPT-2 small and medium at ZeRO-1 and ZeRO-2, each next to the hand-written DeepSpeed loop, one rank per GPU."""
+    if num_gpus < 1:
+        raise ValueError("bigtrain bench --gpu needs a GPU: torch sees none here (run the CPU sweep without --gpu)")
+    cases = [case for w in GPU_WORKLOADS for case in ratio_pairs(w, (1, 2), GPU_STEPS, repeats)]
+    return Plan("gpu", cases, ranks=num_gpus)
+
+
 # What each of bigtrain's CPU defaults is worth: the efficiency job with one of them undone.
 NO_MALLOC_TUNING = (("BIGTRAIN_MALLOC_TUNING", "0"), ("GLIBC_TUNABLES", ""))
 SETTINGS = {
@@ -103,7 +119,8 @@ def measure_peaks(workdir: Path, launch: Launch, name: str = "peak", seconds: fl
     cmd = [deepspeed_bin(), "--num_gpus", str(launch.num_ranks), "--master_port", str(port),
            "--module", "bigtrain.bench.peak", "--out", str(out), "--seconds", str(seconds)]
     try:
-        rc, log, _ = _run(cmd, {**launch.env, "PYTHONPATH": str(REPO)}, 300, out / "log.txt")
+        pythonpath = os.pathsep.join(filter(None, [str(REPO), launch.env.get("PYTHONPATH")]))
+        rc, log, _ = _run(cmd, {**launch.env, "PYTHONPATH": pythonpath}, 300, out / "log.txt")
     finally:
         remove_shm_leftovers(port)
     if rc != 0:
@@ -114,7 +131,7 @@ def measure_peaks(workdir: Path, launch: Launch, name: str = "peak", seconds: fl
 def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str], None] = print) -> dict:
     """Peaks, then every case in order (stopping early past `max_minutes`); rows and conditions."""
     start = time.perf_counter()
-    launch = Launch(job_env(2), timeout_s=max(120.0, 60 * max_minutes))
+    launch = Launch(job_env(plan.ranks), num_ranks=plan.ranks, timeout_s=max(120.0, 60 * max_minutes))
     load = LoadLog()
     load.sample()
     seconds = 0.3 if plan.mode == "short" else 1.0
@@ -145,15 +162,19 @@ def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str],
         peaks = read_peaks(*peak_dirs)
         log(f"peak per rank, best of start and end: bf16 {peaks['bf16']:.3f}, fp32 {peaks['fp32']:.3f} TFLOP/s")
     rows = [make_row(r, peaks) for r in results]
-    meta = {"mode": plan.mode, "host": host_facts(), "load": load.summary(), "peaks": peaks, "ranks": 2,
+    first = peaks["per_rank"][0]
+    meta = {"mode": plan.mode, "host": host_facts(), "load": load.summary(), "peaks": peaks, "ranks": plan.ranks,
+            "device": first.get("device", "cpu"), "peak_sizes": first.get("sizes", [1024, 2048]),
             "minutes": (time.perf_counter() - start) / 60, "command": f"bigtrain bench --{plan.mode}",
-            "env_summary": env_summary(launch.env)}
+            "env_summary": env_summary(launch.env, first.get("device", "cpu"))}
     return {"meta": meta, "results": results, "rows": rows, "ratios": ratios(rows), "problems": check_rows(rows, peaks)}
 
 
-def env_summary(env: dict) -> str:
+def env_summary(env: dict, device: str = "cpu") -> str:
     bind = "each rank pinned to its own core (bigtrain.distributed.bind_to_cores)" \
         if env.get("BIGTRAIN_BIND_CORES", "1") != "0" else "no core binding"
+    if device != "cpu":
+        bind = f"one {device} per rank"
     return (f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')}, GLIBC_TUNABLES={env.get('GLIBC_TUNABLES', '(unset)')}, "
             f"{bind}")
 

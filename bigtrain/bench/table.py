@@ -30,10 +30,10 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def jobs_table(rows: list[dict]) -> str:
+def jobs_table(rows: list[dict], memory_label: str = "peak RSS/rank") -> str:
     """Every job of the sweep, failed ones included (with their error)."""
     header = ["workload", "precision", "strategy", "runner", "throughput", "TFLOP/s", "MFU bf16 peak",
-              "MFU fp32 peak", "model states/rank", "peak RSS/rank", "fwd / bwd / step ms"]
+              "MFU fp32 peak", "model states/rank", memory_label, "fwd / bwd / step ms"]
     body = []
     for r in rows:
         if not r.get("ok"):

@@ -45,6 +45,10 @@ class GPT2Settings:
     n_positions: int = 1024
     vocab_size: int = 50257
     seq_len: int | None = None  # tokens per sample; default n_positions
+    # Pad the embedding / output vocabulary up to a multiple of this (nanoGPT's 50257 -> 50304). On an
+    # H100, GPT-2's odd 50257 rows sent the output layer's matmuls to a slow kernel: 31 of 80 GPU ms per
+    # step of GPT-2 small (docs/benchmarks.md). The extra rows are never targets; samples suppress them.
+    vocab_multiple: int = 1
     dropout: float = 0.0  # residual, embedding and attention dropout
     # sdpa and eager give bit-identical plain and pipeline forms; sdpa's fused CPU kernel was
     # 20-30% faster fwd+bwd at seq 1024 and on par at 256 (gpt2 mini, 1 thread).
@@ -60,6 +64,12 @@ class GPT2Settings:
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"gpt2 {key}={value!r}: must be a positive integer")
+        if not isinstance(self.vocab_multiple, int) or self.vocab_multiple < 1:
+            raise ValueError(f"gpt2 vocab_multiple={self.vocab_multiple!r}: must be a positive integer (64 on GPUs)")
+        if self.pretrained and self.padded_vocab != self.vocab_size:
+            raise ValueError(f"gpt2 vocab_multiple={self.vocab_multiple} would pad the pretrained vocabulary "
+                             f"{self.vocab_size} to {self.padded_vocab} rows, which its weights do not have; "
+                             "leave vocab_multiple at 1 with pretrained")
         if self.n_embd % self.n_head:
             raise ValueError(f"gpt2 n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.seq_len is not None and self.seq_len > self.n_positions:
@@ -71,12 +81,20 @@ class GPT2Settings:
             raise ValueError(f"gpt2 attn_implementation={self.attn_implementation!r}: use 'sdpa' or 'eager'")
 
 
+    @property
+    def padded_vocab(self) -> int:
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+
 def _hf_config(s: GPT2Settings) -> GPT2Config:
     # GPT-2's <|endoftext|> is id 50256; a smaller (self-trained) vocabulary has no such id.
     eos = 50256 if s.vocab_size > 50256 else None
-    cfg = GPT2Config(vocab_size=s.vocab_size, n_positions=s.n_positions, n_embd=s.n_embd, n_layer=s.n_layer,
+    cfg = GPT2Config(vocab_size=s.padded_vocab, n_positions=s.n_positions, n_embd=s.n_embd, n_layer=s.n_layer,
                      n_head=s.n_head, resid_pdrop=s.dropout, embd_pdrop=s.dropout, attn_pdrop=s.dropout,
                      bos_token_id=eos, eos_token_id=eos,
+                     # GPT-2's tanh GELU as one fused kernel: gelu_new's formula in ~8 elementwise ops cost
+                     # 1.7x the time on CPU and a measured share of every GPU step (docs/benchmarks.md).
+                     activation_function="gelu_pytorch_tanh",
                      # Training needs no KV cache, and a recomputed (checkpointed) block would append to it twice.
                      use_cache=False)
     cfg._attn_implementation = s.attn_implementation  # the pipeline blocks read it from the config

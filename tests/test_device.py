@@ -1,0 +1,41 @@
+"""Facts about the accelerator environment that bigtrain repairs or decides from."""
+import pytest
+
+from bigtrain.device import deepspeed_arch_list, fix_cuda_arch_list
+
+
+@pytest.mark.parametrize("value, fixed", [
+    ("9.0a", "9.0"),  # NVIDIA's CUDA images (seen on the H100 this project measured on)
+    ("8.0;9.0a", "8.0;9.0"),
+    ("9.0a 10.0a+PTX", "9.0;10.0+PTX"),
+    ("9.0a;9.0", "9.0"),
+    ("9.0", None), ("8.6;9.0+PTX", None), ("", None),
+])
+def test_arch_suffixes_deepspeed_cannot_parse_are_dropped(value, fixed):
+    assert deepspeed_arch_list(value) == fixed
+
+
+def test_the_launcher_environment_and_a_rank_get_a_readable_arch_list(monkeypatch):
+    from bigtrain.train_cli import thread_env
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    assert thread_env(1)["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    env = {"TORCH_CUDA_ARCH_LIST": "9.0a"}
+    assert "'9.0a' -> '9.0'" in fix_cuda_arch_list(env) and env == {"TORCH_CUDA_ARCH_LIST": "9.0"}
+    assert fix_cuda_arch_list(env) is None and fix_cuda_arch_list({}) is None
+
+
+def test_only_bigtrain_s_own_value_errors_read_as_a_users_mistake():
+    from bigtrain.ds_lint import LintError
+    from bigtrain.job import users_mistake
+    from bigtrain.models import build
+
+    def caught(fn):
+        try:
+            fn()
+        except ValueError as err:
+            return err
+        raise AssertionError("no ValueError")
+
+    assert users_mistake(caught(lambda: build("gpt2", "tiny", vocab_multiple=0)))
+    assert not users_mistake(caught(lambda: int("0a")))  # the arch-list failure inside DeepSpeed looked like this
+    assert users_mistake(LintError(["zero_optimization.stage=5: use 0-3"]))
