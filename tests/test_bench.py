@@ -143,7 +143,8 @@ def test_gpu_plan_pairs_gpt2_small_and_medium_with_deepspeed_one_rank_per_gpu(tm
     assert publish({"meta": meta, "rows": rows, "ratios": ratios(rows)}, page, tmp_path / "img") == []
     text = page.read_text()
     assert "CPU" in text and "Accelerator: **NVIDIA H100**" in text and "4096/8192 squares" in text
-    assert "**1.200** (ok)" in text and "peak GPU memory/rank" in text and not (tmp_path / "img").exists()
+    assert "**1.200** (ok)" in text and "peak GPU memory/rank" in text and "MFU fp32" not in text
+    assert not (tmp_path / "img").exists()
 
 
 @pytest.mark.parametrize("limit,guess", [(17, 8), (17, 40), (1, 5), (30, 30)])

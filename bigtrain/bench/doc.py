@@ -74,7 +74,7 @@ def gpu_section(rows: list[dict], ratio_records: list[dict], meta: dict) -> str:
         "### bigtrain against hand-written DeepSpeed (same model, data, batch, DeepSpeed config)",
         "Rates are medians over the steps after a 2-step warm-up.", ratio_table(ratio_records),
         "### Every job", "MFU counts the model's FLOPs only, against the bf16 peak measured above; peak "
-        "memory is the GPU's (torch's max allocated).", jobs_table(rows, memory_label="peak GPU memory/rank")])
+        "memory is the GPU's (torch's max allocated).", jobs_table(rows, memory_label="peak GPU memory/rank", fp32_mfu=False)])
 
 
 def sweep_section(rows: list[dict], ratio_records: list[dict], meta: dict, images: list[Path], page: Path) -> str:

@@ -30,8 +30,9 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def jobs_table(rows: list[dict], memory_label: str = "peak RSS/rank") -> str:
-    """Every job of the sweep, failed ones included (with their error)."""
+def jobs_table(rows: list[dict], memory_label: str = "peak RSS/rank", fp32_mfu: bool = True) -> str:
+    """Every job of the sweep, failed ones included (with their error). On a GPU the fp32 peak (no TF32)
+    says nothing about bf16 jobs: `fp32_mfu=False` leaves that column out."""
     header = ["workload", "precision", "strategy", "runner", "throughput", "TFLOP/s", "MFU bf16 peak",
               "MFU fp32 peak", "model states/rank", memory_label, "fwd / bwd / step ms"]
     body = []
@@ -43,6 +44,8 @@ def jobs_table(rows: list[dict], memory_label: str = "peak RSS/rank") -> str:
         body.append([r["workload"], r["precision"], r["strategy"], r["runner"], _rate(r), f"{r['tflops']:.3f}",
                      _pct(r["mfu_bf16"]), _pct(r["mfu_fp32"]), format_bytes(r["model_state_bytes"]),
                      format_bytes(r["peak_rss_bytes"]), _split(r)])
+    if not fp32_mfu:
+        header, body = header[:7] + header[8:], [row[:7] + row[8:] for row in body]
     return markdown_table(header, body)
 
 
