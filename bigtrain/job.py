@@ -15,7 +15,7 @@ from bigtrain import checkpoint, models
 from bigtrain.config import RunConfig
 from bigtrain.config_io import to_dict
 from bigtrain.device import default_precision, fix_cuda_arch_list
-from bigtrain.distributed import PeerWatch, World, init_distributed, shutdown
+from bigtrain.distributed import PeerWatch, World, init_distributed, return_freed_memory, shutdown
 from bigtrain.ds_lint import LintError
 from bigtrain.ds_resolve import generated_or_user
 from bigtrain.ds_runtime import fit_to_device
@@ -59,6 +59,11 @@ def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = Fa
     return 0
 
 
+def offloads_to_host(ds_config: dict) -> bool:
+    zero = ds_config.get("zero_optimization", {})
+    return any(zero.get(key, {}).get("device") in ("cpu", "nvme") for key in ("offload_optimizer", "offload_param"))
+
+
 def users_mistake(err: Exception) -> bool:
     """A lint error, or a ValueError bigtrain raised about the user's config or data (deterministic: every
     rank raises the same, and one line says what to change). A ValueError from inside a library is a
@@ -94,6 +99,8 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
         for note in resolved.notes:
             log.info("%s", note)
     ds_config = fit_to_device(resolved.ds_config, run, str(out))
+    if offloads_to_host(ds_config) and return_freed_memory() and world.is_main:
+        log.info("offload: malloc returns freed memory to the system (more fits; BIGTRAIN_MALLOC_TUNING=1 keeps it)")
     seed_everything(run.train.seed)
     ckpt_dir = Path(run.checkpoint.dir or out / "checkpoints")
     # Before the engine: loading a checkpoint saved at another shape switches DeepSpeed's config.

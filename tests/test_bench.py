@@ -189,6 +189,29 @@ def test_runner_env_and_ranks_keep_freed_memory():
                      GLIBC_TUNABLES=MALLOC_TUNABLES) == "False"  # the environment already did it
 
 
+def test_jobs_that_offload_give_freed_memory_back():
+    from bigtrain.job import offloads_to_host
+    from bigtrain.train_cli import MALLOC_TUNABLES
+    assert offloads_to_host({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})
+    assert not offloads_to_host({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}})
+    assert not offloads_to_host({})
+    script = """
+import psutil, torch
+from bigtrain.distributed import return_freed_memory
+rss = lambda: psutil.Process().memory_info().rss
+def cycle():
+    t = torch.ones(64 * 2**20 // 4)
+    del t
+    return rss()
+base = rss()
+kept = cycle() - base
+restored = return_freed_memory()
+print(restored, kept > 48 * 2**20, cycle() - base < 16 * 2**20)
+"""
+    assert _in_child(script, GLIBC_TUNABLES=MALLOC_TUNABLES) == "True True True"  # kept, then handed back
+    assert _in_child(script, GLIBC_TUNABLES=MALLOC_TUNABLES, BIGTRAIN_MALLOC_TUNING="1") == "False True False"
+
+
 @pytest.mark.dist
 @pytest.mark.slow
 def test_short_bench_writes_a_sane_table_and_plots(tmp_path):
