@@ -17,8 +17,7 @@ parameters and the fp32 gradient made for the optimizer step are separate terms.
 Activations for transformer layers follow Korthikanti et al. 2022: per layer and sample
 s*h*(c_h*e + m_h) + a*s^2*(c_s*e + m_s) bytes (e: bytes per value, masks 1 byte; Megatron's
 layer has c_h=16, c_s=2, m_h=2, m_s=1, i.e. 34sbh + 5as^2b in 16 bit). bigtrain's own
-layers save more (HF GPT-2's tanh-GELU saves four 4h tensors): their coefficients were
-counted from the tensors saved for backward. Full checkpointing keeps each block's input
+layers' coefficients were counted from the tensors they save for backward. Full checkpointing keeps each block's input
 (s*h*e) and recomputes one block at a time.
 """
 from __future__ import annotations
@@ -70,11 +69,10 @@ PROFILES = {
     "korthikanti": LayerProfile(16, 2, 2, 1),  # Megatron GPT layer, materialized attention
     "korthikanti-flash": LayerProfile(16, 0, 2, 0),  # the same with a flash-attention kernel
     # bigtrain's models (dropout 0), counted from saved tensors on CPU with torch 2.13 /
-    # transformers 5.23: HF GPT-2 saves x, tanh(...), 0.5x, 1+tanh(...) for its GELU and
-    # copies q/k/v and the attention output; eager attention keeps the softmax instead of
-    # two of those copies.
-    "gpt2-sdpa": LayerProfile(30, 0, 2, 1),
-    "gpt2-eager": LayerProfile(28, 1, 2, 1),
+    # transformers 5.23: the fused tanh GELU saves only its 4h input, HF GPT-2 copies q/k/v
+    # and the attention output (eager attention also keeps the softmax).
+    "gpt2-sdpa": LayerProfile(16, 0, 2, 1),
+    "gpt2-eager": LayerProfile(16, 1, 2, 1),
     "encoder-sdpa": LayerProfile(16, 0, 2, 1),
 }
 
