@@ -98,11 +98,18 @@ class ZeroConfig:
     prefetch_bucket_size: int = doc(50_000_000, "Stage 3: parameter elements prefetched ahead of use.")
     param_persistence_threshold: int = doc(100_000, "Stage 3: parameters smaller than this stay unpartitioned.")
     max_live_parameters: int = doc(1_000_000_000, "Stage 3: most parameter elements resident at once.")
+    max_reuse_distance: int = doc(1_000_000_000, "Stage 3: a parameter used again within this many elements "
+                                  "stays gathered; 0 frees each after use (less memory, more all-gathers).")
+    sub_group_size: int = doc(1_000_000_000, "Stage 3: elements per optimizer step group; DeepSpeed's fp32 "
+                              "gradient buffer grows with it.")
 
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3):
             raise ValueError(f"zero.stage={self.stage}: allowed values are 0, 1, 2, 3")
-        _positive(self, "reduce_bucket_size", "allgather_bucket_size")
+        _positive(self, "reduce_bucket_size", "allgather_bucket_size", "sub_group_size")
+        for name in ("prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "max_reuse_distance"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"zero.{name}={getattr(self, name)}: must be >= 0")
 
 
 @dataclass

@@ -87,7 +87,8 @@ def zero_section(zero: ZeroConfig, offload: OffloadConfig) -> dict:
     else:
         section.update(stage3_prefetch_bucket_size=zero.prefetch_bucket_size,
                        stage3_param_persistence_threshold=zero.param_persistence_threshold,
-                       stage3_max_live_parameters=zero.max_live_parameters)
+                       stage3_max_live_parameters=zero.max_live_parameters,
+                       stage3_max_reuse_distance=zero.max_reuse_distance, sub_group_size=zero.sub_group_size)
     if offload.optimizer != "none":
         section["offload_optimizer"] = _offload(offload.optimizer, offload, buffer_count=4)
     if offload.param != "none":

@@ -80,6 +80,9 @@ def resolve_auto(user: dict, run: RunConfig, world_size: int | None, pipeline_st
         ("zero_optimization", "reduce_bucket_size"): run.zero.reduce_bucket_size,
         ("zero_optimization", "stage3_prefetch_bucket_size"): run.zero.prefetch_bucket_size,
         ("zero_optimization", "stage3_param_persistence_threshold"): run.zero.param_persistence_threshold,
+        ("zero_optimization", "stage3_max_live_parameters"): run.zero.max_live_parameters,
+        ("zero_optimization", "stage3_max_reuse_distance"): run.zero.max_reuse_distance,
+        ("zero_optimization", "sub_group_size"): run.zero.sub_group_size,
     }
     for path, value in values.items():
         node = _parent(config, path)

@@ -43,6 +43,8 @@ def test_json_file_round_trip(tmp_path):
     (["optimizer.betas=[0.9]"], "optimizer.betas=[0.9]: expected a list of 2 values"),
     (["batch.micro_batch=0"], "batch.micro_batch=0: must be a positive integer"),
     (["zero.stage"], "expected KEY=VALUE"),
+    (["zero.max_reuse_distance=-1"], "zero.max_reuse_distance=-1: must be >= 0"),
+    (["zero.sub_group_size=0"], "zero.sub_group_size=0: must be > 0"),
     (["zero.stage=2", "pipeline.stages=2"], "DeepSpeed pipelines support ZeRO 0-1 only"),
     (["offload.param=cpu"], "offload.param=cpu needs zero.stage=3"),
     (["zero.stage=2", "offload.optimizer=nvme"], "nvme offload needs zero.stage=3"),

@@ -7,6 +7,7 @@ import pytest
 
 from bigtrain.config import (ActivationCheckpointConfig, BatchConfig, OffloadConfig, PipelineConfig, RunConfig,
                              ZeroConfig)
+from bigtrain.config_io import load_run_config
 from bigtrain.ds_config import build_ds_config
 from bigtrain.ds_files import render_files, stale_files
 from bigtrain.ds_lint import DeviceCaps, semantic_problems, unknown_keys, validate_with_deepspeed
@@ -68,6 +69,13 @@ def test_triple_holds_at_any_world_size(world):
     run = replace(RunConfig(), batch=BatchConfig(micro_batch=3, grad_accum=2))
     config = build_ds_config(run, world)
     assert config["train_batch_size"] == 3 * 2 * world
+
+
+def test_stage3_memory_knobs_reach_the_json():
+    run = load_run_config(None, ["zero.stage=3", "zero.max_reuse_distance=0", "zero.sub_group_size=100000000"])
+    section = build_ds_config(run, 2)["zero_optimization"]
+    assert section["stage3_max_reuse_distance"] == 0 and section["sub_group_size"] == 100_000_000
+    assert validate_with_deepspeed(build_ds_config(run, 2), 2) == []
 
 
 def test_checked_in_files_match_generation():

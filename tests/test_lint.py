@@ -60,8 +60,8 @@ BAD = [
     (with_(scheduler={"type": "WarmupCosine", "params": {}}), [], "scheduler.type='WarmupCosine' is not a DeepSpeed scheduler"),
     (with_(scheduler={"type": "WarmupLR", "params": {"warmup_max_lr": "auto", "warmup_min": 0}}), [],
      "unknown key 'scheduler.params.warmup_min': did you mean 'warmup_min_lr'?"),
-    (with_(gradient_clipping="auto", zero_optimization__sub_group_size="auto"), [],
-     "zero_optimization.sub_group_size=\"auto\": bigtrain cannot derive this key"),
+    (with_(gradient_clipping="auto", zero_optimization__zero_hpz_partition_size="auto"), [],
+     "zero_optimization.zero_hpz_partition_size=\"auto\": bigtrain cannot derive this key"),
 ]
 
 

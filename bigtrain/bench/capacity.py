@@ -19,11 +19,15 @@ from typing import Callable
 
 from bigtrain.bench.cases import Case, Strategy, Workload
 from bigtrain.bench.jobs import REPO, command, ds_config_for, job_description, remove_shm_leftovers
+from bigtrain.presets import MEMORY_LEAN_ZERO3
 
 GIB = 2**30
 # Rough bytes per parameter of the whole 2-rank job, to pick the first depth to probe.
-GUESS_BYTES_PER_PARAM = {("bf16", 0): 40, ("bf16", 3): 20, ("fp32", 0): 32, ("fp32", 3): 22}
-STRATEGIES = {"ZeRO-0": Strategy(zero=0), "ZeRO-3 + offload": Strategy(zero=3, offload="all")}
+GUESS_BYTES_PER_PARAM = {("bf16", 0): 40, ("bf16", 3): 22, ("fp32", 0): 32, ("fp32", 3): 24}
+# name -> (strategy, run-config overrides); ZeRO-3 + offload with the offload presets' settings.
+STRATEGIES = {"ZeRO-0": (Strategy(zero=0), ()),
+              "ZeRO-3 + offload": (Strategy(zero=3, offload="all"),
+                                   tuple((f"zero.{k}", str(v)) for k, v in MEMORY_LEAN_ZERO3.items()))}
 
 
 @dataclass(frozen=True)
@@ -98,10 +102,11 @@ def watch_job(cmd: list[str], env: dict, log_path: Path, budget: int, done_marke
     return outcome, peak, time.perf_counter() - start
 
 
-def probe(plan: CapacityPlan, name: str, strategy: Strategy, n_layer: int, workdir: Path, env: dict) -> dict:
+def probe(plan: CapacityPlan, name: str, strategy: Strategy, n_layer: int, workdir: Path, env: dict,
+          sets: tuple[tuple[str, str], ...] = ()) -> dict:
     """One real job at depth `n_layer`; {'fits': bool, 'peak_bytes', 'outcome', ...}."""
     from bigtrain.distributed import free_port
-    case = Case(plan.workload(n_layer), strategy, steps=plan.steps, group="capacity")
+    case = Case(plan.workload(n_layer), strategy, steps=plan.steps, group="capacity", sets=sets)
     out = Path(workdir) / f"capacity-{case.slug}"
     out.mkdir(parents=True, exist_ok=True)
     ds_config = ds_config_for(case, 2)
@@ -146,11 +151,11 @@ def search_capacity(plan: CapacityPlan, workdir: Path, env: dict, log: Callable[
     """Largest depth per strategy, every probe, and the parameter ratio of the last strategy over the first."""
     probes: list[dict] = []
     found: dict[str, dict] = {}
-    for name, strategy in plan.strategies.items():
+    for name, (strategy, sets) in plan.strategies.items():
         mine: dict[int, dict] = {}
 
-        def fits(n: int, name: str = name, strategy: Strategy = strategy, mine: dict = mine) -> bool:
-            result = probe(plan, name, strategy, n, workdir, env)
+        def fits(n: int, name: str = name, strategy: Strategy = strategy, sets: tuple = sets, mine: dict = mine) -> bool:
+            result = probe(plan, name, strategy, n, workdir, env, sets)
             mine[n] = result
             probes.append(result)
             log(f"capacity {name} n_layer={n} ({result['num_params'] / 1e6:.0f}M): {result['outcome']}, "
@@ -165,7 +170,8 @@ def search_capacity(plan: CapacityPlan, workdir: Path, env: dict, log: Callable[
     return {"budget_bytes": plan.budget_bytes, "ranks": 2, "precision": plan.precision,
             "micro_batch": plan.micro_batch, "seq_len": plan.seq_len, "steps": plan.steps,
             "shape_rule": f"n_layer x {plan.n_embd} (n_head {plan.n_head}, vocab 50257)",
-            "strategies": found, "ratio": ratio, "probes": probes}
+            "strategies": found, "ratio": ratio, "probes": probes,
+            "settings": {name: dict(sets) for name, (_, sets) in plan.strategies.items() if sets}}
 
 
 def default_budget(requested_gib: float | None = None, reserve_gib: float = 1.5) -> int:

@@ -91,6 +91,7 @@ class Case:
     group: str = "sweep"  # which table it belongs to: sweep | ratio | efficiency | settings
     setting: str = ""  # a named change to the ranks' environment (settings group), e.g. "no core binding"
     env: tuple[tuple[str, str], ...] = ()  # that change: variables set for this job only
+    sets: tuple[tuple[str, str], ...] = ()  # run-config overrides on top of the strategy's, e.g. ZeRO-3 tuning
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
@@ -127,6 +128,7 @@ class Case:
             sets.update({"data.image_size": w.image_size, "data.num_classes": w.num_classes})
         for key, value in w.model_overrides().items():
             sets[f"model.overrides.{key}"] = _yaml(value)
+        sets.update(self.sets)
         return [f"{k}={v}" for k, v in sets.items()]
 
 

@@ -120,6 +120,8 @@ def capacity_section(result: dict) -> str:
     elif result.get("ratio"):
         lines += ["", f"**Ratio of parameters, ZeRO-3 + offload over ZeRO-0: {result['ratio']:.2f}** "
                       f"(target >= 1.8)."]
+    for name, sets in (result.get("settings") or {}).items():
+        lines += ["", f"{name} ran with " + ", ".join(f"`{k}={v}`" for k, v in sets.items()) + "."]
     lines += ["", "Probes, in order: " + "; ".join(f"{p['strategy']} {p['label']}: {p['outcome']}"
                                                    for p in result["probes"])]
     return "\n".join(lines)
