@@ -172,22 +172,19 @@ def shutdown() -> None:
         torch.distributed.destroy_process_group()
 
 
-def all_reduce_max_flag(flag: bool, device: torch.device | str) -> bool:
-    """True on every rank if it is True on any (e.g. one rank got SIGTERM)."""
-    if not torch.distributed.is_initialized():
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
-def all_reduce_mean_tensor(value: torch.Tensor) -> float:
-    """Mean of a scalar tensor over all ranks, in fp64; the one host sync of a training step."""
-    t = value.to(torch.float64)
+def reduce_step(loss: torch.Tensor, stop_requested: bool) -> tuple[float, bool]:
+    """The one collective and host sync of a training step: `loss` (a scalar on the device)
+    averaged over all ranks, and whether any rank was asked to stop (one got SIGTERM, say)."""
+    t = torch.zeros(2, dtype=torch.float64, device=loss.device)
+    t[0] = loss.detach()  # device to device: no sync until the all-reduce's result is read
+    if stop_requested:
+        t[1] = 1.0
+    world = 1
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(t)
-        t /= torch.distributed.get_world_size()
-    return t.item()
+        world = torch.distributed.get_world_size()
+    loss_sum, stops = t.tolist()
+    return loss_sum / world, stops > 0
 
 
 def all_reduce_mean(values: list[float], device: torch.device | str, group=None) -> list[float]:

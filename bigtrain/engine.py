@@ -8,7 +8,7 @@ import deepspeed
 import torch
 from deepspeed.accelerator import get_accelerator
 
-from bigtrain.distributed import all_reduce_mean, all_reduce_mean_tensor
+from bigtrain.distributed import all_reduce_mean
 from bigtrain.models.spec import ModelSpec
 from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
 
@@ -72,11 +72,13 @@ class Engine:
 
     # -- steps ---------------------------------------------------------------------------------
 
-    def train_step(self, batches: Iterator[dict]) -> float:
-        """One optimizer step over `grad_accum` micro-batches; the loss averaged over all data-parallel ranks."""
-        self.ds.train()
-        if self.is_pipeline:
-            return float(self.ds.train_batch(self._pipe_iter(batches)).item())
+    def train_step(self, batches: Iterator[dict]) -> torch.Tensor:
+        """One optimizer step over `grad_accum` micro-batches. Returns this rank's mean loss as a
+        scalar on the device, not yet read (`distributed.reduce_step` averages it over the ranks)."""
+        if not self.ds.module.training:  # module.train() walks every submodule: only after eval
+            self.ds.train()
+        if self.is_pipeline:  # train_batch already averages over data-parallel ranks, on every stage
+            return self.ds.train_batch(self._pipe_iter(batches))
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for _ in range(self.grad_accum):
             inputs, labels = self._inputs(next(batches))
@@ -84,7 +86,7 @@ class Engine:
             self.ds.backward(loss)
             self.ds.step()
             total += loss.detach()  # stays on the device: no host sync per micro-batch
-        return all_reduce_mean_tensor(total / self.grad_accum)
+        return total / self.grad_accum
 
     @torch.no_grad()
     def eval_loss(self, batches: list[dict]) -> float:

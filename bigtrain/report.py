@@ -44,7 +44,8 @@ class Reporter:
             self.bar.tty = False  # plain log lines every interval instead of a redrawn bar
         self.started = time.perf_counter()
 
-    def step_started(self) -> None:
+    def clock_restart(self) -> None:
+        """Start the step clock (again): before the first step, and after eval or a checkpoint."""
         self.meter.start()
 
     def on_step(self, step: int, loss: float, lr: float) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bigtrain import checkpoint
-from bigtrain.distributed import World, all_reduce_max_flag
+from bigtrain.distributed import World, reduce_step
 from bigtrain.engine import Engine
 
 log = logging.getLogger("bigtrain")
@@ -54,16 +54,19 @@ def train_loop(engine: Engine, world: World, settings: LoopSettings, train_batch
     stop = StopFlag()
     result = LoopResult(start_step, [], [], "")
     step = start_step
+    # The step clock runs from one step's end to the next, like a hand-written loop's: everything
+    # the loop does between steps (stop flag, logging) counts; eval and checkpoints restart it.
+    reporter.clock_restart()
     while step < settings.steps:
-        reporter.step_started()
-        loss = engine.train_step(train_batches)
+        loss, stop_now = reduce_step(engine.train_step(train_batches), stop.requested)
         step += 1
         reporter.on_step(step, loss, engine.lr())
         result.losses.append(loss)
         last = step == settings.steps
-        if (settings.eval_interval and step % settings.eval_interval == 0) or last:
+        eval_due = (settings.eval_interval and step % settings.eval_interval == 0) or last
+        evaluated = eval_due and settings.eval_batches > 0
+        if evaluated:
             _evaluate(engine, eval_batches, settings.eval_batches, step, reporter, result)
-        stop_now = all_reduce_max_flag(stop.requested, engine.device)
         if settings.stop_after is not None and step >= settings.stop_after and not last:
             stop_now, stop.signal_name = True, stop.signal_name or "stop_after"
         periodic = settings.ckpt_interval and step % settings.ckpt_interval == 0
@@ -77,6 +80,8 @@ def train_loop(engine: Engine, world: World, settings: LoopSettings, train_batch
             if world.is_main:
                 log.warning("stopped at step %d (%s); resume with --resume", step, result.stopped_by)
             break
+        if evaluated or periodic:
+            reporter.clock_restart()
     result.last_step = step
     return result
 

@@ -15,6 +15,7 @@ from bigtrain.bench.capacity import search_depth
 from bigtrain.bench.cases import Case, Strategy, Workload
 from bigtrain.bench.doc import replace_section
 from bigtrain.bench.rows import check_rows, make_row, ratios
+from bigtrain.bench.table import ratio_table
 from bigtrain.bench.timers import step_split
 
 DS_LOG = """[Rank 0] time (ms) | fwd_microstep: 10.00 | bwd_microstep: 20.00 | step_microstep: 5.00
@@ -80,6 +81,18 @@ def test_rows_compute_mfu_against_both_peaks_and_ratios_from_medians():
     (rec,) = ratios(rows)
     assert rec["ratio"] == pytest.approx(11.0 / 10.75) and rec["vs_ddp"] == pytest.approx(11.0 / 8.0)
     assert check_rows(rows, PEAKS) == []
+
+
+def test_loop_overhead_is_the_step_time_outside_deepspeeds_timed_phases():
+    split = {"forward": 100.0, "backward": 250.0, "step": 40.0}
+    rows = [make_row(_result("bigtrain", 10.0, step_s_median=0.4, split_ms=split), PEAKS),
+            make_row(_result("bigtrain", 10.0, step_s_median=0.394, split_ms=split), PEAKS),
+            make_row(_result("deepspeed", 10.0, step_s_median=0.392, split_ms=split), PEAKS),
+            make_row(_result("ddp", 8.0), PEAKS)]  # no DeepSpeed timers: no loop figure
+    assert rows[0]["loop_ms"] == pytest.approx(10.0) and rows[3]["loop_ms"] is None
+    (rec,) = ratios(rows)
+    assert rec["loop_ms_bigtrain"] == pytest.approx(7.0) and rec["loop_ms_deepspeed"] == pytest.approx(2.0)
+    assert "| 7.0 vs 2.0 |" in ratio_table([rec])
 
 
 def test_check_rows_names_every_insane_number():

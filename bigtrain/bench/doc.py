@@ -67,12 +67,16 @@ def conditions(meta: dict) -> str:
     return "\n".join(lines)
 
 
+LOOP_NOTE = ("*Loop ms/step* is the median step time less DeepSpeed's timed forward, backward and step: "
+             "what each runner's loop costs around the engine (data, loss, host syncs, logging).")
+
+
 def gpu_section(rows: list[dict], ratio_records: list[dict], meta: dict) -> str:
     """The regenerated `gpu` section (`bigtrain bench --gpu`): conditions, ratios, every job."""
     return "\n\n".join([
         "### Conditions", conditions(meta),
         "### bigtrain against hand-written DeepSpeed (same model, data, batch, DeepSpeed config)",
-        "Rates are medians over the steps after a 2-step warm-up.", ratio_table(ratio_records),
+        "Rates are medians over the steps after a 2-step warm-up. " + LOOP_NOTE, ratio_table(ratio_records),
         "### Every job", "MFU counts the model's FLOPs only, against the bf16 peak measured above; peak "
         "memory is the GPU's (torch's max allocated).", jobs_table(rows, memory_label="peak GPU memory/rank", fp32_mfu=False)])
 
@@ -82,7 +86,7 @@ def sweep_section(rows: list[dict], ratio_records: list[dict], meta: dict, image
     parts = ["### Conditions", conditions(meta),
              "### bigtrain against the baselines (same model, data, batch, DeepSpeed config, environment)",
              "Rates are medians over the steps after a 2-step warm-up; each bigtrain job ran next to its "
-             "baseline (alternating order) to share the machine's state.", ratio_table(ratio_records)]
+             "baseline (alternating order) to share the machine's state. " + LOOP_NOTE, ratio_table(ratio_records)]
     if any(r.get("group") == "efficiency" for r in rows):
         parts += ["### Efficiency runs", efficiency_table(rows)]
     if any(r.get("group") == "settings" for r in rows):

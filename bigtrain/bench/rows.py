@@ -29,7 +29,16 @@ def make_row(result: dict, peaks: dict) -> dict[str, Any]:
         peak_rss_bytes=max(result["peak_rss_per_rank"]),
         split_ms=result.get("split_ms") or {}, final_loss=result["losses"][-1] if result["losses"] else None,
     )
+    row["loop_ms"] = loop_overhead_ms(row["step_s"], row["split_ms"])
     return row
+
+
+def loop_overhead_ms(step_s: float, split_ms: dict) -> float | None:
+    """Median step time less DeepSpeed's timed forward, backward and step: what the loop around
+    the engine costs (data, loss, logging, host syncs). None without the split (pipelines)."""
+    if not all(k in split_ms for k in ("forward", "backward", "step")):
+        return None
+    return 1e3 * step_s - sum(split_ms[k] for k in ("forward", "backward", "step"))
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -46,12 +55,20 @@ def ratios(rows: list[dict]) -> list[dict]:
         if runner != "bigtrain" or not ds:
             continue
         mine, theirs = statistics.median(values), statistics.median(ds)
+        loop = {name: _median_loop_ms(rows, workload, strategy, name) for name in ("bigtrain", "deepspeed")}
         records.append({"workload": workload, "strategy": strategy, "bigtrain": mine, "deepspeed": theirs,
+                        "loop_ms_bigtrain": loop["bigtrain"], "loop_ms_deepspeed": loop["deepspeed"],
                         "ratio": mine / theirs, "jobs": len(values) + len(ds), "ddp": ddp.get(workload),
                         "vs_ddp": mine / ddp[workload] if workload in ddp else None,
                         "tokens_per_sample": next(r["tokens_per_sample"] for r in rows
                                                   if r.get("ok") and r["workload"] == workload)})
     return records
+
+
+def _median_loop_ms(rows: list[dict], workload: str, strategy: str, runner: str) -> float | None:
+    values = [r["loop_ms"] for r in rows if r.get("ok") and r.get("loop_ms") is not None and
+              (r["workload"], r["strategy"], r["runner"]) == (workload, strategy, runner)]
+    return statistics.median(values) if values else None
 
 
 def check_rows(rows: list[dict], peaks: dict) -> list[str]:

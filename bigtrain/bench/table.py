@@ -52,7 +52,7 @@ def jobs_table(rows: list[dict], memory_label: str = "peak RSS/rank", fp32_mfu: 
 def ratio_table(records: list[dict]) -> str:
     """bigtrain / hand-written DeepSpeed (target >= 0.98) and bigtrain / DDP, from rows.ratios()."""
     header = ["workload", "strategy", "bigtrain", "hand-written DeepSpeed", "bigtrain / DeepSpeed",
-              "DDP", "bigtrain / DDP"]
+              "loop ms/step, bigtrain vs DeepSpeed", "DDP", "bigtrain / DDP"]
     body = []
     for rec in records:
         scale = rec["tokens_per_sample"] or 1
@@ -60,9 +60,15 @@ def ratio_table(records: list[dict]) -> str:
         verdict = "ok" if rec["ratio"] >= RATIO_TARGET else f"below {RATIO_TARGET}"
         body.append([rec["workload"], rec["strategy"], f"{human_count(rec['bigtrain'] * scale)} {unit}",
                      f"{human_count(rec['deepspeed'] * scale)} {unit}", f"**{rec['ratio']:.3f}** ({verdict})",
+                     _loop(rec),
                      f"{human_count(rec['ddp'] * scale)} {unit}" if rec["ddp"] else "-",
                      f"{rec['vs_ddp']:.2f}" if rec["vs_ddp"] else "-"])
     return markdown_table(header, body)
+
+
+def _loop(rec: dict) -> str:
+    mine, theirs = rec.get("loop_ms_bigtrain"), rec.get("loop_ms_deepspeed")
+    return "-" if mine is None or theirs is None else f"{mine:.1f} vs {theirs:.1f}"
 
 
 def efficiency_table(rows: list[dict]) -> str:
