@@ -138,8 +138,9 @@ def test_gpu_plan_pairs_gpt2_small_and_medium_with_deepspeed_one_rank_per_gpu(tm
     from bigtrain.bench.cli import publish
     from bigtrain.bench.peak import sizes_for
     from bigtrain.bench.sweep import gpu_plan
-    plan = gpu_plan(num_gpus=1)
+    plan = gpu_plan(num_gpus=1, repeats=1)
     assert (plan.mode, plan.ranks, len(plan.cases)) == ("gpu", 1, 8)
+    assert len(gpu_plan(num_gpus=1).cases) == 16  # two pairs per configuration by default
     assert {(c.workload.size, c.strategy.zero, c.runner) for c in plan.cases} == {
         (size, zero, runner) for size in ("small", "medium") for zero in (1, 2) for runner in ("bigtrain", "deepspeed")}
     assert all(c.workload.seq_len == 1024 and c.workload.precision == "bf16" for c in plan.cases)

@@ -1,9 +1,9 @@
 """`bigtrain bench`: run a sweep (or the capacity search) and write the tables and plots.
 
     bigtrain bench --short                     # CI: tiny sizes, ~1 min, checks the numbers are sane
-    bigtrain bench                             # full sweep (~20 min): docs/benchmarks.md + docs/img/*.png
+    bigtrain bench                             # full sweep (~45 min): docs/benchmarks.md + docs/img/*.png
     bigtrain bench --capacity                  # largest GPT-2 per strategy (~30 min): its own section
-    bigtrain bench --gpu                       # GPT-2 small/medium, ZeRO-1/2, one rank per GPU (~6 min)
+    bigtrain bench --gpu                       # GPT-2 small/medium, ZeRO-1/2, one rank per GPU (~12 min)
     bigtrain bench --from-json docs/benchmarks.json   # rewrite the page from saved results
 """
 from __future__ import annotations
@@ -45,9 +45,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bigtrain.bench.sweep import full_plan, gpu_plan, run_plan, save_results, short_plan
     if args.gpu:
         import torch
-        plan = gpu_plan(torch.cuda.device_count() if torch.cuda.is_available() else 0, repeats=args.repeats)
+        repeats = {"repeats": args.repeats} if args.repeats else {}
+        plan = gpu_plan(torch.cuda.device_count() if torch.cuda.is_available() else 0, **repeats)
     else:
-        plan = short_plan() if args.short else full_plan(repeats=args.repeats)
+        plan = short_plan() if args.short else full_plan(**({"repeats": args.repeats} if args.repeats else {}))
     _log(f"bigtrain bench --{plan.mode}: {len(plan.cases)} jobs (+ the peak measurement), at most "
          f"{args.max_minutes:.0f} min; logs under {workdir}")
     report = run_plan(plan, workdir, args.max_minutes, log=_log)
@@ -91,7 +92,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                                                 "--short: WORKDIR/benchmarks.md)")
     p.add_argument("--img-dir", default=None, help="where the PNGs go (default next to the page, in img/)")
     p.add_argument("--workdir", default="runs/bench", help="job outputs and logs")
-    p.add_argument("--repeats", type=int, default=1, help="full sweep: bigtrain/DeepSpeed pairs per ZeRO stage")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="bigtrain/DeepSpeed pairs per ZeRO stage (default: 6 for the CPU sweep, 2 with --gpu)")
     p.add_argument("--max-minutes", type=float, default=25.0, help="skip the remaining jobs after this long")
     p.add_argument("--budget-gib", type=float, default=None,
                    help="capacity: memory budget of the whole job (default: what is free now, less 1.5 GiB)")

@@ -32,6 +32,7 @@ class Plan:
     mode: str
     cases: list[Case] = field(default_factory=list)
     ranks: int = 2  # ranks per job: 2 on a CPU host, one per GPU on a GPU host
+    repeats: int = 1  # bigtrain / DeepSpeed pairs per ZeRO stage
 
 
 def ratio_pairs(w: Workload, stages: tuple[int, ...], steps: int, repeats: int = 1) -> list[Case]:
@@ -63,7 +64,11 @@ RESNET = Workload("resnet18-32px", "resnet", "18", {"cifar_stem": True}, image_s
                   precision="fp32")
 
 
-def full_plan(repeats: int = 1) -> Plan:
+FULL_REPEATS = 6  # job-to-job noise on a shared 2-core VM is +-5%: one pair per stage says little
+GPU_REPEATS = 2
+
+
+def full_plan(repeats: int = FULL_REPEATS) -> Plan:
     w = SWEEP_GPT2
     cases = [*ratio_pairs(w, (0, 1, 2, 3), RATIO_STEPS, repeats), Case(w, Z[1], "ddp", RATIO_STEPS, "ratio")]
     for strategy in (Strategy(1, checkpointing=True), Strategy(2, "optimizer"), Strategy(3, "all"),
@@ -74,7 +79,7 @@ def full_plan(repeats: int = 1) -> Plan:
         cases.append(Case(workload, Z[stage], "bigtrain", SWEEP_STEPS, "efficiency"))
     for strategy in (Z[0], Z[1], Z[3], Strategy(1, checkpointing=True), Strategy(1, pipeline=2)):
         cases.append(Case(RESNET, strategy, "bigtrain", SWEEP_STEPS, "sweep"))
-    return Plan("full", cases + settings_cases(EFFICIENCY_GPT2, Z[1]))
+    return Plan("full", cases + settings_cases(EFFICIENCY_GPT2, Z[1]), repeats=repeats)
 
 
 # GPT-2 small and medium as they are trained: GPT-2's vocabulary, 1024 tokens, bf16.
@@ -83,12 +88,12 @@ GPU_WORKLOADS = (Workload("gpt2-small", "gpt2", "small", {}, seq_len=1024, micro
 GPU_STEPS = 40  # steps take ~0.1-0.3 s on one H100: 38 measured after the warm-up
 
 
-def gpu_plan(num_gpus: int, repeats: int = 1) -> Plan:
+def gpu_plan(num_gpus: int, repeats: int = GPU_REPEATS) -> Plan:
     """GPT-2 small and medium at ZeRO-1 and ZeRO-2, each next to the hand-written DeepSpeed loop, one rank per GPU."""
     if num_gpus < 1:
         raise ValueError("bigtrain bench --gpu needs a GPU: torch sees none here (run the CPU sweep without --gpu)")
     cases = [case for w in GPU_WORKLOADS for case in ratio_pairs(w, (1, 2), GPU_STEPS, repeats)]
-    return Plan("gpu", cases, ranks=num_gpus)
+    return Plan("gpu", cases, ranks=num_gpus, repeats=repeats)
 
 
 # What each of bigtrain's CPU defaults is worth: the efficiency job with one of them undone.
@@ -165,9 +170,13 @@ def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str],
     first = peaks["per_rank"][0]
     meta = {"mode": plan.mode, "host": host_facts(), "load": load.summary(), "peaks": peaks, "ranks": plan.ranks,
             "device": first.get("device", "cpu"), "peak_sizes": first.get("sizes", [1024, 2048]),
-            "minutes": (time.perf_counter() - start) / 60, "command": f"bigtrain bench --{plan.mode}",
+            "minutes": (time.perf_counter() - start) / 60, "command": _command(plan),
             "env_summary": env_summary(launch.env, first.get("device", "cpu"))}
     return {"meta": meta, "results": results, "rows": rows, "ratios": ratios(rows), "problems": check_rows(rows, peaks)}
+
+
+def _command(plan: Plan) -> str:
+    return f"bigtrain bench --{plan.mode}" + ("" if plan.mode == "short" else f" --repeats {plan.repeats}")
 
 
 def env_summary(env: dict, device: str = "cpu") -> str:
