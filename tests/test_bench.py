@@ -79,7 +79,10 @@ def test_rows_compute_mfu_against_both_peaks_and_ratios_from_medians():
     assert row["mfu_fp32"] == pytest.approx(0.01 / (0.1 * 2))
     assert (row["model_state_bytes"], row["peak_rss_bytes"], row["tokens_per_s"]) == (12, 100, 640.0)
     (rec,) = ratios(rows)
-    assert rec["ratio"] == pytest.approx(11.0 / 10.75) and rec["vs_ddp"] == pytest.approx(11.0 / 8.0)
+    assert rec["ratio_of_medians"] == pytest.approx(11.0 / 10.75) and rec["vs_ddp"] == pytest.approx(11.0 / 8.0)
+    # k-th job against k-th job (the third bigtrain job has no partner), then the median
+    assert rec["pair_ratios"] == pytest.approx([1.0, 12.0 / 11.5])
+    assert rec["ratio"] == pytest.approx((1.0 + 12.0 / 11.5) / 2)
     assert check_rows(rows, PEAKS) == []
 
 
@@ -92,7 +95,7 @@ def test_loop_overhead_is_the_step_time_outside_deepspeeds_timed_phases():
     assert rows[0]["loop_ms"] == pytest.approx(10.0) and rows[3]["loop_ms"] is None
     (rec,) = ratios(rows)
     assert rec["loop_ms_bigtrain"] == pytest.approx(7.0) and rec["loop_ms_deepspeed"] == pytest.approx(2.0)
-    assert "| 7.0 vs 2.0 |" in ratio_table([rec])
+    assert "| 7.0 vs 2.0 |" in ratio_table([rec]) and "| 1.000 |" in ratio_table([rec])
 
 
 def test_check_rows_names_every_insane_number():

@@ -36,7 +36,9 @@ def publish(report: dict, page: Path, img_dir: Path) -> list[Path]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.from_json:
+        from bigtrain.bench.rows import ratios
         report = json.loads(Path(args.from_json).read_text())
+        report["ratios"] = ratios(report["rows"])  # with today's statistics
         publish(report, Path(args.page or DOCS / "benchmarks.md"), Path(args.img_dir or DOCS / "img"))
         return 0
     workdir = Path(args.workdir)
