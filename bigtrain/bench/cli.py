@@ -96,7 +96,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", default="runs/bench", help="job outputs and logs")
     p.add_argument("--repeats", type=int, default=None,
                    help="bigtrain/DeepSpeed pairs per ZeRO stage (default: 6 for the CPU sweep, 2 with --gpu)")
-    p.add_argument("--max-minutes", type=float, default=25.0, help="skip the remaining jobs after this long")
+    p.add_argument("--max-minutes", type=float, default=120.0,
+                   help="skip the remaining jobs after this long (a safety valve: --full takes ~45 min on 2 cores)")
     p.add_argument("--budget-gib", type=float, default=None,
                    help="capacity: memory budget of the whole job (default: what is free now, less 1.5 GiB)")
     p.add_argument("--capacity-precision", choices=("bf16", "fp32"), default="bf16", help="capacity: precision")

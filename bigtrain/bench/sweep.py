@@ -1,7 +1,7 @@
 """The sweeps: which jobs run, in which order, and what comes out of them.
 
 `short` (CI, ~1 min): tiny GPT-2 and ResNet, a few steps, bigtrain against both baselines.
-`full` (~20 min on 2 cores): a GPT-2 workload at ZeRO 0-3, each stage run next to the
+`full` (~45 min on 2 cores with 6 pairs per stage): a GPT-2 workload at ZeRO 0-3, each stage run next to the
 hand-written DeepSpeed loop (alternating which goes first, so drift hits both alike), the DDP
 loop, offload / activation checkpointing / pipeline variants, the efficiency runs at the
 largest GPT-2 that runs comfortably, and ResNet-18.
