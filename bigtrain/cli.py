@@ -9,11 +9,11 @@ import argparse
 import json
 import sys
 
-from bigtrain.ds_lint import LintError
+from bigtrain.ds.lint import LintError
 
 
 def cmd_configs(args: argparse.Namespace) -> int:
-    from bigtrain.ds_files import stale_files, write_files
+    from bigtrain.ds.files import stale_files, write_files
     if args.check:
         stale = stale_files(args.out, args.world_size)
         if stale:
@@ -27,8 +27,8 @@ def cmd_configs(args: argparse.Namespace) -> int:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from bigtrain.config_io import load_run_config
-    from bigtrain.ds_resolve import resolve_ds_file
+    from bigtrain.config.load import load_run_config
+    from bigtrain.ds.resolve import resolve_ds_file
     run = load_run_config(args.config, args.set)
     resolved = resolve_ds_file(args.file, run, args.world_size, args.pipeline_stages)
     for note in resolved.notes:
@@ -61,11 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_lint)
 
     from bigtrain.bench.cli import add_bench_parser
-    from bigtrain.estimate import add_estimate_parser
+    from bigtrain.estimate.cli import add_estimate_parser
     from bigtrain.export import add_export_parser
     from bigtrain.models.cli import add_models_parser
-    from bigtrain.preflight import add_preflight_parser
-    from bigtrain.train_cli import add_train_parser
+    from bigtrain.launch.preflight import add_preflight_parser
+    from bigtrain.launch.train import add_train_parser
     for register in (add_train_parser, add_estimate_parser, add_export_parser, add_models_parser,
                      add_preflight_parser, add_bench_parser):
         register(sub)

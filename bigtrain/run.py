@@ -16,8 +16,8 @@ if __package__ in (None, ""):
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
-from bigtrain.config import RunConfig  # noqa: E402
-from bigtrain.config_io import load_run_config  # noqa: E402
+from bigtrain.config.run_config import RunConfig  # noqa: E402
+from bigtrain.config.load import load_run_config  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"bigtrain: {err}", file=sys.stderr)
         return 2
-    from bigtrain.job import run_job
+    from bigtrain.train.job import run_job
     return run_job(run, ds_config_path=args.deepspeed_config, resume=args.resume, stop_after=args.stop_after)
 
 

@@ -38,7 +38,7 @@ def test_step_split_takes_medians_of_global_timers_after_warmup():
 
 def test_case_overrides_make_a_valid_run_config_and_the_same_ds_config_for_every_runner():
     from bigtrain.bench.jobs import ds_config_for, job_description
-    from bigtrain.config_io import load_run_config
+    from bigtrain.config.load import load_run_config
     case = Case(TINY, Strategy(zero=3, offload="all", checkpointing=True), "bigtrain", steps=5)
     run = load_run_config(None, case.run_overrides())
     assert (run.zero.stage, run.offload.param, run.activation_checkpointing.enabled) == (3, "cpu", True)
@@ -187,7 +187,7 @@ def _in_child(code: str, **env: str) -> str:
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) != os.cpu_count()
                     or os.cpu_count() < 2, reason="needs an unrestricted affinity over >= 2 cores")
 def test_each_rank_binds_itself_to_its_share_of_the_cores():
-    code = ("import os, threading, torch; from bigtrain.distributed import bind_to_cores; "
+    code = ("import os, threading, torch; from bigtrain.distributed.world import bind_to_cores; "
             "t = threading.Thread(target=lambda: __import__('time').sleep(2)); t.start(); "
             "mine = bind_to_cores(1, 2); tid = t.native_id; "
             "print(mine, sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(tid)), torch.get_num_threads())")
@@ -198,23 +198,23 @@ def test_each_rank_binds_itself_to_its_share_of_the_cores():
 
 
 def test_runner_env_and_ranks_keep_freed_memory():
-    from bigtrain.train_cli import MALLOC_TUNABLES, thread_env
+    from bigtrain.launch.train import MALLOC_TUNABLES, thread_env
     assert thread_env(2)["GLIBC_TUNABLES"] == MALLOC_TUNABLES if "GLIBC_TUNABLES" not in os.environ else True
-    assert _in_child("from bigtrain.distributed import keep_freed_memory; print(keep_freed_memory())",
+    assert _in_child("from bigtrain.distributed.world import keep_freed_memory; print(keep_freed_memory())",
                      GLIBC_TUNABLES="") == "True"
-    assert _in_child("from bigtrain.distributed import keep_freed_memory; print(keep_freed_memory())",
+    assert _in_child("from bigtrain.distributed.world import keep_freed_memory; print(keep_freed_memory())",
                      GLIBC_TUNABLES=MALLOC_TUNABLES) == "False"  # the environment already did it
 
 
 def test_jobs_that_offload_give_freed_memory_back():
-    from bigtrain.job import offloads_to_host
-    from bigtrain.train_cli import MALLOC_TUNABLES
+    from bigtrain.train.job import offloads_to_host
+    from bigtrain.launch.train import MALLOC_TUNABLES
     assert offloads_to_host({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})
     assert not offloads_to_host({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}})
     assert not offloads_to_host({})
     script = """
 import psutil, torch
-from bigtrain.distributed import return_freed_memory
+from bigtrain.distributed.world import return_freed_memory
 rss = lambda: psutil.Process().memory_info().rss
 def cycle():
     t = torch.ones(64 * 2**20 // 4)

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from bigtrain.batch import rescale_for_world, solve_batch
-from bigtrain.config import RunConfig
-from bigtrain.config_io import load_run_config, to_dict
+from bigtrain.ds.batch import rescale_for_world, solve_batch
+from bigtrain.config.run_config import RunConfig
+from bigtrain.config.load import load_run_config, to_dict
 
 
 def test_defaults_are_the_demo_run():

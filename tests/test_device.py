@@ -1,7 +1,7 @@
 """Facts about the accelerator environment that bigtrain repairs or decides from."""
 import pytest
 
-from bigtrain.device import deepspeed_arch_list, fix_cuda_arch_list
+from bigtrain.distributed.device import deepspeed_arch_list, fix_cuda_arch_list
 
 
 @pytest.mark.parametrize("value, fixed", [
@@ -16,7 +16,7 @@ def test_arch_suffixes_deepspeed_cannot_parse_are_dropped(value, fixed):
 
 
 def test_the_launcher_environment_and_a_rank_get_a_readable_arch_list(monkeypatch):
-    from bigtrain.train_cli import thread_env
+    from bigtrain.launch.train import thread_env
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
     assert thread_env(1)["TORCH_CUDA_ARCH_LIST"] == "9.0"
     env = {"TORCH_CUDA_ARCH_LIST": "9.0a"}
@@ -25,8 +25,8 @@ def test_the_launcher_environment_and_a_rank_get_a_readable_arch_list(monkeypatc
 
 
 def test_only_bigtrain_s_own_value_errors_read_as_a_users_mistake():
-    from bigtrain.ds_lint import LintError
-    from bigtrain.job import users_mistake
+    from bigtrain.ds.lint import LintError
+    from bigtrain.train.job import users_mistake
     from bigtrain.models import build
 
     def caught(fn):

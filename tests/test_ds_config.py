@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from bigtrain.config import (ActivationCheckpointConfig, BatchConfig, OffloadConfig, PipelineConfig, RunConfig,
+from bigtrain.config.run_config import (ActivationCheckpointConfig, BatchConfig, OffloadConfig, PipelineConfig, RunConfig,
                              ZeroConfig)
-from bigtrain.config_io import load_run_config
-from bigtrain.ds_config import build_ds_config
-from bigtrain.ds_files import render_files, stale_files
-from bigtrain.ds_lint import DeviceCaps, semantic_problems, unknown_keys, validate_with_deepspeed
-from bigtrain.ds_resolve import absorb
+from bigtrain.config.load import load_run_config
+from bigtrain.ds.generate import build_ds_config
+from bigtrain.ds.files import render_files, stale_files
+from bigtrain.ds.lint import DeviceCaps, semantic_problems, unknown_keys, validate_with_deepspeed
+from bigtrain.ds.resolve import absorb
 
 REPO = Path(__file__).resolve().parents[1]
 GPU = DeviceCaps("cuda", fp16=True, bf16=True)

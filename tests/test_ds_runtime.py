@@ -3,8 +3,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from bigtrain.config import RunConfig
-from bigtrain.ds_runtime import fit_to_device
+from bigtrain.config.run_config import RunConfig
+from bigtrain.ds.runtime import fit_to_device
 
 ZERO1 = json.loads((Path(__file__).resolve().parents[1] / "ds_configs" / "zero1.json").read_text())
 ZERO2_OFFLOAD = json.loads((Path(__file__).resolve().parents[1] / "ds_configs" / "zero2_offload.json").read_text())

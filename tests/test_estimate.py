@@ -9,9 +9,9 @@ import subprocess
 import pytest
 import torch
 
-from bigtrain.estimate import (ModelShape, Setup, all_setups, estimate, fits, model_state_terms, parse_memory,
+from bigtrain.estimate.memory_model import (ModelShape, Setup, all_setups, estimate, fits, model_state_terms, parse_memory,
                                recommend, setup_from_run, speed_rank, transformer_activations)
-from bigtrain.estimate_cli import measure_activations, shape_from_spec
+from bigtrain.estimate.cli import measure_activations, shape_from_spec
 from bigtrain.models import build
 from launch import REPO, deepspeed_cmd, rank_env
 
@@ -120,7 +120,7 @@ def test_recommendation_is_the_fastest_setup_that_fits():
 
 
 def test_setup_from_run_config():
-    from bigtrain.config import ActivationCheckpointConfig, BatchConfig, OffloadConfig, RunConfig, ZeroConfig
+    from bigtrain.config.run_config import ActivationCheckpointConfig, BatchConfig, OffloadConfig, RunConfig, ZeroConfig
     run = RunConfig(batch=BatchConfig(global_batch=64, micro_batch=2), zero=ZeroConfig(stage=3),
                     offload=OffloadConfig(optimizer="cpu"), activation_checkpointing=ActivationCheckpointConfig(True))
     s = setup_from_run(run, world_size=16, gpus_per_node=8)
@@ -133,7 +133,7 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
     import argparse
     import sys
 
-    from bigtrain.estimate import add_estimate_parser
+    from bigtrain.estimate.cli import add_estimate_parser
     parser = argparse.ArgumentParser(prog="bigtrain")
     add_estimate_parser(parser.add_subparsers(dest="command", required=True))
     parsed = parser.parse_args(["estimate", *args])

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bigtrain import checkpoint
+from bigtrain.checkpoint import store as checkpoint
 from launch import REPO, TINY, deepspeed_cmd, free_port, rank_env, run_train, summary
 
 RANKS_LINE = re.compile(r"ranks: 0 pid (\d+) on (\S+), 1 pid (\d+) on (\S+)")

@@ -6,9 +6,9 @@ import sys
 import pytest
 
 from bigtrain.cli import main
-from bigtrain.config import RunConfig
-from bigtrain.ds_lint import DeviceCaps
-from bigtrain.ds_resolve import resolve_ds_dict
+from bigtrain.config.run_config import RunConfig
+from bigtrain.ds.lint import DeviceCaps
+from bigtrain.ds.resolve import resolve_ds_dict
 
 GOOD = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "bf16": {"enabled": True},

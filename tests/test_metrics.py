@@ -156,7 +156,7 @@ def test_progress_bar_redraws_one_line_on_a_tty():
 
 
 def test_metrics_logger_writes_csv_and_tensorboard(one_rank_group, tmp_path):
-    from bigtrain.ds_config import monitor_sections
+    from bigtrain.ds.generate import monitor_sections
     logger = MetricsLogger(monitor_sections(str(tmp_path), "job", tensorboard=True, csv=True))
     for step in (1, 2, 3):
         logger.log(step, {"loss": 4.0 - step, "tokens_per_s": 1000.0 * step, "mfu": None})

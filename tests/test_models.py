@@ -242,7 +242,7 @@ def test_models_package_never_imports_deepspeed():
 
 
 def test_gpt2_vocab_multiple_pads_the_output_layer_and_samples_skip_the_padding(tmp_path: pathlib.Path):
-    from bigtrain.sample import generate_sample
+    from bigtrain.train.sample import generate_sample
     spec = build("gpt2", "tiny", vocab_size=250, vocab_multiple=64)
     plain = build("gpt2", "tiny", vocab_size=250)
     assert spec.config.vocab_size == 256 and spec.num_params == plain.num_params + 6 * spec.config.n_embd

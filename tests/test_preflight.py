@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from bigtrain.config_io import load_run_config
-from bigtrain.estimate import estimate, setup_from_run
-from bigtrain.estimate_cli import shape_from_spec
+from bigtrain.config.load import load_run_config
+from bigtrain.estimate.memory_model import estimate, setup_from_run
+from bigtrain.estimate.cli import shape_from_spec
 from bigtrain.models import build
-from bigtrain.preflight import (HostEntry, PreflightError, add_preflight_parser, check_host, check_hosts,
+from bigtrain.launch.preflight import (HostEntry, PreflightError, add_preflight_parser, check_host, check_hosts,
                                 estimate_overrides, read_hostfile, run_preflight, world_size)
 from launch import REPO
 

@@ -118,7 +118,7 @@ def test_zero0_checkpoint_at_zero2_fails_with_the_fix(runs):
 
 
 def test_conversion_happens_once_and_is_redone_for_a_rewritten_checkpoint(runs, tmp_path):
-    from bigtrain.universal import convert_to_universal
+    from bigtrain.checkpoint.universal import convert_to_universal
 
     root, _ = runs
     ckpt = tmp_path / "checkpoints"
@@ -156,7 +156,7 @@ def test_conversion_happens_once_and_is_redone_for_a_rewritten_checkpoint(runs, 
     ((2, 1, 1), (2, 1, 2), "pipeline checkpoints only at the shape"),
 ])
 def test_which_shape_changes_need_or_refuse_a_conversion(saved, current, expected):
-    from bigtrain.universal import Shape, needs_universal
+    from bigtrain.checkpoint.universal import Shape, needs_universal
 
     if isinstance(expected, bool):
         assert needs_universal(Shape(*saved), Shape(*current), Path("ckpt/step_000005")) is expected
@@ -166,7 +166,7 @@ def test_which_shape_changes_need_or_refuse_a_conversion(saved, current, expecte
 
 
 def test_shape_reads_the_checkpoint_marker_and_the_job_config():
-    from bigtrain.universal import Shape, universal_ds_config
+    from bigtrain.checkpoint.universal import Shape, universal_ds_config
 
     state = {"world_size": 2, "pipeline_stages": 1, "ds_config": {"zero_optimization": {"stage": 2}}}
     assert Shape.of_checkpoint(state) == Shape(2, 2, 1, "none")

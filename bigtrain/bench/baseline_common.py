@@ -22,7 +22,7 @@ def same_rank_setup() -> None:
     """The core binding and malloc settings bigtrain's ranks give themselves (before the process group)."""
     from deepspeed.accelerator import get_accelerator
 
-    from bigtrain.distributed import tune_cpu_rank
+    from bigtrain.distributed.world import tune_cpu_rank
     if get_accelerator().device_name() == "cpu":
         tune_cpu_rank()
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 from bigtrain.bench.cases import Case, Strategy, Workload
 from bigtrain.bench.jobs import REPO, command, ds_config_for, job_description, remove_shm_leftovers
-from bigtrain.presets import MEMORY_LEAN_ZERO3
+from bigtrain.config.presets import MEMORY_LEAN_ZERO3
 
 GIB = 2**30
 # Rough bytes per parameter of the whole 2-rank job, to pick the first depth to probe.
@@ -105,7 +105,7 @@ def watch_job(cmd: list[str], env: dict, log_path: Path, budget: int, done_marke
 def probe(plan: CapacityPlan, name: str, strategy: Strategy, n_layer: int, workdir: Path, env: dict,
           sets: tuple[tuple[str, str], ...] = ()) -> dict:
     """One real job at depth `n_layer`; {'fits': bool, 'peak_bytes', 'outcome', ...}."""
-    from bigtrain.distributed import free_port
+    from bigtrain.distributed.world import free_port
     case = Case(plan.workload(n_layer), strategy, steps=plan.steps, group="capacity", sets=sets)
     out = Path(workdir) / f"capacity-{case.slug}"
     out.mkdir(parents=True, exist_ok=True)

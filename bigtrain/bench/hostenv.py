@@ -10,7 +10,7 @@ import platform
 import time
 from pathlib import Path
 
-from bigtrain.train_cli import thread_env
+from bigtrain.launch.train import thread_env
 
 HF_OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 

@@ -40,9 +40,9 @@ def deepspeed_bin() -> str:
 
 def ds_config_for(case: Case, num_ranks: int) -> dict:
     """The DeepSpeed dict bigtrain would generate for this case, monitors left out, DeepSpeed's timers on."""
-    from bigtrain.config_io import load_run_config
-    from bigtrain.ds_config import build_ds_config
-    from bigtrain.ds_runtime import fit_to_device
+    from bigtrain.config.load import load_run_config
+    from bigtrain.ds.generate import build_ds_config
+    from bigtrain.ds.runtime import fit_to_device
     run = load_run_config(None, case.run_overrides())
     config = fit_to_device(build_ds_config(run, num_ranks), run, "unused", device_name=_device_name())
     for key in MONITOR_KEYS:
@@ -82,7 +82,7 @@ def command(case: Case, out: Path, ds_path: Path, job_path: Path, port: int, num
 
 def run_case(case: Case, workdir: Path, launch: Launch, peak_tflops: float | None = None) -> dict:
     """Run `case` under `workdir/<slug>`; returns the normalized result (ok=False with the log tail on failure)."""
-    from bigtrain.distributed import free_port
+    from bigtrain.distributed.world import free_port
     out = Path(workdir) / case.slug
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

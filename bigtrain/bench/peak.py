@@ -28,7 +28,7 @@ def measure(seconds: float) -> dict[str, float]:
     import torch
     from deepspeed.accelerator import get_accelerator
 
-    from bigtrain.distributed import barrier
+    from bigtrain.distributed.world import barrier
     from bigtrain.metrics import measure_peak_tflops
     device_name = get_accelerator().device_name()
     best = {}
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=1.0, help="timing window per dtype and size")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from bigtrain.distributed import init_distributed, shutdown
+    from bigtrain.distributed.world import init_distributed, shutdown
     world = init_distributed()
     result = {"rank": world.rank, "affinity": sorted(os.sched_getaffinity(0)), **measure(args.seconds)}
     Path(args.out).mkdir(parents=True, exist_ok=True)

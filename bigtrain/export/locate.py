@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from bigtrain.checkpoint import MARKER, TAG_RE, check_complete, find_resumable, tag_for
+from bigtrain.checkpoint.store import MARKER, TAG_RE, check_complete, find_resumable, tag_for
 
 WHERE = "give a run's --out directory, its checkpoints/ directory, or one step_NNNNNN directory"
 

@@ -1,5 +1,5 @@
 """Run by tests/test_equivalence.py and tests/test_reshape_resume.py through the deepspeed
-launcher: several runner jobs (`bigtrain.job.train`, what `bigtrain/run.py` calls) one after
+launcher: several runner jobs (`bigtrain.train.job.train`, what `bigtrain/run.py` calls) one after
 another in one launch, because on a 2-core CPU the launcher's start-up, imports and process
 group set-up cost ~20 s while a tiny model's 10 steps take ~1 s.
 
@@ -35,9 +35,9 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-import bigtrain.engine  # noqa: E402
-from bigtrain.distributed import World, barrier, init_distributed, shutdown  # noqa: E402
-from bigtrain.job import setup_logging, train  # noqa: E402
+import bigtrain.train.engine  # noqa: E402
+from bigtrain.distributed.world import World, barrier, init_distributed, shutdown  # noqa: E402
+from bigtrain.train.job import setup_logging, train  # noqa: E402
 from bigtrain.parallel.pipeline import load_pipeline_state  # noqa: E402
 from bigtrain.run import build_parser, run_config_from_args  # noqa: E402
 
@@ -53,7 +53,7 @@ def pipeline_from_plain_init() -> Iterator[None]:
     `Engine` would build it (the pipeline path does not touch the global stream), under
     fork_rng so the run's stream stays as the plain run leaves it, and loaded into the stages.
     """
-    original = bigtrain.engine.to_pipeline_module
+    original = bigtrain.train.engine.to_pipeline_module
 
     def build(spec, *args, **kwargs):
         with torch.random.fork_rng(devices=[]):
@@ -62,11 +62,11 @@ def pipeline_from_plain_init() -> Iterator[None]:
         load_pipeline_state(pipe, spec, plain_state)
         return pipe
 
-    bigtrain.engine.to_pipeline_module = build
+    bigtrain.train.engine.to_pipeline_module = build
     try:
         yield
     finally:
-        bigtrain.engine.to_pipeline_module = original
+        bigtrain.train.engine.to_pipeline_module = original
 
 
 @contextmanager

@@ -4,7 +4,7 @@
 
 Rebuilds the engine exactly as bigtrain/job.py does (spec from bigtrain.json's model_build,
 its ds_config, EngineOptions from its run_config), loads the checkpoint with
-`bigtrain.checkpoint.load`, and computes logits on a fixed input: the engine forward on
+`bigtrain.checkpoint.store.load`, and computes logits on a fixed input: the engine forward on
 every rank (ZeRO-3 gathers the shards), or `eval_batch(return_logits=True)` through the
 pipeline (the last stage holds them). Saves {"input_ids", "logits", "fresh_logits" (before
 the load), "pipeline"} to OUT.pt. Several checkpoints in one launch save the start-up time.
@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from bigtrain import checkpoint, models  # noqa: E402
-from bigtrain.distributed import init_distributed, shutdown  # noqa: E402
-from bigtrain.engine import Engine, EngineOptions  # noqa: E402
+from bigtrain.distributed.world import init_distributed, shutdown  # noqa: E402
+from bigtrain.train.engine import Engine, EngineOptions  # noqa: E402
 
 MONITORS = ("csv_monitor", "tensorboard", "wandb", "comet")  # keep the run's own logs untouched
 

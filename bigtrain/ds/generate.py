@@ -1,8 +1,8 @@
 """Run config + world size -> the DeepSpeed config dict. Pure: no I/O, no device queries."""
 from __future__ import annotations
 
-from bigtrain.batch import BatchTriple, data_parallel_size, solve_batch
-from bigtrain.config import (ActivationCheckpointConfig, OffloadConfig, OptimizerConfig, RunConfig,
+from bigtrain.ds.batch import BatchTriple, data_parallel_size, solve_batch
+from bigtrain.config.run_config import (ActivationCheckpointConfig, OffloadConfig, OptimizerConfig, RunConfig,
                              ScheduleConfig, ZeroConfig)
 
 # DeepSpeed's optimizer type names, by our config name.

@@ -8,7 +8,7 @@ import deepspeed
 import torch
 from deepspeed.accelerator import get_accelerator
 
-from bigtrain.distributed import all_reduce_mean
+from bigtrain.distributed.world import all_reduce_mean
 from bigtrain.models.spec import ModelSpec
 from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
 

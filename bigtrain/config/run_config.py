@@ -1,14 +1,14 @@
 """The typed run config: the single place a setting lives.
 
 Every field is documented in its `doc` metadata; `bigtrain configs --explain` and error
-messages read it. The DeepSpeed JSON is derived from this object (`bigtrain.ds_config`).
+messages read it. The DeepSpeed JSON is derived from this object (`bigtrain.ds.generate`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-from bigtrain.config_fields import doc
+from bigtrain.config.fields import doc
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]

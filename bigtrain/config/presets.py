@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from bigtrain.config import (ActivationCheckpointConfig, BatchConfig, OffloadConfig, PipelineConfig, RunConfig,
+from bigtrain.config.run_config import (ActivationCheckpointConfig, BatchConfig, OffloadConfig, PipelineConfig, RunConfig,
                              ZeroConfig)
 
 REFERENCE_WORLD_SIZE = 8

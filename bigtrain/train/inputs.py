@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from bigtrain.config import DataConfig, ModelConfig
+from bigtrain.config.run_config import DataConfig, ModelConfig
 from bigtrain.data import DataBundle, ResumableSampler, batches, build_data, iter_eval_batches
-from bigtrain.distributed import World, barrier
+from bigtrain.distributed.world import World, barrier
 
 MODALITY = {"gpt2": "text", "encoder": "classify", "resnet": "image"}
 

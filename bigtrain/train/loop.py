@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bigtrain import checkpoint
-from bigtrain.distributed import World, reduce_step
-from bigtrain.engine import Engine
+from bigtrain.checkpoint import store as checkpoint
+from bigtrain.distributed.world import World, reduce_step
+from bigtrain.train.engine import Engine
 
 log = logging.getLogger("bigtrain")
 

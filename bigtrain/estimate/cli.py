@@ -4,7 +4,7 @@
 
 The model's shape comes from `bigtrain.models.build`; its parameter list from building it
 on the meta device (no memory, no weights). Transformer activations use the formula in
-`bigtrain.estimate`; other families' activations are counted from the tensors a meta-device
+`bigtrain.estimate.memory_model`; other families' activations are counted from the tensors a meta-device
 forward saves for backward.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import yaml
 
-from bigtrain.estimate import (PRECISIONS, ActivationCount, MemoryEstimate, ModelShape, Setup, all_setups, estimate,
+from bigtrain.estimate.memory_model import (PRECISIONS, ActivationCount, MemoryEstimate, ModelShape, Setup, all_setups, estimate,
                                fits, parse_memory, recommend)
 from bigtrain.models.spec import ModelSpec
 

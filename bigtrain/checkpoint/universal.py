@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bigtrain import checkpoint
-from bigtrain.distributed import World
+from bigtrain.checkpoint import store as checkpoint
+from bigtrain.distributed.world import World
 
 log = logging.getLogger("bigtrain")
 SUFFIX = "_universal"

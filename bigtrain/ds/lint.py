@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bigtrain.config_io import unknown_key_message
-from bigtrain.ds_schema import (DICT_SECTIONS, TOP_LEVEL, model_keys, optimizer_param_keys, pydantic_sections,
+from bigtrain.config.load import unknown_key_message
+from bigtrain.ds.schema import (DICT_SECTIONS, TOP_LEVEL, model_keys, optimizer_param_keys, pydantic_sections,
                                 scheduler_param_keys)
 
 NO_CPU_KERNEL = {"lamb", "onebitadam", "zerooneadam", "onebitlamb"}

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bigtrain.distributed import barrier
+from bigtrain.distributed.world import barrier
 
 log = logging.getLogger("bigtrain")
 MARKER = "bigtrain.json"
@@ -146,7 +146,7 @@ def _prune(ckpt_dir: Path, keep_last: int) -> None:
     for tag in tags:
         if tag not in keep and _step_of(tag) < oldest_kept:
             shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
-            # its conversion for a resume at another shape (bigtrain.universal), if one was made
+            # its conversion for a resume at another shape (bigtrain.checkpoint.universal), if one was made
             shutil.rmtree(ckpt_dir / f"{tag}_universal", ignore_errors=True)
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from bigtrain.config import RunConfig
-from bigtrain.distributed import World
+from bigtrain.config.run_config import RunConfig
+from bigtrain.distributed.world import World
 from bigtrain.metrics import (MetricsLogger, ProgressBar, ThroughputMeter, achieved_tflops, measure_peak_tflops,
                               memory_per_rank_bytes, memory_report, mfu, peak_memory)
 from bigtrain.models.spec import ModelSpec

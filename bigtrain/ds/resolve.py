@@ -11,11 +11,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bigtrain.batch import BatchTriple, data_parallel_size, rescale_for_world, solve_batch
-from bigtrain.config import (ActivationCheckpointConfig, BatchConfig, OffloadConfig, OptimizerConfig, PipelineConfig,
+from bigtrain.ds.batch import BatchTriple, data_parallel_size, rescale_for_world, solve_batch
+from bigtrain.config.run_config import (ActivationCheckpointConfig, BatchConfig, OffloadConfig, OptimizerConfig, PipelineConfig,
                              RunConfig)
-from bigtrain.ds_config import OPTIMIZER_TYPES, build_ds_config
-from bigtrain.ds_lint import (BATCH_KEYS, DeviceCaps, LintError, read_ds_json, semantic_problems, unknown_keys,
+from bigtrain.ds.generate import OPTIMIZER_TYPES, build_ds_config
+from bigtrain.ds.lint import (BATCH_KEYS, DeviceCaps, LintError, read_ds_json, semantic_problems, unknown_keys,
                               validate_with_deepspeed)
 
 
@@ -63,7 +63,7 @@ def resolve_auto(user: dict, run: RunConfig, world_size: int | None, pipeline_st
     opt = run.optimizer
     precision = run.precision
     if precision == "auto":
-        from bigtrain.device import default_precision
+        from bigtrain.distributed.device import default_precision
         precision = default_precision()
     values = {
         ("gradient_clipping",): opt.grad_clip,

@@ -4,8 +4,8 @@ from __future__ import annotations
 import copy
 import logging
 
-from bigtrain.config import RunConfig
-from bigtrain.ds_config import monitor_sections
+from bigtrain.config.run_config import RunConfig
+from bigtrain.ds.generate import monitor_sections
 
 log = logging.getLogger("bigtrain")
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bigtrain.config import RunConfig
-    from bigtrain.ds_lint import DeviceCaps
+    from bigtrain.config.run_config import RunConfig
+    from bigtrain.ds.lint import DeviceCaps
 
 LAUNCHERS = ("pdsh", "ssh", "no_ssh")
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -140,7 +140,7 @@ def check_host(entry: HostEntry, timeout: float = 5.0) -> str | None:
 
 def batch_report(run: RunConfig, world: int, ds_path: str | None, device: DeviceCaps) -> tuple[list[str], RunConfig]:
     """The lines describing the resolved batch triple, and the resolved run config (raises LintError)."""
-    from bigtrain.ds_resolve import generated_or_user
+    from bigtrain.ds.resolve import generated_or_user
     resolved = generated_or_user(run, world, ds_path, device=device)
     ds = resolved.ds_config
     stages = resolved.run.pipeline.stages
@@ -174,8 +174,8 @@ def estimate_overrides(run: RunConfig) -> dict:
 def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int | None,
                   headroom: float = 0.1) -> tuple[list[str], list[str]]:
     """(lines, problems): the estimated peak per rank, and a problem if it does not fit `gpu_mem`."""
-    from bigtrain.estimate import estimate, fits, setup_from_run
-    from bigtrain.estimate_cli import shape_from_spec
+    from bigtrain.estimate.memory_model import estimate, fits, setup_from_run
+    from bigtrain.estimate.cli import shape_from_spec
     from bigtrain.models import build
     if run.model.pretrained:
         return ["memory: not estimated for a pretrained model directory (use `bigtrain estimate`)"], []
@@ -200,7 +200,7 @@ def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int |
 
 def device_caps(name: str) -> DeviceCaps:
     """What the nodes' accelerator supports, for the lint: this machine's, or a named kind."""
-    from bigtrain.ds_lint import DeviceCaps
+    from bigtrain.ds.lint import DeviceCaps
     here = DeviceCaps.detect()
     if name == "auto" or name == here.name:
         return here
@@ -209,9 +209,9 @@ def device_caps(name: str) -> DeviceCaps:
 
 def preflight(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(report lines, problems) for the parsed `bigtrain preflight` arguments."""
-    from bigtrain.config_io import load_run_config
-    from bigtrain.ds_lint import LintError
-    from bigtrain.estimate import parse_memory
+    from bigtrain.config.load import load_run_config
+    from bigtrain.ds.lint import LintError
+    from bigtrain.estimate.memory_model import parse_memory
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         return [], [f"--gpus-per-node {args.gpus_per_node}: must be >= 1"]
     try:
@@ -280,7 +280,7 @@ def add_preflight_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m bigtrain.preflight ...`, the same as `bigtrain preflight ...` (used by the slurm script)."""
+    """`python -m bigtrain.launch.preflight ...`, the same as `bigtrain preflight ...` (used by the slurm script)."""
     parser = argparse.ArgumentParser(prog="bigtrain")
     add_preflight_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["preflight", *(sys.argv[1:] if argv is None else argv)])

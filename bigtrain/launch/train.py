@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-RUN_SCRIPT = Path(__file__).resolve().parent / "run.py"
+RUN_SCRIPT = Path(__file__).resolve().parents[1] / "run.py"
 # glibc malloc for CPU ranks: never mmap/munmap large blocks, never trim the heap (docs/benchmarks.md).
 MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
 
@@ -49,7 +49,7 @@ def thread_env(num_ranks: int) -> dict:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(num_ranks, 1)))
     env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from bigtrain.device import fix_cuda_arch_list
+    from bigtrain.distributed.device import fix_cuda_arch_list
     fix_cuda_arch_list(env)  # the ranks would otherwise fail building DeepSpeed's FusedAdam
     return env
 

@@ -11,22 +11,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bigtrain import checkpoint, models
-from bigtrain.config import RunConfig
-from bigtrain.config_io import to_dict
-from bigtrain.device import default_precision, fix_cuda_arch_list
-from bigtrain.distributed import PeerWatch, World, init_distributed, return_freed_memory, shutdown
-from bigtrain.ds_lint import LintError
-from bigtrain.ds_resolve import generated_or_user
-from bigtrain.ds_runtime import fit_to_device
-from bigtrain.engine import Engine, EngineOptions
-from bigtrain.inputs import TrainingData, build_training_data, model_overrides
-from bigtrain.report import Reporter
-from bigtrain.trainer import LoopSettings, train_loop
-from bigtrain.universal import ResumePlan, Shape, plan_resume, restore_rng, universal_ds_config
+from bigtrain.checkpoint import store as checkpoint
+
+from bigtrain import models
+from bigtrain.config.run_config import RunConfig
+from bigtrain.config.load import to_dict
+from bigtrain.distributed.device import default_precision, fix_cuda_arch_list
+from bigtrain.distributed.world import PeerWatch, World, init_distributed, return_freed_memory, shutdown
+from bigtrain.ds.lint import LintError
+from bigtrain.ds.resolve import generated_or_user
+from bigtrain.ds.runtime import fit_to_device
+from bigtrain.train.engine import Engine, EngineOptions
+from bigtrain.train.inputs import TrainingData, build_training_data, model_overrides
+from bigtrain.train.report import Reporter
+from bigtrain.train.loop import LoopSettings, train_loop
+from bigtrain.checkpoint.universal import ResumePlan, Shape, plan_resume, restore_rng, universal_ds_config
 
 log = logging.getLogger("bigtrain")
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = False,
@@ -135,7 +137,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         log.info("wrote %s", out / "summary.json")
     if not result.stopped_by and run.train.sample_tokens and data.tokenizer is not None:
-        from bigtrain.sample import print_sample
+        from bigtrain.train.sample import print_sample
         print_sample(engine, data.tokenizer, run.train.sample_tokens, world)
     return summary
 

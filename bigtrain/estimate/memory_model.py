@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from bigtrain.config import RunConfig, ZeroConfig
+from bigtrain.config.run_config import RunConfig, ZeroConfig
 
 _ZERO = ZeroConfig()  # bucket defaults come from the run config, the one place settings live
 PRECISIONS = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -139,7 +139,7 @@ def activations_per_sample(shape: ModelShape, bytes_per_value: int) -> Activatio
         return shape.measured[bytes_per_value]
     if shape.n_layer and shape.hidden:
         return transformer_activations(shape, bytes_per_value)
-    raise ValueError(f"no activation model for {shape.family}: measure it (bigtrain.estimate_cli.measure_activations)")
+    raise ValueError(f"no activation model for {shape.family}: measure it (bigtrain.estimate.cli.measure_activations)")
 
 
 @dataclass(frozen=True)
@@ -184,10 +184,10 @@ class Setup:
 
 def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int) -> Setup:
     """The Setup a run config trains with at `world_size` ranks (pipeline stages not modelled)."""
-    from bigtrain.ds_config import batch_triple
+    from bigtrain.ds.generate import batch_triple
     triple = batch_triple(run, world_size)
     z = run.zero
-    # The estimate is for accelerator memory, where `precision: auto` means bf16 (bigtrain.device).
+    # The estimate is for accelerator memory, where `precision: auto` means bf16 (bigtrain.distributed.device).
     precision = "bf16" if run.precision == "auto" else run.precision
     return Setup(world_size=triple.dp_size, gpus_per_node=gpus_per_node, zero_stage=z.stage,
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
@@ -319,10 +319,4 @@ def recommend(estimates: list[MemoryEstimate], gpu_mem: float, cpu_mem: float | 
     """The fastest configuration that fits, or None."""
     fitting = [e for e in estimates if fits(e, gpu_mem, cpu_mem, headroom)]
     return min(fitting, key=lambda e: speed_rank(e.setup)) if fitting else None
-
-
-def add_estimate_parser(subparsers) -> None:  # noqa: ANN001 (argparse's private subparsers type)
-    """Register `bigtrain estimate` (implemented in bigtrain.estimate_cli)."""
-    from bigtrain.estimate_cli import add_estimate_parser as register
-    register(subparsers)
 

@@ -8,7 +8,7 @@ from typing import Any
 import deepspeed
 import torch
 
-from bigtrain.distributed import World, barrier
+from bigtrain.distributed.world import World, barrier
 
 log = logging.getLogger("bigtrain")
 PROMPT = "The "

@@ -1,0 +1,1 @@
+"""Starting jobs: `bigtrain train` around the deepspeed launcher (`train`), `bigtrain preflight` (`preflight`)."""
