@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -10,6 +11,7 @@ from typing import Any, Callable, Iterator
 from bigtrain.checkpoint import store as checkpoint
 from bigtrain.distributed.world import World, reduce_step
 from bigtrain.train.engine import Engine
+from bigtrain.train.report import notify
 
 log = logging.getLogger("bigtrain")
 
@@ -31,6 +33,8 @@ class StopFlag:
     def __init__(self) -> None:
         self.requested = False
         self.signal_name = ""
+        if threading.current_thread() is not threading.main_thread():
+            return  # a Ray Train/Tune worker runs the job in a thread, where Python cannot take signals
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handler)
 
@@ -75,6 +79,7 @@ def train_loop(engine: Engine, world: World, settings: LoopSettings, train_batch
                                    settings.keep_last)
             if world.is_main:
                 log.info("saved checkpoint %s", path)
+            notify("checkpoint", step, {"path": str(path)})
         if stop_now:
             result.stopped_by = stop.signal_name or "signal on another rank"
             if world.is_main:

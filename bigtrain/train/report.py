@@ -6,7 +6,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -18,6 +18,21 @@ from bigtrain.models.spec import ModelSpec
 
 log = logging.getLogger("bigtrain")
 PRECISION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+Listener = Callable[[str, int, dict], None]
+_listeners: list[Listener] = []
+
+
+def add_listener(listener: Listener) -> Callable[[], None]:
+    """Also send the run's events to `listener(event, step, values)`: "log" (the metrics of a log
+    step), "eval" ({"val_loss", "val_ppl"}) and "checkpoint" ({"path"}), on every rank at the same
+    steps. How Ray Train and Ray Tune hear of a run (launch/ray_train.py); returns the remover."""
+    _listeners.append(listener)
+    return lambda: _listeners.remove(listener)
+
+
+def notify(event: str, step: int, values: dict) -> None:
+    for listener in list(_listeners):
+        listener(event, step, values)
 
 
 class Reporter:
@@ -56,6 +71,7 @@ class Reporter:
             return
         metrics = self._window_metrics(loss, lr)
         self.monitor.log(step, metrics)
+        notify("log", step, metrics)
         if self.world.is_main:
             self.bar.update(step, loss=loss, lr=lr, tokens_per_s=metrics.get("tokens_per_s"),
                             samples_per_s=metrics["samples_per_s"], tflops=metrics["tflops"], mfu=metrics["mfu"],
@@ -65,6 +81,7 @@ class Reporter:
         self.val_losses.append((step, val_loss))
         ppl = math.exp(val_loss) if val_loss < 50 else float("inf")
         self.monitor.log(step, {"val_loss": val_loss, "val_ppl": ppl})
+        notify("eval", step, {"val_loss": val_loss, "val_ppl": ppl})
         if self.world.is_main:
             self.bar.write(f"eval step {step}: val loss {val_loss:.4f} | ppl {ppl:.2f}")
 
