@@ -1,4 +1,4 @@
-"""`bigtrain <verb>`: configs | lint | train | estimate | export | bench | preflight.
+"""`bigtrain <verb>`: configs | lint | train | estimate | export | bench | preflight | prepare.
 
 Each verb lives in its own module; this file only wires argparse to them. A user's mistake
 ends with one line on stderr and exit code 2, never a stack trace.
@@ -61,13 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_lint)
 
     from bigtrain.bench.cli import add_bench_parser
+    from bigtrain.data.prepare.cli import add_prepare_parser
     from bigtrain.estimate.cli import add_estimate_parser
     from bigtrain.export import add_export_parser
     from bigtrain.models.cli import add_models_parser
     from bigtrain.launch.preflight import add_preflight_parser
     from bigtrain.launch.train import add_train_parser
     for register in (add_train_parser, add_estimate_parser, add_export_parser, add_models_parser,
-                     add_preflight_parser, add_bench_parser):
+                     add_preflight_parser, add_bench_parser, add_prepare_parser):
         register(sub)
     return parser
 

@@ -1,17 +1,35 @@
-"""Data for bigtrain: text (datasets + tokenizer), classification, images, synthetic.
+"""Data for bigtrain: text (prepared token shards + tokenizer), classification, images, synthetic.
 
     bundle = build_data("builtin", "text", seq_len=256, tokenizer_dir=out / "tokenizer",
                         cache_dir=out / "data_cache", is_writer=rank == 0, barrier=dist.barrier)
-    sampler = ResumableSampler(len(bundle.train), dp_rank, dp_size, seed)
+    sampler = bundle.make_sampler(dp_rank, dp_size, seed)
     for batch in batches(bundle.train, sampler, micro_batch): ...   # checkpoint sampler.state_dict()
-"""
-from bigtrain.data.build import MODALITIES, build_data
-from bigtrain.data.dataset import ArrayDataset, Batch, DataBundle, IndexedDataset, split_rows
-from bigtrain.data.loader import batches, eval_batch_count, iter_eval_batches
-from bigtrain.data.sampler import ResumableSampler
-from bigtrain.data.tokenizer import ensure_tokenizer, load_tokenizer
 
-__all__ = [
-    "MODALITIES", "ArrayDataset", "Batch", "DataBundle", "IndexedDataset", "ResumableSampler", "batches",
-    "build_data", "ensure_tokenizer", "eval_batch_count", "iter_eval_batches", "load_tokenizer", "split_rows",
-]
+Text goes through one path: `bigtrain.data.prepare` tokenizes a source into memory-mapped
+token shards (offline with `bigtrain prepare`, or into the run's cache on first use).
+Names are imported lazily, so a prepare worker process (which imports
+`bigtrain.data.prepare.worker`) never pays for torch.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "MODALITIES": "build", "build_data": "build",
+    "ArrayDataset": "dataset", "Batch": "dataset", "DataBundle": "dataset", "IndexedDataset": "dataset",
+    "split_rows": "dataset",
+    "batches": "loader", "eval_batch_count": "loader", "iter_eval_batches": "loader",
+    "ResumableSampler": "sampler",
+    "ensure_tokenizer": "tokenizer", "load_tokenizer": "tokenizer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'bigtrain.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"bigtrain.data.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value

@@ -10,9 +10,9 @@ import glob
 import hashlib
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import urlparse
 
 LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -30,6 +30,9 @@ class Source:
     name: str = ""  # hub dataset name
     config: str | None = None  # hub dataset config
     text: str = ""  # the string the user gave, for messages
+    split: str = "train"  # hub split (data.split)
+    revision: str | None = None  # hub revision: a branch, tag or commit (data.revision)
+    streaming: bool = False  # read the hub dataset as a stream instead of downloading it first (data.streaming)
 
 
 def parse_source(source: str, modality: str) -> Source:
@@ -77,7 +80,7 @@ def _match_files(source: str, path: Path) -> list[Path]:
 
 
 def files_fingerprint(paths: list[Path] | tuple[Path, ...], extra: str = "") -> str:
-    """Content hash of files (and their names relative to each other), for cache keys."""
+    """Content hash of files (and their names relative to each other): reads every byte."""
     digest = hashlib.sha256(extra.encode())
     for path in paths:
         digest.update(path.name.encode() + b"\0")
@@ -88,15 +91,30 @@ def files_fingerprint(paths: list[Path] | tuple[Path, ...], extra: str = "") -> 
     return digest.hexdigest()[:16]
 
 
-def source_fingerprint(src: Source) -> str:
-    """Identifies the source's content: a file hash locally, the name for a hub dataset."""
+def files_metadata_fingerprint(paths: list[Path] | tuple[Path, ...], extra: str = "") -> str:
+    """Hash of the files' absolute paths, sizes and modification times: a restart on 100 GB reads no byte.
+
+    A file rewritten in place with the same size within the filesystem's mtime resolution
+    goes unnoticed; `data.hash_content=true` hashes the content instead.
+    """
+    digest = hashlib.sha256(("meta|" + extra).encode())
+    for path in paths:
+        stat = path.stat()
+        digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+def source_fingerprint(src: Source, hash_content: bool = False) -> str:
+    """Identifies the source: file metadata (or content, on request) locally, name/split/revision on the hub."""
+    fingerprint = files_fingerprint if hash_content else files_metadata_fingerprint
     if src.kind == "files":
-        return files_fingerprint(src.files, src.loader)
+        return fingerprint(src.files, src.loader)
     if src.kind == "imagefolder":
         assert src.root is not None
-        return files_fingerprint(sorted(p for p in src.root.rglob("*") if p.is_file()), "imagefolder")
-    if src.kind == "hub":  # the hub revision is not pinned: a changed dataset needs a fresh cache dir
-        return hashlib.sha256(f"{src.name}:{src.config}".encode()).hexdigest()[:16]
+        return fingerprint(sorted(p for p in src.root.rglob("*") if p.is_file()), "imagefolder")
+    if src.kind == "hub":  # an unpinned revision may change upstream: pin data.revision, or use a fresh cache dir
+        key = f"{src.name}:{src.config}:{src.split}:{src.revision}"
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
     assert src.kind == "builtin", src.kind
     from bigtrain.data.builtin import builtin_fingerprint
     return builtin_fingerprint()
@@ -129,15 +147,38 @@ def load_records(src: Source, cache_dir: Path) -> Any:
                                      cache_dir=hf_cache, **options)
     if src.kind == "imagefolder":
         return datasets.load_dataset("imagefolder", data_dir=str(src.root), cache_dir=hf_cache)
+    return load_hub(replace(src, streaming=False))  # whole columns are needed here
+
+
+def load_hub(src: Source) -> Any:
+    """The hub dataset's split (an IterableDataset when src.streaming); one line when the hub is unreachable."""
+    import datasets
+
     assert src.kind == "hub", src.kind
     if not hub_reachable() and not datasets.config.HF_HUB_OFFLINE:
         raise ValueError(f"data.source={src.text!r} needs the Hugging Face Hub, which is unreachable from here; "
                          "use a local path, 'builtin' or 'synthetic', or set HF_HUB_OFFLINE=1 to use a copy "
                          "already in the local HF cache")
     try:
-        return datasets.load_dataset(src.name, src.config, split="train")
+        return datasets.load_dataset(src.name, src.config, split=src.split, revision=src.revision,
+                                     streaming=src.streaming)
     except Exception as e:  # the hub raises many types; the user needs the name and the cause
-        raise ValueError(f"data.source={src.text!r}: could not load hub dataset {src.name!r}: {e}") from e
+        raise ValueError(f"data.source={src.text!r}: could not load hub dataset {src.name!r} "
+                         f"(split {src.split!r}): {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+
+def hub_texts(src: Source, text_field: str) -> Iterator[str]:
+    """The documents of a hub dataset in order, one batch of rows in memory at a time (streamed or not)."""
+    records = load_hub(src)
+    names = records.column_names
+    if names is not None and text_field not in names:
+        raise ValueError(f"data.text_field={text_field!r}: the data has no such column; it has {names}. "
+                         "Set data.text_field to one of them")
+    for rows in records.iter(batch_size=1000):
+        if text_field not in rows:
+            raise ValueError(f"data.text_field={text_field!r}: the data has no such column; it has "
+                             f"{sorted(rows)}. Set data.text_field to one of them")
+        yield from (t for t in rows[text_field] if t)
 
 
 def column(records: Any, field: str, what: str) -> list:

@@ -1,0 +1,86 @@
+"""`bigtrain prepare`: tokenize a text source once into memory-mapped token shards for training.
+
+    bigtrain prepare --data 'corpus/*.jsonl' --tokenizer gpt2 --out prepared/corpus --num-proc 8
+    bigtrain train --data prepared/corpus ...        # reads the shards; no tokenization at start
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+
+def add_prepare_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prepare", help="tokenize text once into token shards that training memory-maps",
+                       description="Tokenize a text source (txt/jsonl/json/parquet files, directories, globs, "
+                                   "'builtin', hf:NAME[:CONFIG]) into uint16/uint32 token shards, a document "
+                                   "index and a manifest. Memory stays flat whatever the corpus size; a rerun "
+                                   "after an interruption keeps the finished shards.")
+    p.add_argument("--data", required=True, help="the text source (as data.source)")
+    p.add_argument("--out", required=True, help="output directory (train with --data OUT)")
+    p.add_argument("--tokenizer", help="tokenizer directory or hub name; omitted: train a byte-level BPE of "
+                                       "--vocab-size on the corpus (or reuse OUT/tokenizer)")
+    p.add_argument("--vocab-size", type=int, default=4096, help="BPE size when no --tokenizer (default 4096)")
+    p.add_argument("--num-proc", type=int, default=None, help="worker processes (default: every core)")
+    p.add_argument("--seq-len", type=int, default=None, help="report how many training blocks this gives")
+    p.add_argument("--text-field", default="text", help="text column of jsonl/json/parquet/hub data (default text)")
+    p.add_argument("--split", default="train", help="hub split (data.split, default train)")
+    p.add_argument("--revision", default=None, help="hub revision: branch, tag or commit (data.revision)")
+    p.add_argument("--streaming", action="store_true", help="stream the hub dataset instead of downloading it first")
+    p.add_argument("--hash-content", action="store_true",
+                   help="identify local files by their content (reads every byte) instead of name, size, mtime")
+    p.add_argument("--piece-mb", type=float, default=None, help=argparse.SUPPRESS)  # tests: small pieces
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_prepare)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from bigtrain.data.prepare.core import prepare, text_source
+    from bigtrain.data.prepare.store import is_prepared
+    from bigtrain.data.prepare.pieces import PIECE_BYTES
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    for name in ("vocab_size", "num_proc", "seq_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {value}: must be a positive integer")
+    src = text_source(args.data, args.split, args.revision, args.streaming)
+    out = Path(args.out)
+    tokenizer = _tokenizer(args, src, out)
+    piece_bytes = int(args.piece_mb * 1e6) if args.piece_mb else PIECE_BYTES
+    existed = is_prepared(out)
+    started = time.perf_counter()
+    corpus = prepare(src, tokenizer, out, text_field=args.text_field, num_proc=args.num_proc, seq_len=args.seq_len,
+                     hash_content=args.hash_content, piece_bytes=piece_bytes, progress=not args.quiet)
+    if existed:
+        print(f"already prepared: {corpus.describe()}")
+    else:
+        print(summary(corpus.manifest, out, time.perf_counter() - started))
+    return 0
+
+
+def _tokenizer(args: argparse.Namespace, src, out: Path):
+    from bigtrain.data.tokenizer import ensure_tokenizer, load_tokenizer
+
+    if args.tokenizer:
+        return load_tokenizer(args.tokenizer)
+    from bigtrain.data.prepare.pieces import BPE_TRAIN_BYTES, iter_documents
+    directory = ensure_tokenizer(out / "tokenizer", lambda: iter_documents(src, args.text_field, BPE_TRAIN_BYTES),
+                                 args.vocab_size)
+    return load_tokenizer(directory)
+
+
+def summary(manifest: dict, out: Path, seconds: float) -> str:
+    """One line: what was prepared, how fast, and what a run will find there."""
+    mb = manifest["source"]["bytes"] / 1e6
+    line = (f"prepared {out}: {manifest['num_docs']:,} documents, {manifest['num_tokens']:,} tokens "
+            f"({manifest['dtype']}, vocab {manifest['tokenizer']['vocab_size']}) in {len(manifest['shards'])} shards "
+            f"from {mb:,.1f} MB")
+    if manifest.get("resumed_shards"):
+        line += f"; kept {manifest['resumed_shards']} shards from an interrupted run"
+    line += f"; {seconds:.1f} s, {mb / max(seconds, 1e-9):.2f} MB/s with {manifest['num_proc']} processes"
+    if manifest.get("blocks") is not None:
+        line += f"; {manifest['blocks']:,} blocks of seq_len {manifest['seq_len']} (+1 target)"
+    return line

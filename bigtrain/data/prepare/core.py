@@ -1,0 +1,238 @@
+"""`prepare`: a text source -> token shards + document index + manifest, in bounded memory, resumable.
+
+The main process plans pieces (see pieces.py), skips those whose shard is finished, and
+hands the rest to a pool of worker processes that each read, tokenize and write one piece
+at a time (worker.py); at most a few pieces are in flight, so memory stays flat however
+large the corpus. The manifest is written last, atomically: until it exists the output is
+not a prepared corpus, and a rerun (after a kill -9, say) keeps every finished shard.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from bigtrain.data.prepare.pieces import PIECE_BYTES, Piece, plan, write_spool
+from bigtrain.data.prepare.pool import WorkerPool
+from bigtrain.data.prepare.progress import Progress
+from bigtrain.data.prepare.store import FORMAT, MANIFEST, PreparedCorpus
+from bigtrain.data.prepare.worker import process_piece, setup, shard_paths, token_dtype, write_json_atomic
+from bigtrain.data.sources import Source, parse_source, source_fingerprint
+
+log = logging.getLogger("bigtrain")
+PLAN = "plan.json"
+
+
+def default_num_proc() -> int:
+    """Worker processes by default: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def text_source(source: str | Source, split: str = "train", revision: str | None = None,
+                streaming: bool = False) -> Source:
+    """A source string (or Source) that prepare can read, with the hub options applied."""
+    src = parse_source(source, "text") if isinstance(source, str) else source
+    if src.kind not in ("builtin", "files", "hub"):
+        raise ValueError(f"data.source={src.text!r}: only text sources (files, 'builtin', 'hf:NAME') can be "
+                         "prepared into token shards")
+    return replace(src, split=split, revision=revision, streaming=streaming) if src.kind == "hub" else src
+
+
+def identity(src: Source, tokenizer: Any, text_field: str, hash_content: bool) -> dict:
+    """What a prepared directory was made from; the same identity means the same shards."""
+    from bigtrain.data.tokenizer import tokenizer_fingerprint
+    field = "text" if (src.kind == "files" and src.loader == "text") or src.kind == "builtin" else text_field
+    return {"format": FORMAT, "source": source_fingerprint(src, hash_content), "text_field": field,
+            "tokenizer": tokenizer_fingerprint(tokenizer)}
+
+
+def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field: str = "text",
+            num_proc: int | None = None, seq_len: int | None = None, hash_content: bool = False,
+            piece_bytes: int = PIECE_BYTES, progress: bool = True) -> PreparedCorpus:
+    """Tokenize `source` into `out` (or reuse / finish what is there); returns the prepared corpus.
+
+    `tokenizer` is a transformers tokenizer; it is saved into out/tokenizer. `num_proc` worker
+    processes (default: every core) tokenize in parallel, one thread each. `seq_len` only
+    makes the summary report how many training blocks the corpus gives.
+    """
+    from bigtrain.data.tokenizer import eos_id
+
+    src = text_source(source) if isinstance(source, str) else source
+    out = Path(out).expanduser()
+    ident = identity(src, tokenizer, text_field, hash_content)
+    num_proc = num_proc or default_num_proc()
+    if num_proc < 1:
+        raise ValueError(f"--num-proc {num_proc}: must be >= 1")
+    out.mkdir(parents=True, exist_ok=True)
+    with _locked(out):
+        if _finished(out, ident, src):
+            return PreparedCorpus(out)
+        _start_or_resume(out, ident)
+        _save_tokenizer(tokenizer, out / "tokenizer")
+        job = _Job(src, ident, out, token_dtype(len(tokenizer)).name, eos_id(tokenizer), num_proc, piece_bytes)
+        started = time.perf_counter()
+        shards = job.run(progress)
+        _write_manifest(out, src, ident, tokenizer, job, shards, seq_len, time.perf_counter() - started)
+        shutil.rmtree(out / "spool", ignore_errors=True)
+    return PreparedCorpus(out)
+
+
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    with open(out / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"another `bigtrain prepare` is writing {out}; wait for it, or give another --out") from None
+        yield
+
+
+def _finished(out: Path, ident: dict, src: Source) -> bool:
+    """True when out holds this corpus already; ValueError when it holds another one."""
+    if not (out / MANIFEST).is_file():
+        return False
+    made_from = PreparedCorpus(out).manifest["identity"]
+    if made_from == ident:
+        return True
+    changed = [k for k in ident if ident[k] != made_from.get(k)]
+    raise ValueError(f"{out} holds a corpus prepared with a different {' and '.join(changed)} than this one "
+                     f"({src.text!r}); give a new --out, or delete {out} to prepare it again")
+
+
+def _start_or_resume(out: Path, ident: dict) -> None:
+    """Keep the finished shards of an interrupted prepare of the same corpus; otherwise start clean."""
+    shard_dir = out / "shards"
+    plan_path = out / PLAN
+    previous = _read_json(plan_path)
+    if previous != ident:
+        if shard_dir.exists() and any(shard_dir.iterdir()):
+            log.info("prepare: %s holds shards of another source or tokenizer; starting over", out)
+        shutil.rmtree(shard_dir, ignore_errors=True)
+        shutil.rmtree(out / "spool", ignore_errors=True)
+        write_json_atomic(plan_path, ident)
+    shard_dir.mkdir(exist_ok=True)
+    for stale in [*shard_dir.glob(".*.tmp-*"), *(out / "spool").glob("*.tmp")]:
+        stale.unlink(missing_ok=True)  # half-written files of a killed run
+
+
+def _read_json(path: Path) -> Any:
+    import json
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _save_tokenizer(tokenizer: Any, directory: Path) -> None:
+    from bigtrain.data.tokenizer import has_tokenizer
+    if has_tokenizer(directory):
+        shutil.rmtree(directory)  # the plan check above made sure it is this identity's, or stale
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.save_pretrained(str(tmp))
+    os.replace(tmp, directory)
+
+
+class _Job:
+    """One prepare run: plan, skip finished pieces, tokenize the rest in a pool (or here, when small)."""
+
+    def __init__(self, src: Source, ident: dict, out: Path, dtype: str, eos: int, num_proc: int, piece_bytes: int):
+        self.src, self.ident, self.out = src, ident, out
+        self.dtype, self.eos, self.num_proc, self.piece_bytes = dtype, eos, num_proc, piece_bytes
+        self.shard_dir = out / "shards"
+        self.total_bytes = sum(f.stat().st_size for f in src.files) if src.kind == "files" else None
+        self.resumed = 0
+
+    def run(self, show: bool) -> list[dict]:
+        inline = self.total_bytes is not None and self.total_bytes <= self.piece_bytes  # one small piece
+        bar = Progress(self.total_bytes, show)
+        markers: dict[int, dict] = {}
+        pieces = plan(self.src, self.ident["text_field"], self.piece_bytes, self.out / "spool")
+        try:
+            if inline:
+                setup(str(self.out / "tokenizer"), self.eos, self.dtype, report=bar.add)
+                for piece, _ in self._todo(pieces, markers, bar):
+                    markers[piece.index] = process_piece(piece, self.ident["text_field"], str(self.shard_dir))
+                    bar.finished(markers[piece.index])
+            else:
+                self._pool(pieces, markers, bar)
+        finally:
+            bar.close()
+        return [markers[i] for i in sorted(markers)]
+
+    def _todo(self, pieces: Iterator[tuple[Piece, list[str] | None]], markers: dict[int, dict],
+              bar: Progress) -> Iterator[tuple[Piece, list[str] | None]]:
+        """The pieces still to do (spooled to disk first); finished ones go straight into `markers`."""
+        for piece, docs in pieces:
+            marker = self._finished_marker(piece)
+            if marker is not None:
+                markers[piece.index] = marker
+                self.resumed += 1
+                bar.finished(marker, resumed=True)
+                continue
+            if docs is not None:
+                write_spool(piece, docs)
+            yield piece, docs
+
+    def _finished_marker(self, piece: Piece) -> dict | None:
+        paths = shard_paths(self.shard_dir, piece.index)
+        marker = _read_json(paths["marker"])
+        if not marker or marker.get("piece") != piece.key() or not paths["index"].is_file():
+            return None
+        size = paths["tokens"].stat().st_size if paths["tokens"].is_file() else -1
+        return marker if size == marker["tokens"] * np.dtype(self.dtype).itemsize else None
+
+    def _pool(self, pieces: Iterator[tuple[Piece, list[str] | None]], markers: dict[int, dict],
+              bar: Progress) -> None:
+        init = {"tokenizer_dir": str(self.out / "tokenizer"), "eos": self.eos, "dtype": self.dtype}
+        field, shard_dir = self.ident["text_field"], str(self.shard_dir)
+
+        def done(piece: Piece, marker: dict) -> None:
+            markers[piece.index] = marker
+            bar.finished(marker)
+
+        pool = WorkerPool(self.num_proc, init)
+        try:
+            for piece, _ in self._todo(pieces, markers, bar):  # one piece per worker in flight, no more
+                while not pool.idle:
+                    pool.poll(0.5, bar.add, done)
+                    bar.refresh()
+                pool.submit(piece, field, shard_dir)
+            while pool.busy:
+                pool.poll(0.5, bar.add, done)
+                bar.refresh()
+        finally:
+            pool.close()
+
+
+def _write_manifest(out: Path, src: Source, ident: dict, tokenizer: Any, job: _Job, shards: list[dict],
+                    seq_len: int | None, seconds: float) -> None:
+    tokens = sum(s["tokens"] for s in shards)
+    if tokens == 0:
+        raise ValueError(f"data.source={src.text!r} holds no text (every document empty or missing)")
+    manifest = {
+        "format": FORMAT, "identity": ident,
+        "source": {"text": src.text, "kind": src.kind, "files": len(src.files), "bytes": sum(s["bytes"] for s in shards),
+                   "text_field": ident["text_field"], "fingerprint": ident["source"],
+                   "hub": {"split": src.split, "revision": src.revision} if src.kind == "hub" else None},
+        "tokenizer": {"name": str(getattr(tokenizer, "name_or_path", "")), "fingerprint": ident["tokenizer"],
+                      "vocab_size": len(tokenizer), "eos_id": job.eos},
+        "dtype": job.dtype, "num_docs": sum(s["docs"] for s in shards), "num_tokens": tokens,
+        "shards": [{"name": f"{i:05d}", "tokens": s["tokens"], "docs": s["docs"], "bytes": s["bytes"]}
+                   for i, s in enumerate(shards)],
+        "seq_len": seq_len, "blocks": (tokens - 1) // seq_len if seq_len else None,
+        "num_proc": job.num_proc, "seconds": round(seconds, 3), "resumed_shards": job.resumed,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json_atomic(out / MANIFEST, manifest)

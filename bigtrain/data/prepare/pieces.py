@@ -1,0 +1,290 @@
+"""A source cut into pieces, and the documents of one piece read in small batches.
+
+A piece is the unit of work and of resume: piece i becomes shard i. Pieces are a pure
+function of the source (files, sizes, the piece size), so an interrupted prepare that plans
+again gets the same pieces and keeps the shards it finished. File pieces are byte ranges
+(jsonl / txt, cut at line starts) or row-group ranges (parquet) that a worker reads
+itself. Documents that only the main process can produce (the builtin text, a hub dataset,
+a JSON array file) are spooled to a jsonl file per piece, which a worker reads like any
+other; a spooled piece is identified by its document range.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from bigtrain.data.sources import Source
+
+PIECE_BYTES = 32 << 20  # input bytes per piece: the resume granularity and the unit handed to a worker
+BATCH_BYTES = 1 << 20  # text bytes per encode call: what bounds a worker's memory
+BPE_TRAIN_BYTES = 256 << 20  # text a tokenizer trained on the corpus sees at most (all of a smaller corpus)
+TXT_CUT = re.compile(rb"(?<=\S)\n(?=\S)")  # a newline between two non-spaces: byte-level BPE tokens cannot differ
+
+
+@dataclass(frozen=True)
+class Piece:
+    """kind: jsonl | txt | parquet | spool. jsonl/txt: bytes [start, end) of `path`; parquet: row groups
+    [start, end); spool: documents [start, end) of a generated stream, written to `path`. `eos`: the
+    piece ends its last document (false for all but the last piece of a large .txt file)."""
+
+    index: int
+    kind: str
+    path: str
+    start: int
+    end: int
+    eos: bool = True
+    nbytes: int = 0  # input bytes, for progress and MB/s
+
+    def key(self) -> dict:
+        """What must match for a finished shard to count as this piece's."""
+        return {k: v for k, v in asdict(self).items() if not (self.kind == "spool" and k == "path")}
+
+
+def plan(src: Source, text_field: str, piece_bytes: int, spool_dir: Path) -> Iterator[tuple[Piece, list[str] | None]]:
+    """(piece, documents to spool or None) in source order; spooled pieces carry their documents."""
+    if src.kind == "builtin":
+        from bigtrain.data.builtin import builtin_documents
+        yield from _spooled(builtin_documents(), 0, piece_bytes, spool_dir)
+        return
+    if src.kind == "hub":
+        from bigtrain.data.sources import hub_texts
+        yield from _spooled(hub_texts(src, text_field), 0, piece_bytes, spool_dir)
+        return
+    assert src.kind == "files", src.kind
+    index = 0
+    for path in src.files:
+        if src.loader == "parquet":
+            pieces = _parquet_pieces(path, piece_bytes, text_field)
+        elif src.loader == "text":
+            pieces = _byte_pieces(path, piece_bytes, "txt")
+        elif _is_json_array(path):
+            pieces = _spooled(_json_array_texts(path, text_field), index, piece_bytes, spool_dir)
+        else:
+            pieces = _byte_pieces(path, piece_bytes, "jsonl")
+        for piece, docs in pieces:
+            piece = Piece(**{**asdict(piece), "index": index})
+            yield piece, docs
+            index += 1
+
+
+def _byte_pieces(path: Path, piece_bytes: int, kind: str) -> Iterator[tuple[Piece, None]]:
+    size = path.stat().st_size
+    cuts = [0]
+    with open(path, "rb") as f:
+        while cuts[-1] + piece_bytes < size:
+            cut = _next_cut(f, cuts[-1] + piece_bytes, kind)
+            if cut >= size:
+                break
+            cuts.append(cut)
+    cuts.append(size)
+    for i, (start, end) in enumerate(zip(cuts, cuts[1:])):
+        yield Piece(0, kind, str(path), start, end, eos=kind != "txt" or i == len(cuts) - 2, nbytes=end - start), None
+
+
+def _next_cut(f, offset: int, kind: str) -> int:
+    """The first line start at or after `offset` (for txt: after a TXT_CUT newline)."""
+    start = max(0, offset - 2)  # the newline may sit just before `offset`; txt also looks one byte further back
+    f.seek(start)
+    pos, tail = start, b""
+    while chunk := f.read(1 << 16):
+        data = tail + chunk
+        base = pos - len(tail)  # file offset of data[0]
+        skip = offset - 1 - base  # the newline must be at offset - 1 or later
+        match = data.find(b"\n", max(skip, 0)) if kind == "jsonl" else _txt_cut(data, max(skip, 0))
+        if match >= 0:
+            return base + match + 1
+        pos += len(chunk)
+        tail = data[-2:]
+    return pos + 1  # no cut before the end of the file
+
+
+def _txt_cut(data: bytes, skip: int) -> int:
+    found = TXT_CUT.search(data, skip)
+    return found.start() if found else -1
+
+
+def _parquet_pieces(path: Path, piece_bytes: int, text_field: str) -> Iterator[tuple[Piece, None]]:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    names = meta.schema.names
+    if text_field not in names:
+        raise ValueError(f"data.text_field={text_field!r}: {path} has no such column; it has {names}. "
+                         "Set data.text_field to one of them")
+    start, size = 0, 0
+    for group in range(meta.num_row_groups):
+        size += meta.row_group(group).total_byte_size
+        if size >= piece_bytes or group == meta.num_row_groups - 1:
+            yield Piece(0, "parquet", str(path), start, group + 1, nbytes=size), None
+            start, size = group + 1, 0
+
+
+def _is_json_array(path: Path) -> bool:
+    if path.suffix.lower() != ".json":
+        return False
+    with open(path, "rb") as f:
+        return f.read(4096).lstrip()[:1] == b"["
+
+
+def _json_array_texts(path: Path, text_field: str) -> Iterator[str]:
+    """A JSON array of records: read whole (its size bounds the memory); prefer JSON lines for big data."""
+    with open(path, encoding="utf-8") as f:
+        records = json.load(f)
+    for i, record in enumerate(records):
+        text = _field(record, text_field, f"{path} record {i}")
+        if text:
+            yield text
+
+
+def _spooled(texts: Iterable[str], first: int, piece_bytes: int,
+             spool_dir: Path) -> Iterator[tuple[Piece, list[str]]]:
+    """Group a document stream into pieces of about piece_bytes; document ranges identify them."""
+    docs: list[str] = []
+    size = start = 0
+    index = first
+    for text in texts:
+        docs.append(text)
+        size += len(text.encode("utf-8"))
+        if size >= piece_bytes:
+            yield Piece(index, "spool", str(spool_dir / f"{index:05d}.jsonl"), start, start + len(docs),
+                        nbytes=size), docs
+            index, start, docs, size = index + 1, start + len(docs), [], 0
+    if docs:
+        yield Piece(index, "spool", str(spool_dir / f"{index:05d}.jsonl"), start, start + len(docs),
+                    nbytes=size), docs
+
+
+def write_spool(piece: Piece, docs: list[str]) -> None:
+    """The documents of a spooled piece as jsonl (field "text"), written whole before a worker reads it."""
+    path = Path(piece.path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for doc in docs:
+            f.write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def iter_documents(src: Source, text_field: str, max_bytes: int | None = None) -> Iterator[str]:
+    """The source's texts in order, streamed (chunks of large .txt files as separate texts), up to max_bytes."""
+    seen = 0
+    for piece, docs in plan(src, text_field, PIECE_BYTES, Path("/nonexistent-spool")):
+        batches = [(docs, True, 0)] if docs is not None else read_piece(piece, text_field)
+        for texts, _, _ in batches:
+            for text in texts:
+                yield text
+                seen += len(text)
+                if max_bytes is not None and seen >= max_bytes:
+                    return
+
+
+# --- reading a piece (in a worker) -----------------------------------------------------------
+
+def read_piece(piece: Piece, text_field: str) -> Iterator[tuple[list[str], bool, int]]:
+    """Batches of (texts, last_ends_document, input bytes): every text is a whole document except in .txt
+    pieces, whose chunks continue one document that ends (gets an EOS) only at the end of its file.
+    The input bytes of the batches add up to the piece's `nbytes`."""
+    if piece.kind == "parquet":
+        yield from _parquet_texts(piece, text_field)
+    elif piece.kind == "txt":
+        yield from _txt_chunks(piece)
+    elif piece.kind == "spool":
+        for texts, _ in _jsonl_texts(piece, "text"):
+            yield texts, True, sum(len(t.encode("utf-8")) for t in texts)
+    else:
+        for texts, nbytes in _jsonl_texts(piece, text_field):
+            yield texts, True, nbytes
+
+
+def _byte_batches(piece: Piece, cut: re.Pattern | None) -> Iterator[tuple[bytes, int]]:
+    """The piece's bytes in batches of about BATCH_BYTES, each ending at a cut (a line start),
+    with the bytes read for it."""
+    if piece.kind == "spool":
+        start, end = 0, Path(piece.path).stat().st_size
+    else:
+        start, end = piece.start, piece.end
+    with open(piece.path, "rb") as f:
+        f.seek(start)
+        pos, carry = start, b""
+        while pos < end:
+            buf = f.read(min(BATCH_BYTES, end - pos))
+            if not buf:
+                raise ValueError(f"{piece.path} is shorter than when the prepare began: it changed; prepare again")
+            pos += len(buf)
+            data = carry + buf
+            if pos < end:
+                at = data.rfind(b"\n") + 1 if cut is None else _last_cut(data, cut)
+                data, carry = data[:at], data[at:]
+            if data:
+                yield data, len(data)
+
+
+def _last_cut(data: bytes, cut: re.Pattern) -> int:
+    last = 0
+    for found in cut.finditer(data, max(0, len(data) - (1 << 16))):
+        last = found.start() + 1
+    if last == 0:
+        for found in cut.finditer(data):
+            last = found.start() + 1
+    return last
+
+
+def _jsonl_texts(piece: Piece, field: str) -> Iterator[tuple[list[str], int]]:
+    for data, nbytes in _byte_batches(piece, None):
+        texts = []
+        for line in data.splitlines():
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{piece.path}: a line in bytes {piece.start}-{piece.end} is not JSON ({e.msg}); "
+                                 "each line of a .jsonl file must be one JSON object") from None
+            text = _field(record, field, piece.path)
+            if text:
+                texts.append(text)
+        yield texts, nbytes
+
+
+def _field(record: object, field: str, where: str) -> str | None:
+    if not isinstance(record, dict) or field not in record:
+        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"data.text_field={field!r}: a record in {where} has no such field; it has {keys}. "
+                         "Set data.text_field to one of them")
+    text = record[field]
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"data.text_field={field!r}: a value in {where} is {type(text).__name__}, not text")
+    return text
+
+
+def _txt_chunks(piece: Piece) -> Iterator[tuple[list[str], bool, int]]:
+    chunks = _byte_batches(piece, TXT_CUT)
+    previous = next(chunks, None)
+    for chunk in chunks:
+        yield [_universal_newlines(previous[0])], False, previous[1]
+        previous = chunk
+    if previous is not None:  # an empty file is no document (as before: empty texts are skipped)
+        yield [_universal_newlines(previous[0])], piece.eos, previous[1]
+
+
+def _universal_newlines(data: bytes) -> str:
+    """As Python's text mode reads a .txt file (what `datasets`' text loader gave before)."""
+    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _parquet_texts(piece: Piece, text_field: str) -> Iterator[tuple[list[str], bool, int]]:
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(piece.path)
+    texts: list[str] = []
+    for batch in parquet.iter_batches(batch_size=1024, row_groups=list(range(piece.start, piece.end)),
+                                      columns=[text_field]):
+        texts = [t for t in batch.column(0).to_pylist() if t]
+        if texts and not isinstance(texts[0], str):
+            raise ValueError(f"data.text_field={text_field!r}: the column in {piece.path} holds "
+                             f"{type(texts[0]).__name__}, not text")
+        yield texts, True, 0
+    yield [], True, piece.nbytes  # row groups have no byte offsets: the piece's size counts at its end

@@ -1,0 +1,147 @@
+"""The worker side of prepare: read one piece, tokenize it in batches, write its shard.
+
+Imported by fresh (spawned) worker processes, so it imports only numpy and `tokenizers`
+(never torch or transformers, unless the tokenizer has no fast version). A shard is
+committed in three steps: the token file and the document index are written under
+temporary names and renamed, then a small JSON marker naming the piece is written
+atomically; only a shard with its marker counts as finished, so a kill at any moment
+leaves either a finished shard or nothing that a resume would take for one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from bigtrain.data.prepare.pieces import Piece, read_piece
+
+_STATE: dict[str, Any] = {}  # per worker process: encoder, eos, dtype, shared counters
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned type that holds every id (uint16 halves the shards for vocabularies <= 65536)."""
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
+
+
+def shard_paths(shard_dir: Path, index: int) -> dict[str, Path]:
+    stem = shard_dir / f"{index:05d}"
+    return {"tokens": stem.with_suffix(".bin"), "index": stem.with_suffix(".idx.npy"),
+            "marker": stem.with_suffix(".json")}
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Written under a temporary name, flushed to disk and renamed: a reader sees all of it or none."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def make_encoder(tokenizer_dir: str):
+    """A function texts -> lists of ids, without special tokens: the Rust tokenizer when there is one."""
+    path = Path(tokenizer_dir) / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
+        backend = Tokenizer.from_file(str(path))
+        return lambda texts: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+    from transformers import AutoTokenizer  # a slow (Python) tokenizer only
+    slow = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return lambda texts: [slow.encode(t, add_special_tokens=False) for t in texts]
+
+
+def setup(tokenizer_dir: str, eos: int, dtype: str, report: Callable[[list[int]], None] | None = None) -> None:
+    """Load the encoder for `process_piece` in this process (the main one too, for a small corpus);
+    `report` gets [tokens, docs, input bytes] after every batch."""
+    _STATE.update(encode=make_encoder(tokenizer_dir), eos=eos, dtype=np.dtype(dtype), report=report)
+
+
+def _die_with_parent() -> None:
+    """A prepare killed with -9 takes its workers along (Linux); elsewhere they finish their piece and exit."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def process_piece(piece: Piece, text_field: str, shard_dir: str) -> dict:
+    """Tokenize one piece into shard `piece.index`; returns its marker (counts and the piece's key)."""
+    state = _STATE
+    paths = shard_paths(Path(shard_dir), piece.index)
+    tmp = {k: p.with_name(f".{p.name}.tmp-{os.getpid()}") for k, p in paths.items()}
+    ends: list[np.ndarray] = []
+    tokens = docs = 0
+    with open(tmp["tokens"], "wb") as out:
+        for texts, last_ends, nbytes in read_piece(piece, text_field):
+            ids, doc_ends = _encode(texts, last_ends, state["encode"], state["eos"], state["dtype"])
+            out.write(ids.tobytes())
+            ends.append(tokens + doc_ends)
+            tokens += len(ids)
+            docs += len(doc_ends)
+            if state["report"] is not None:
+                state["report"]([len(ids), len(doc_ends), nbytes])
+        out.flush()
+        os.fsync(out.fileno())
+    index = np.concatenate(ends) if ends else np.zeros(0, np.int64)  # end offset of each document
+    with open(tmp["index"], "wb") as f:
+        np.save(f, index)
+    os.replace(tmp["index"], paths["index"])
+    os.replace(tmp["tokens"], paths["tokens"])
+    marker = {"piece": piece.key(), "tokens": tokens, "docs": docs, "bytes": piece.nbytes}
+    write_json_atomic(paths["marker"], marker)
+    if piece.kind == "spool":
+        Path(piece.path).unlink(missing_ok=True)
+    return marker
+
+
+def _encode(texts: list[str], last_ends: bool, encode, eos: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Ids of the texts with an EOS after each finished document, and where those documents end.
+
+    Only a chunk of a large .txt file (last_ends false) continues its document: it gets no EOS,
+    and the document ends (is entered in the index) in the chunk that finishes it.
+    """
+    flat: list[int] = []
+    ends: list[int] = []
+    for i, ids in enumerate(encode(texts) if texts else []):
+        flat.extend(ids)
+        if i < len(texts) - 1 or last_ends:
+            flat.append(eos)
+            ends.append(len(flat))
+    return np.asarray(flat, dtype=dtype), np.asarray(ends, dtype=np.int64)
+
+
+def main() -> None:
+    """`python -m bigtrain.data.prepare.worker`: JSON lines in ({"init"}, then {"piece"} ...), JSON lines out
+    ({"progress"} per batch, then {"done": marker} or {"error"}) on the original stdout."""
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything else printed goes to stderr, never into the protocol
+
+    def send(message: dict) -> None:
+        protocol.write(json.dumps(message) + "\n")
+
+    _die_with_parent()
+    for line in sys.stdin:
+        message = json.loads(line)
+        if "init" in message:
+            setup(**message["init"], report=lambda counts: send({"progress": counts}))
+            continue
+        try:
+            marker = process_piece(Piece(**message["piece"]), message["text_field"], message["shard_dir"])
+            send({"done": marker})
+        except ValueError as e:  # a problem with the user's data: one line for them
+            send({"error": str(e), "user": True})
+        except Exception:  # noqa: BLE001 -- a bug: the main process shows the whole traceback
+            send({"error": traceback.format_exc()})
+
+
+if __name__ == "__main__":
+    main()
