@@ -24,19 +24,27 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: str = doc("builtin", "'builtin', 'synthetic', a file/dir/glob (txt/jsonl/parquet, image folder) or 'hf:NAME'.")
+    source: str = doc("builtin", "'builtin', 'synthetic', a file/dir/glob (txt/jsonl/parquet, image folder), 'hf:NAME', "
+                      "a `bigtrain prepare` output, or a mixture 'a/:0.7,b/:0.3'.")
     tokenizer: str | None = doc(None, "Tokenizer dir or hub name; None trains a byte-level BPE on the corpus.")
     vocab_size: int = doc(4096, "Vocabulary size of the BPE trained when no tokenizer is given.")
-    seq_len: int = doc(256, "Tokens per sample (block length for packed text).")
+    seq_len: int = doc(256, "Tokens per sample; packed text blocks hold seq_len + 1 (the last one a target).")
     val_fraction: float = doc(0.05, "Share of the data held out for validation.")
     text_field: str = doc("text", "Text column of jsonl/parquet data.")
     label_field: str = doc("label", "Label column for classification data.")
     image_size: int = doc(32, "Side of the square images fed to ResNet.")
     num_classes: int = doc(10, "Classes for classification models.")
     synthetic_samples: int = doc(4096, "Samples in the synthetic dataset.")
+    split: str = doc("train", "Split of an hf: source.")
+    revision: str | None = doc(None, "Revision (branch, tag, commit) of an hf: source; pin it for reproducible data.")
+    streaming: bool = doc(False, "Stream an hf: source through prepare instead of downloading it first.")
+    hash_content: bool = doc(False, "Identify local data by content (reads every byte), not names, sizes, mtimes.")
+    num_proc: int | None = doc(None, "Processes that tokenize an unprepared text source; None: every core.")
 
     def __post_init__(self) -> None:
         _positive(self, "seq_len", "vocab_size", "image_size", "num_classes", "synthetic_samples")
+        if self.num_proc is not None:
+            _positive(self, "num_proc")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction={self.val_fraction}: must be in (0, 1), e.g. 0.05")
 

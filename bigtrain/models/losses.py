@@ -10,10 +10,17 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     return F.cross_entropy(logits.float(), labels)
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy; labels equal the inputs and are shifted here (-100 ignored).
+def lm_targets(labels: torch.Tensor, positions: int) -> torch.Tensor:
+    """Next-token targets of `positions` inputs. Labels one token longer than the inputs are packed blocks
+    of seq_len + 1 (bigtrain.data.blocks): every position has a target, labels[..., 1:]. Labels equal to
+    the inputs are shifted left and the last position has none (-100), as in transformers."""
+    if labels.shape[-1] == positions + 1:
+        return labels[..., 1:]
+    return F.pad(labels, (0, 1), value=-100)[..., 1:]
 
-    Same as transformers' ForCausalLMLoss: fp32 logits, the last position has no target.
-    """
-    targets = F.pad(labels, (0, 1), value=-100)[..., 1:]
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over `lm_targets` (-100 ignored), from fp32 logits like
+    transformers' ForCausalLMLoss."""
+    targets = lm_targets(labels, logits.shape[-2])
     return F.cross_entropy(logits.float().flatten(0, -2), targets.reshape(-1), ignore_index=-100)
