@@ -1,4 +1,5 @@
-"""Data layer: sources, tokenizer, packing, split, cache, sampler, loaders, synthetic and images."""
+"""Data layer: sources, tokenizer, blocks, split, cache, sampler, loaders, synthetic and images
+(prepare, mixtures and memory: test_prepare.py)."""
 from __future__ import annotations
 
 import json
@@ -129,14 +130,9 @@ def test_bpe_is_deterministic_reloads_identically_and_loads_with_autotokenizer(t
 
 # --- packing, split, cache -------------------------------------------------------------------
 
-def test_tokenize_and_pack_exact_content(small_tokenizer):
-    eos = small_tokenizer.eos_token_id
-    stream = text.tokenize_corpus(CORPUS, small_tokenizer, eos)
-    expected = sum((small_tokenizer.encode(d, add_special_tokens=False) + [eos] for d in CORPUS), [])
-    assert stream.dtype == np.uint16 and stream.tolist() == expected
-    blocks = text.pack(stream, 16)
-    assert blocks.shape == (len(expected) // 16, 16)
-    assert blocks.reshape(-1).tolist() == expected[:blocks.size]
+def reference_stream(docs: list[str], tok) -> list[int]:
+    """What the in-run path of bigtrain 0.1 built: every document tokenized, an EOS after each."""
+    return sum((tok.encode(d, add_special_tokens=False) + [tok.eos_token_id] for d in docs), [])
 
 
 def test_split_is_disjoint_covering_deterministic():
@@ -149,29 +145,36 @@ def test_split_is_disjoint_covering_deterministic():
         split_rows(1, 0.5)
 
 
-def test_build_text_from_files_blocks_match_the_stream_and_cache_is_reused(tmp_path, monkeypatch):
+def test_text_blocks_overlap_by_one_token_and_the_prepared_cache_is_reused(tmp_path, monkeypatch):
     _write_txt(tmp_path)
     kw = dict(seq_len=16, vocab_size=320, tokenizer_dir=tmp_path / "tok", cache_dir=tmp_path / "cache",
               val_fraction=0.2)
     bundle = build_data(str(tmp_path / "*.txt"), "text", **kw)
     tok = bundle.tokenizer
-    stream = text.tokenize_corpus(CORPUS, tok, tok.eos_token_id)
-    n_blocks = len(stream) // 16
+    stream = reference_stream(CORPUS, tok)
+    n_blocks = (len(stream) - 1) // 16  # blocks of 17 tokens, each sharing its last token with the next
     assert len(bundle.train) + len(bundle.val) == n_blocks and bundle.vocab_size == len(tok)
+    train_rows, val_rows = split_rows(n_blocks, 0.2)
     batch = bundle.val.take([0])
-    _, val_rows = split_rows(n_blocks, 0.2)
-    first = torch.tensor(stream[val_rows[0] * 16:(val_rows[0] + 1) * 16].astype(np.int64))
-    assert torch.equal(batch["input_ids"][0], first) and torch.equal(batch["labels"], batch["input_ids"])
-    assert batch["input_ids"].dtype == torch.int64
-    assert len(list((tmp_path / "cache").glob("tokens-*/ids.npy"))) == 1
+    block = torch.tensor(stream[val_rows[0] * 16:val_rows[0] * 16 + 17])
+    assert torch.equal(batch["labels"][0], block) and torch.equal(batch["input_ids"][0], block[:16])
+    assert batch["input_ids"].dtype == torch.int64 and batch["labels"].shape == (1, 17)
+    every = torch.zeros(len(stream), dtype=torch.bool)  # every token but the first is a target exactly once
+    for dataset, rows in ((bundle.train, train_rows), (bundle.val, val_rows)):
+        labels = dataset.take(range(len(dataset)))["labels"]
+        for row, targets in zip(rows, labels[:, 1:]):
+            assert targets.tolist() == stream[row * 16 + 1:row * 16 + 17]
+            every[row * 16 + 1:row * 16 + 17] = True
+    assert every[1:n_blocks * 16 + 1].all() and not every[n_blocks * 16 + 1:].any()
+    assert len(list((tmp_path / "cache").glob("prepared-*/manifest.json"))) == 1
 
-    def fail(*a):
-        raise AssertionError("re-tokenized although cached")
-    monkeypatch.setattr(text, "tokenize_corpus", fail)
+    def fail(*a, **k):
+        raise AssertionError("prepared again although cached")
+    monkeypatch.setattr(text, "prepare", fail)
     again = build_data(str(tmp_path / "*.txt"), "text", **kw)
-    assert torch.equal(again.val.take([0])["input_ids"], batch["input_ids"])
-    other = build_data(str(tmp_path / "*.txt"), "text", **{**kw, "seq_len": 8})  # same cache, other blocks
-    assert len(other.train) + len(other.val) == len(stream) // 8
+    assert torch.equal(again.val.take([0])["labels"], batch["labels"])
+    other = build_data(str(tmp_path / "*.txt"), "text", **{**kw, "seq_len": 8})  # same shards, other blocks
+    assert len(other.train) + len(other.val) == (len(stream) - 1) // 8
     with pytest.raises(ValueError, match="fewer than 2 blocks"):
         build_data(str(tmp_path / "*.txt"), "text", **{**kw, "seq_len": 100_000})
 
@@ -339,5 +342,5 @@ def test_two_ranks_share_one_tokenizer_and_cache(tmp_path):
     r0, r1 = (torch.load(tmp_path / f"r{r}.pt") for r in range(2))
     assert torch.equal(r0["val"]["input_ids"], r1["val"]["input_ids"])
     assert not torch.equal(r0["batch"]["input_ids"], r1["batch"]["input_ids"])  # different shards
-    assert len(list((tmp_path / "cache").glob("tokens-*"))) == 1 and (tmp_path / "tok" / "tokenizer.json").is_file()
-    assert not list(tmp_path.glob(".*tmp-*")) and not list((tmp_path / "cache").glob(".*tmp-*"))
+    assert len(list((tmp_path / "cache").glob("prepared-*"))) == 1 and (tmp_path / "tok" / "tokenizer.json").is_file()
+    assert not list(tmp_path.glob(".*tmp-*")) and not list((tmp_path / "cache").rglob(".*tmp-*"))

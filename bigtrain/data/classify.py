@@ -20,16 +20,19 @@ from bigtrain.data.sources import Source, column, load_records, source_fingerpri
 from bigtrain.data.text import token_dtype
 from bigtrain.data.tokenizer import resolve_tokenizer, tokenizer_fingerprint
 
-CACHE_VERSION = "classify-v1"
+CACHE_VERSION = "classify-v2"  # v2: attention_mask beside input_ids
 
 
-def encode_labels(values: list, num_classes: int, field: str) -> np.ndarray:
-    """Integer labels in [0, num_classes); string labels become their index in sorted order."""
+def encode_labels(values: list, num_classes: int | None, field: str) -> np.ndarray:
+    """Integer labels in [0, num_classes); string labels become their index in sorted order.
+    num_classes None: as many classes as the labels need (max + 1)."""
     if values and all(isinstance(v, str) for v in values):
         values = _index_all(values, sorted(set(values)))
     if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
         raise ValueError(f"data.label_field={field!r}: labels must be integers or strings")
     labels = np.asarray(values, dtype=np.int64)
+    if num_classes is None:
+        num_classes = int(labels.max()) + 1 if labels.size else 0
     if labels.min() < 0 or labels.max() >= num_classes:
         raise ValueError(f"labels in column {field!r} span [{labels.min()}, {labels.max()}] but "
                          f"data.num_classes={num_classes}; set data.num_classes to {labels.max() + 1} "
@@ -45,7 +48,7 @@ def _index_all(values: list[str], names: list[str]) -> list[int]:
 def _records(src: Source, num_classes: int, text_field: str, label_field: str,
              cache_dir: Path) -> tuple[list[str], np.ndarray]:
     if src.kind == "builtin":
-        texts, labels, _ = builtin_classification(num_classes)
+        texts, labels, _ = builtin_classification(num_classes or 10)
         return texts, np.asarray(labels, dtype=np.int64)
     if src.kind == "files" and src.loader == "text":
         raise ValueError(f"data.source={src.text!r}: classification needs labels; give jsonl/json/parquet "
@@ -56,14 +59,15 @@ def _records(src: Source, num_classes: int, text_field: str, label_field: str,
     return texts, labels
 
 
-def encode_texts(texts: list[str], tokenizer, seq_len: int) -> np.ndarray:
-    """[N, seq_len] ids, truncated and padded on the right."""
-    ids = tokenizer(texts, truncation=True, max_length=seq_len, padding="max_length")["input_ids"]
-    return np.asarray(ids, dtype=token_dtype(len(tokenizer)))
+def encode_texts(texts: list[str], tokenizer, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """[N, seq_len] ids, truncated and padded on the right, and the attention mask (1 token, 0 padding)."""
+    enc = tokenizer(texts, truncation=True, max_length=seq_len, padding="max_length", return_attention_mask=True)
+    return (np.asarray(enc["input_ids"], dtype=token_dtype(len(tokenizer))),
+            np.asarray(enc["attention_mask"], dtype=np.int8))
 
 
 def build_classify(src: Source, *, seq_len: int, tokenizer: str | None, vocab_size: int, tokenizer_dir: Path,
-                   cache_dir: Path, val_fraction: float, num_classes: int, text_field: str, label_field: str,
+                   cache_dir: Path, val_fraction: float, num_classes: int | None, text_field: str, label_field: str,
                    is_writer: bool, barrier: Callable[[], None]) -> DataBundle:
     """Tokenized, fixed-length classification samples, split into train and val."""
     records = functools.cache(lambda: _records(src, num_classes, text_field, label_field, cache_dir))
@@ -74,11 +78,13 @@ def build_classify(src: Source, *, seq_len: int, tokenizer: str | None, vocab_si
 
     def build() -> dict[str, np.ndarray]:
         texts, labels = records()
-        return {"input_ids": encode_texts(texts, tok, seq_len), "labels": labels}
+        ids, mask = encode_texts(texts, tok, seq_len)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
     arrays = cached_arrays(cache_dir / f"classify-{key}", build, is_writer, barrier)
     train_rows, val_rows = split_rows(len(arrays["labels"]), val_fraction)
     full = ArrayDataset(arrays)
+    num_classes = num_classes or int(np.asarray(arrays["labels"]).max()) + 1  # inferred from the labels
     counts = np.bincount(np.asarray(arrays["labels"]), minlength=num_classes)
     desc = (f"classify {src.text!r}: {len(train_rows)} train / {len(val_rows)} val texts of {seq_len} tokens, "
             f"{num_classes} classes (smallest {counts.min()}, largest {counts.max()} samples), vocab {len(tok)}")

@@ -7,6 +7,7 @@ fancy-index per field: no DataLoader workers and no per-sample Python.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
@@ -80,7 +81,9 @@ class DataBundle:
 
     `vocab_size` is the tokenizer's length (the model's embedding must have at least this
     many rows; 0 for images); `num_classes` is the classifier width (0 for language models).
-    `description` is one line for rank 0 to log.
+    `description` is one line for rank 0 to log. `make_sampler(dp_rank, dp_size, seed)` gives the
+    training order (a mixture's; None: a ResumableSampler over `train`); `tokenizer_dir` is where
+    the tokenizer is saved (for export), when the data brought or trained one.
     """
 
     train: IndexedDataset
@@ -89,3 +92,12 @@ class DataBundle:
     vocab_size: int
     num_classes: int
     description: str
+    make_sampler: Callable[[int, int, int], Any] | None = None
+    tokenizer_dir: Path | None = None
+
+    def sampler(self, dp_rank: int, dp_size: int, seed: int) -> Any:
+        """The resumable training order for one data-parallel rank."""
+        if self.make_sampler is not None:
+            return self.make_sampler(dp_rank, dp_size, seed)
+        from bigtrain.data.sampler import ResumableSampler
+        return ResumableSampler(len(self.train), dp_rank, dp_size, seed)

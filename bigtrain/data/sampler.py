@@ -73,6 +73,9 @@ class ResumableSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state`; at another data-parallel size, from the same place in the global order."""
+        if state.get("kind") == "mixture":
+            raise ValueError("the checkpoint was trained on a mixture of data sources, this run reads one: resume "
+                             "with the checkpoint's data.source")
         if state["num_samples"] != self.num_samples:
             raise ValueError(f"the checkpoint's data had {state['num_samples']} samples, this run's has "
                              f"{self.num_samples}: the data (or data.seq_len / val_fraction) changed since the "

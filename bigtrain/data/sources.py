@@ -33,6 +33,7 @@ class Source:
     split: str = "train"  # hub split (data.split)
     revision: str | None = None  # hub revision: a branch, tag or commit (data.revision)
     streaming: bool = False  # read the hub dataset as a stream instead of downloading it first (data.streaming)
+    hash_content: bool = False  # fingerprint local files by content, not metadata (data.hash_content)
 
 
 def parse_source(source: str, modality: str) -> Source:
@@ -104,8 +105,9 @@ def files_metadata_fingerprint(paths: list[Path] | tuple[Path, ...], extra: str 
     return digest.hexdigest()[:16]
 
 
-def source_fingerprint(src: Source, hash_content: bool = False) -> str:
+def source_fingerprint(src: Source, hash_content: bool | None = None) -> str:
     """Identifies the source: file metadata (or content, on request) locally, name/split/revision on the hub."""
+    hash_content = src.hash_content if hash_content is None else hash_content
     fingerprint = files_fingerprint if hash_content else files_metadata_fingerprint
     if src.kind == "files":
         return fingerprint(src.files, src.loader)

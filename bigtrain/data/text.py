@@ -1,72 +1,110 @@
-"""Language-model text: tokenize the corpus once, pack it into fixed-length blocks.
+"""Language-model text: one path from any source to memory-mapped training blocks.
 
-Documents are joined with EOS into one token stream, cached as .npy (keyed by the
-corpus content and the tokenizer, so another seq_len reuses it), and cut into blocks of
-`seq_len` tokens; the tail shorter than a block is dropped. Each block is one sample:
-{"input_ids": [T], "labels": [T]} with labels == input_ids (the model shifts).
+A source that is a `bigtrain prepare` output (a directory with a manifest) is read as it is.
+Any other text source (files, 'builtin', hf:NAME) is prepared by the same code into the
+run's cache first (`cache_dir/prepared-KEY`, keyed by the source's metadata fingerprint,
+the text field and the tokenizer), by the writer rank while the others wait, so a restart
+finds it and reads no source byte. A mixture 'a/:0.7,b/:0.3' does this per source. The
+token stream is cut into overlapping blocks of seq_len + 1 tokens (see blocks.py).
 """
 from __future__ import annotations
 
-import functools
 import hashlib
+import itertools
+import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-import numpy as np
+from bigtrain.data.blocks import ConcatBlocks, TokenBlocks, block_count
+from bigtrain.data.dataset import DataBundle, split_rows
+from bigtrain.data.mixture import MixtureSampler, parse_mixture
+from bigtrain.data.prepare.core import identity, prepare, text_source
+from bigtrain.data.prepare.pieces import BPE_TRAIN_BYTES, iter_documents
+from bigtrain.data.prepare.store import PLAN_FILE, PreparedCorpus, is_prepared, read_manifest
+from bigtrain.data.prepare.worker import token_dtype  # noqa: F401 -- re-exported for classify
+from bigtrain.data.sources import Source
+from bigtrain.data.tokenizer import load_tokenizer, resolve_tokenizer, tokenizer_fingerprint
 
-from bigtrain.data.cache import cached_arrays
-from bigtrain.data.dataset import ArrayDataset, DataBundle, labels_from_inputs, split_rows
-from bigtrain.data.sources import Source, load_texts, source_fingerprint
-from bigtrain.data.tokenizer import eos_id, resolve_tokenizer, tokenizer_fingerprint
-
-ENCODE_CHUNK = 256  # documents per encode_batch call: bounds the Python lists alive at once
-CACHE_VERSION = "tokens-v1"  # bump when the stream layout changes
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    """The smallest unsigned type that holds every id (uint16 halves the cache for small vocabularies)."""
-    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
+Part = Path | Source  # a prepared directory, or a source to prepare
 
 
-def tokenize_corpus(docs: list[str], tokenizer, eos: int) -> np.ndarray:
-    """One stream: doc0 EOS doc1 EOS ... (an EOS after every document, the last included)."""
-    dtype = token_dtype(len(tokenizer))
-    parts = []
-    for start in range(0, len(docs), ENCODE_CHUNK):
-        chunk = docs[start:start + ENCODE_CHUNK]
-        if tokenizer.is_fast:  # the Rust batch encoder: parallel, and no "longer than max_length" warnings
-            ids = [e.ids for e in tokenizer.backend_tokenizer.encode_batch(chunk, add_special_tokens=False)]
-        else:
-            ids = [tokenizer.encode(d, add_special_tokens=False) for d in chunk]
-        parts += [np.asarray(i + [eos], dtype=dtype) for i in ids]
-    assert parts, "tokenize_corpus needs at least one document"
-    return np.concatenate(parts)
+def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: int, tokenizer_dir: Path,
+               cache_dir: Path, val_fraction: float, text_field: str, is_writer: bool, barrier: Callable[[], None],
+               is_local_writer: bool | None = None, split: str = "train", revision: str | None = None,
+               streaming: bool = False, hash_content: bool = False, num_proc: int | None = None) -> DataBundle:
+    """Train/val blocks of a text source, a prepared directory, or a weighted mixture of them."""
+    mixture = parse_mixture(source)
+    entries = mixture or [(source, 1.0)]
+    parts = [_part(text, split, revision, streaming) for text, _ in entries]
+    tok, tok_dir = _tokenizer(parts, tokenizer, vocab_size, tokenizer_dir, text_field, is_writer, barrier)
+    writers = (is_writer, is_writer if is_local_writer is None else is_local_writer)
+    options = {"text_field": text_field, "hash_content": hash_content, "num_proc": num_proc, "seq_len": seq_len}
+    corpora = [_corpus(part, tok, cache_dir, writers, barrier, options) for part in parts]
+    blocks = [TokenBlocks(corpus, seq_len) for corpus in corpora]
+    for (text, _), corpus in zip(entries, corpora):
+        if block_count(corpus.num_tokens, seq_len) < 2:
+            raise ValueError(f"data.source={text!r} has {corpus.num_tokens} tokens: fewer than 2 blocks of "
+                             f"data.seq_len={seq_len} + 1 (one to train, one to validate); use more text or a "
+                             "shorter seq_len")
+    splits = [split_rows(len(b), val_fraction) for b in blocks]
+    trains = [b.subset(train) for b, (train, _) in zip(blocks, splits)]
+    vals = [b.subset(val) for b, (_, val) in zip(blocks, splits)]
+    tokens = sum(c.num_tokens for c in corpora)
+    desc = (f"text {source!r}: {tokens:,} tokens, vocab {len(tok)}, {sum(map(len, trains))} train / "
+            f"{sum(map(len, vals))} val blocks of {seq_len}+1 tokens, from {', '.join(str(c.root) for c in corpora)}")
+    if mixture is None:
+        return DataBundle(trains[0], vals[0], tok, len(tok), 0, desc, tokenizer_dir=tok_dir)
+    weights = [w for _, w in mixture]
+    desc += "; mixture weights " + ", ".join(f"{w:.3g}" for w in weights)
+
+    def make_sampler(rank: int, size: int, seed: int) -> MixtureSampler:
+        return MixtureSampler([len(t) for t in trains], weights, rank, size, seed)
+
+    return DataBundle(ConcatBlocks(trains), ConcatBlocks(vals), tok, len(tok), 0, desc, make_sampler, tok_dir)
 
 
-def pack(stream: np.ndarray, seq_len: int) -> np.ndarray:
-    """[n_blocks, seq_len] view of the stream; the incomplete tail is dropped."""
-    n_blocks = len(stream) // seq_len
-    return stream[:n_blocks * seq_len].reshape(n_blocks, seq_len)
+def _part(text: str, split: str, revision: str | None, streaming: bool) -> Part:
+    path = Path(text).expanduser()
+    if is_prepared(path):
+        return path
+    if path.is_dir() and (path / PLAN_FILE).is_file():
+        read_manifest(path)  # raises: an unfinished prepare, with the command that finishes it
+    return text_source(text, split, revision, streaming)
 
 
-def build_text(src: Source, *, seq_len: int, tokenizer: str | None, vocab_size: int, tokenizer_dir: Path,
-               cache_dir: Path, val_fraction: float, text_field: str, is_writer: bool,
-               barrier: Callable[[], None]) -> DataBundle:
-    """Packed LM blocks from a builtin, file or hub source, split into train and val."""
-    docs = functools.cache(lambda: load_texts(src, text_field, cache_dir))  # read only if needed, once
-    tok = resolve_tokenizer(tokenizer, tokenizer_dir, vocab_size, docs, is_writer, barrier)
-    eos = eos_id(tok)
-    key_text = f"{CACHE_VERSION}|{source_fingerprint(src)}|{text_field}|{tokenizer_fingerprint(tok)}"
-    key = hashlib.sha256(key_text.encode()).hexdigest()[:20]
-    stream = cached_arrays(cache_dir / f"tokens-{key}", lambda: {"ids": tokenize_corpus(docs(), tok, eos)},
-                           is_writer, barrier)["ids"]
-    blocks = pack(stream, seq_len)
-    if len(blocks) < 2:
-        raise ValueError(f"data.source={src.text!r} has {len(stream)} tokens: fewer than 2 blocks of "
-                         f"data.seq_len={seq_len} (one to train, one to validate); use more text or a "
-                         "shorter seq_len")
-    train_rows, val_rows = split_rows(len(blocks), val_fraction)
-    full = ArrayDataset({"input_ids": blocks}, transform=labels_from_inputs)
-    desc = (f"text {src.text!r}: {len(stream):,} tokens, vocab {len(tok)}, {len(train_rows)} train / "
-            f"{len(val_rows)} val blocks of {seq_len}")
-    return DataBundle(full.subset(train_rows), full.subset(val_rows), tok, len(tok), 0, desc)
+def _tokenizer(parts: list[Part], name: str | None, vocab_size: int, tokenizer_dir: Path, text_field: str,
+               is_writer: bool, barrier: Callable[[], None]) -> tuple[Any, Path | None]:
+    """The named tokenizer; else a prepared part's; else a BPE trained on the sources (by the writer)."""
+    prepared = [p for p in parts if isinstance(p, Path)]
+    if name is None and prepared:
+        tok, tok_dir = load_tokenizer(prepared[0] / "tokenizer"), prepared[0] / "tokenizer"
+    else:
+        sources = [p for p in parts if isinstance(p, Source)]
+        share = BPE_TRAIN_BYTES // max(1, len(sources))
+        texts = lambda: itertools.chain.from_iterable(iter_documents(s, text_field, share) for s in sources)  # noqa: E731
+        tok = resolve_tokenizer(name, tokenizer_dir, vocab_size, texts, is_writer, barrier)
+        tok_dir = tokenizer_dir if name is None else None
+    fingerprint = tokenizer_fingerprint(tok)
+    for path in prepared:
+        made_with = read_manifest(path)["tokenizer"]
+        if made_with["fingerprint"] != fingerprint:
+            raise ValueError(f"{path} was prepared with another tokenizer ({made_with['name']!r}) than this run's "
+                             f"({getattr(tok, 'name_or_path', '?')!r}); set data.tokenizer={str(path / 'tokenizer')!r}, "
+                             "or prepare every source with one tokenizer")
+    return tok, tok_dir
+
+
+def _corpus(part: Part, tok: Any, cache_dir: Path, writers: tuple[bool, bool], barrier: Callable[[], None],
+            options: dict) -> PreparedCorpus:
+    """A prepared directory as it is; a source prepared into the cache by rank 0 (or, where the cache is not
+    shared with rank 0, by the node's local rank 0) while the other ranks wait."""
+    if isinstance(part, Path):
+        return PreparedCorpus(part)
+    ident = identity(part, tok, options["text_field"], options["hash_content"])
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+    target = Path(cache_dir) / f"prepared-{key}"
+    for writes in writers:  # the second round finds the corpus already there unless the cache is node-local
+        if writes and not is_prepared(target):
+            prepare(part, tok, target, **options)
+        barrier()
+    return PreparedCorpus(target)

@@ -1,12 +1,16 @@
 """The runner's view of the data: the run config mapped onto `bigtrain.data`, and what the model needs from it."""
 from __future__ import annotations
 
+import itertools
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+import torch
 
 from bigtrain.config.run_config import DataConfig, ModelConfig
-from bigtrain.data import DataBundle, ResumableSampler, batches, build_data, iter_eval_batches
-from bigtrain.distributed.world import World, barrier
+from bigtrain.data import DataBundle, batches, build_data, iter_eval_batches
+from bigtrain.distributed.world import World
 
 MODALITY = {"gpt2": "text", "encoder": "classify", "resnet": "image"}
 
@@ -18,7 +22,7 @@ class TrainingData:
         self.bundle = bundle
         self.seed = seed
         self.tokenizer_dir = tokenizer_dir
-        self.sampler: ResumableSampler | None = None
+        self.sampler: Any = None  # a ResumableSampler, or a MixtureSampler for a data mixture
         self._pending_state: dict | None = None
         self._dp: tuple[int, int] = (0, 1)
 
@@ -31,7 +35,7 @@ class TrainingData:
 
     def train_batches(self, micro_batch: int) -> Iterator[dict]:
         rank, size = self._dp
-        self.sampler = ResumableSampler(len(self.bundle.train), rank, size, self.seed)
+        self.sampler = self.bundle.sampler(rank, size, self.seed)
         if self._pending_state is not None:
             self.sampler.load_state_dict(self._pending_state)
         return batches(self.bundle.train, self.sampler, micro_batch)
@@ -52,7 +56,8 @@ class TrainingData:
 
 
 def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, world: World, seed: int) -> TrainingData:
-    """Rank 0 trains the tokenizer and writes the token cache; the others wait and read them."""
+    """Rank 0 trains the tokenizer and prepares the token shards (local rank 0 too, where the cache is not shared
+    with rank 0); the others wait and then memory-map them."""
     tokenizer_dir = out_dir / "tokenizer"
     bundle = build_data(
         data.source, MODALITY[model.family], seq_len=data.seq_len, tokenizer=data.tokenizer,
@@ -60,9 +65,31 @@ def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, wor
         val_fraction=data.val_fraction, seed=seed,
         image_size=data.image_size, num_classes=data.num_classes, text_field=data.text_field,
         label_field=data.label_field, synthetic_samples=data.synthetic_samples, is_writer=world.is_main,
-        barrier=barrier)
+        barrier=patient_barrier(world), is_local_writer=world.local_rank == 0, split=data.split,
+        revision=data.revision, streaming=data.streaming, hash_content=data.hash_content, num_proc=data.num_proc)
     has_tokenizer_dir = bundle.tokenizer is not None and data.tokenizer is None
+    if has_tokenizer_dir and bundle.tokenizer_dir is not None:  # trained here, or a prepared corpus's own
+        tokenizer_dir = bundle.tokenizer_dir
     return TrainingData(bundle, seed=seed, tokenizer_dir=tokenizer_dir if has_tokenizer_dir else None)
+
+
+def patient_barrier(world: World) -> Callable[[], None]:
+    """A barrier without the collective timeout, for waiting on data work: rank 0 may tokenize a corpus for longer
+    than DEEPSPEED_TIMEOUT. A rank that dies meanwhile still ends the job (the peer watch)."""
+    if world.size == 1 or not torch.distributed.is_initialized():
+        return lambda: None
+    store = torch.distributed.distributed_c10d._get_default_store()
+    calls = itertools.count()
+
+    def wait() -> None:
+        key = f"bigtrain/data-barrier/{next(calls)}"
+        store.add(key, 1)
+        for n in itertools.count():
+            if store.add(key, 0) >= world.size:
+                return
+            time.sleep(min(1.0, 0.01 * 2 ** n))
+
+    return wait
 
 
 def model_overrides(model: ModelConfig, data: TrainingData, seq_len: int) -> dict:

@@ -84,3 +84,19 @@ def summary(manifest: dict, out: Path, seconds: float) -> str:
     if manifest.get("blocks") is not None:
         line += f"; {manifest['blocks']:,} blocks of seq_len {manifest['seq_len']} (+1 target)"
     return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bigtrain.data.prepare.cli ...`: the verb alone (no DeepSpeed import), same errors as `bigtrain`."""
+    parser = argparse.ArgumentParser(prog="bigtrain")
+    add_prepare_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["prepare", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except ValueError as err:
+        print(f"bigtrain prepare: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

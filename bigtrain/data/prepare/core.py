@@ -23,12 +23,11 @@ import numpy as np
 from bigtrain.data.prepare.pieces import PIECE_BYTES, Piece, plan, write_spool
 from bigtrain.data.prepare.pool import WorkerPool
 from bigtrain.data.prepare.progress import Progress
-from bigtrain.data.prepare.store import FORMAT, MANIFEST, PreparedCorpus
+from bigtrain.data.prepare.store import FORMAT, MANIFEST, PLAN_FILE, PreparedCorpus
 from bigtrain.data.prepare.worker import process_piece, setup, shard_paths, token_dtype, write_json_atomic
 from bigtrain.data.sources import Source, parse_source, source_fingerprint
 
 log = logging.getLogger("bigtrain")
-PLAN = "plan.json"
 
 
 def default_num_proc() -> int:
@@ -113,7 +112,7 @@ def _finished(out: Path, ident: dict, src: Source) -> bool:
 def _start_or_resume(out: Path, ident: dict) -> None:
     """Keep the finished shards of an interrupted prepare of the same corpus; otherwise start clean."""
     shard_dir = out / "shards"
-    plan_path = out / PLAN
+    plan_path = out / PLAN_FILE
     previous = _read_json(plan_path)
     if previous != ident:
         if shard_dir.exists() and any(shard_dir.iterdir()):
@@ -151,7 +150,7 @@ class _Job:
         self.src, self.ident, self.out = src, ident, out
         self.dtype, self.eos, self.num_proc, self.piece_bytes = dtype, eos, num_proc, piece_bytes
         self.shard_dir = out / "shards"
-        self.total_bytes = sum(f.stat().st_size for f in src.files) if src.kind == "files" else None
+        self.total_bytes = _total_bytes(src)
         self.resumed = 0
 
     def run(self, show: bool) -> list[dict]:
@@ -214,6 +213,16 @@ class _Job:
                 bar.refresh()
         finally:
             pool.close()
+
+
+def _total_bytes(src: Source) -> int | None:
+    """Input bytes, when known before reading (files, the builtin text): the progress bar's total."""
+    if src.kind == "files":
+        return sum(f.stat().st_size for f in src.files)
+    if src.kind == "builtin":
+        from bigtrain.data.builtin import builtin_documents
+        return sum(len(d.encode("utf-8")) for d in builtin_documents())
+    return None
 
 
 def _write_manifest(out: Path, src: Source, ident: dict, tokenizer: Any, job: _Job, shards: list[dict],

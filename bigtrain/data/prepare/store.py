@@ -18,6 +18,7 @@ import numpy as np
 
 FORMAT = "bigtrain-tokens-v1"
 MANIFEST = "manifest.json"
+PLAN_FILE = "plan.json"  # what an unfinished prepare is making (its identity); present before the manifest
 
 
 def is_prepared(path: str | Path) -> bool:
