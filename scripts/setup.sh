@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv and install bigtrain into it: torch first (the CPU build where there is no GPU),
-# then the package with its test extra. Safe to re-run; a second run only checks.
+# then the package with its test and ray extras. Safe to re-run; a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -23,5 +23,5 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   fi
 fi
 echo "setup: installing bigtrain and its dependencies"
-"${PIP[@]}" -e ".[test]"
+"${PIP[@]}" -e ".[test,ray]"  # the test suite runs the Ray verbs too (tests/test_ray.py)
 echo "setup: done ($(.venv/bin/python -c 'import torch, deepspeed; print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}")' 2>/dev/null))"

@@ -1,0 +1,180 @@
+"""bigtrain on Ray: Ray Train workers against the deepspeed launcher, a worker killed mid-run, a Tune sweep.
+
+One local Ray cluster serves the whole module (starting one costs seconds on 2 cores); it is shut
+down at the end and the test checks that none of its processes is left behind.
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launch import REPO, TINY, run_train, summary
+
+STEPS = 6
+# GPT-2 tiny, ZeRO-2, fp32 (TINY); a checkpoint every 3 steps, per-step log events (Ray reports).
+COMMON = ["--steps", str(STEPS), "--set", "zero.stage=2", "--set", "logging.interval=1",
+          "--set", "train.eval_interval=0", "--set", "train.eval_batches=2", "--set", "checkpoint.interval=3"]
+RANK_ENV = {"OMP_NUM_THREADS": "1", "DEEPSPEED_TIMEOUT": "2", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+RAY_PROCESSES = ("raylet", "gcs_server", "ray::")
+
+
+def ray_children() -> list[str]:
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            text = " ".join(proc.cmdline()[:2]) or proc.name()
+        except psutil.Error:
+            continue
+        if any(name in text for name in RAY_PROCESSES) or "ray/_private" in text or "ray/dashboard" in text:
+            found.append(f"{proc.pid} {text[:120]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray cluster for the module: 2 CPUs, a small object store, no dashboard. The
+    workers inherit this process's environment as it is when the cluster starts."""
+    from bigtrain.launch.ray_train import connect
+    saved = {key: os.environ.get(key) for key in RANK_ENV}
+    os.environ.update(RANK_ENV)
+    import ray
+    assert connect(None, num_cpus=2, object_store_mb=128)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        deadline = time.time() + 20
+        while ray_children() and time.time() < deadline:
+            time.sleep(0.5)
+        assert not ray_children(), f"Ray processes left running: {ray_children()}"
+
+
+@pytest.fixture(scope="module")
+def launcher_losses(tmp_path_factory):
+    """The same job through `deepspeed --num_gpus 2` (the reference for every Ray run here)."""
+    out = tmp_path_factory.mktemp("launcher") / "run"
+    run_train(out, COMMON)
+    s = summary(out)
+    assert len(s["losses"]) == STEPS and s["world_size"] == 2
+    return s["losses"]
+
+
+def max_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b), (a, b)
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+@pytest.mark.dist
+def test_ray_train_workers_match_the_deepspeed_launcher(ray_cluster, launcher_losses, tmp_path):
+    from bigtrain.checkpoint.store import check_complete
+    from bigtrain.launch.ray_train import read_pointer, train_on_ray
+    out = tmp_path / "ray"
+    result = train_on_ray(["--out", str(out), *TINY, *COMMON], num_workers=2)
+    assert result.error is None
+    s = summary(out)
+    assert s["world_size"] == 2 and s["steps"] == STEPS and s["stopped_by"] == ""
+    assert s["ds_config"]["zero_optimization"]["stage"] == 2
+    print(f"\nRay Train vs launcher: max |loss diff| {max_diff(s['losses'], launcher_losses):.2e} over {STEPS} steps")
+    assert max_diff(s["losses"], launcher_losses) <= 1e-5, (s["losses"], launcher_losses)
+    assert s["losses"][0] != s["losses"][-1]
+    # Ray got rank 0's metrics each log step, and bigtrain's last checkpoint as its own.
+    assert result.metrics["step"] == STEPS and abs(result.metrics["loss"] - s["losses"][-1]) < 1e-12
+    tag = read_pointer(result.checkpoint)
+    assert tag == (out / "checkpoints" / f"step_{STEPS:06d}").resolve() and check_complete(tag) is None
+    assert Path(result.path).is_relative_to((out / "ray").resolve())
+
+
+@pytest.mark.dist
+def test_a_killed_worker_restarts_from_the_last_checkpoint(ray_cluster, launcher_losses, tmp_path):
+    from bigtrain.launch.ray_train import TEST_EXIT_ENV, train_on_ray
+    out = tmp_path / "ray"
+    # rank 1 dies after step 5 on the first attempt; the last checkpoint is step 3
+    result = train_on_ray(["--out", str(out), *TINY, *COMMON], num_workers=2, max_failures=1,
+                          env={TEST_EXIT_ENV: "1:5"})
+    assert result.error is None
+    killed = out / "test_exit_rank1_step5"
+    assert killed.is_file(), "the worker was never killed"
+    ckpt = out / "checkpoints"
+    # Resumed from step 3, not restarted from scratch: step 3's checkpoint predates the kill, step 6's follows it.
+    assert (ckpt / "step_000003" / "bigtrain.json").stat().st_mtime < killed.stat().st_mtime
+    assert (ckpt / "step_000006" / "bigtrain.json").stat().st_mtime > killed.stat().st_mtime
+    s = summary(out)
+    assert s["steps"] == STEPS and s["stopped_by"] == ""
+    print(f"\nkilled at step 5, resumed at 3: max |loss diff| vs uninterrupted {max_diff(s['losses'], launcher_losses):.2e}")
+    assert max_diff(s["losses"][3:], launcher_losses[3:]) <= 1e-5, (s["losses"], launcher_losses)
+    assert max_diff(s["losses"], launcher_losses) <= 1e-5
+
+
+@pytest.mark.dist
+def test_tune_sweep_reports_the_best_config(ray_cluster, tmp_path, capsys):
+    from bigtrain.launch.tune import TuneSpace, print_outcome, tune_sweep
+    out = tmp_path / "tune"
+    args = ["--out", str(out), *TINY, "--steps", "5", "--set", "train.eval_interval=1", "--set", "train.eval_batches=2",
+            "--set", "logging.interval=1", "--set", "schedule.warmup_steps=1"]
+    result = tune_sweep(args, TuneSpace(lr=(1e-4, 1e-2), micro_batches=(2, 4), trials=4, seed=0))
+    assert len(result.rows) == 4 and not any(row["error"] for row in result.rows)
+    assert all(1 <= row["step"] <= 5 and math.isfinite(row["val_loss"]) for row in result.rows)
+    finished = [row for row in result.rows if row["step"] == 5]
+    assert finished and result.best_step == 5
+    assert result.best_val_loss == min(row["val_loss"] for row in finished)
+    lr, batch = result.best["optimizer.lr"], result.best["batch.micro_batch"]
+    assert 1e-4 <= lr <= 1e-2 and batch in (2, 4)
+    assert result.set_line == f"--set optimizer.lr={lr} --set batch.micro_batch={batch}"
+    # the best trial's own summary.json says the same
+    trial_summaries = [json.loads(p.read_text()) for p in (out / "trials").glob("*/summary.json")]
+    best = [s for s in trial_summaries if s["run_config"]["optimizer"]["lr"] == lr
+            and s["run_config"]["batch"]["micro_batch"] == batch and s["steps"] == 5]
+    assert best and abs(best[0]["val_losses"][-1][1] - result.best_val_loss) < 1e-9
+    print_outcome(result)
+    printed = capsys.readouterr().out
+    assert printed.strip().splitlines()[-1] == result.set_line
+    assert re.search(r"best: val_loss \d+\.\d{4} at step 5", printed)
+
+
+def test_nothing_imports_ray_unless_asked_and_without_it_the_verbs_say_how_to_install_it():
+    """One interpreter (imports cost seconds): bigtrain's CLI, job and Ray modules import no Ray;
+    with Ray made unimportable, each Ray verb says in one line how to install it."""
+    code = ("import sys\n"
+            "import bigtrain.cli, bigtrain.train.job, bigtrain.launch.ray_train, bigtrain.launch.tune\n"
+            "bigtrain.cli.build_parser()\n"
+            "print('ray modules', sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
+            "sys.modules['ray'] = None\n"
+            "print('exit', bigtrain.cli.main(['ray-train', '--num-workers', '2', '--steps', '2']))\n"
+            "print('exit', bigtrain.cli.main(['tune', '--steps', '2']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("ray modules", "exit"))]
+    assert lines == ["ray modules []", "exit 2", "exit 2"], proc.stdout
+    install = "Ray is not installed; install it with: pip install 'bigtrain[ray]'  (or: pip install 'ray[train,tune]')"
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("bigtrain ")]
+    assert errors == [f"bigtrain ray-train: {install}", f"bigtrain tune: {install}"], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_bad_job_config_is_one_line_before_ray_starts(capsys, monkeypatch):
+    import bigtrain.launch.ray_train as ray_train
+    from bigtrain.cli import main
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("Ray was started for a job config that cannot run")
+    monkeypatch.setattr(ray_train, "connect", no_cluster)
+    code = main(["ray-train", "--num-workers", "2", *TINY, "--set", "zero.stage=2", "--set", "pipeline.stages=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "DeepSpeed pipelines support ZeRO 0-1 only" in err and "Traceback" not in err
+    assert main(["ray-train", "--num-workers", "2", "--no-such-flag"]) == 2
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+    assert main(["tune", "--lr", "0.1:0.01", *TINY]) == 2
+    assert "--lr '0.1:0.01': give LOW:HIGH" in capsys.readouterr().err
