@@ -1,15 +1,66 @@
-"""`bigtrain <verb>`: configs | lint | train | estimate | export | bench | preflight | prepare.
+"""`bigtrain <verb>`: configs | lint | train | estimate | export | models | preflight | bench | plot ...
 
-Each verb lives in its own module; this file only wires argparse to them. A user's mistake
-ends with one line on stderr and exit code 2, never a stack trace.
+Each verb lives in its own module and registers its subparser (VERBS, one line each); this file
+only wires argparse to them. Building the parser imports no torch or DeepSpeed, so `bigtrain
+--help` and every verb's `--help` start at once: a verb imports what it needs when it runs
+(tests/test_cli.py holds every verb module to that). Every flag takes both spellings,
+`--num_gpus` and `--num-gpus`. A user's mistake ends with one line on stderr and exit code 2,
+never a stack trace.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+from typing import Sequence
 
-from bigtrain.ds.lint import LintError
+# One line per verb: "module:function" that adds its subparser (imported when the parser is built,
+# so the module must not import torch/DeepSpeed at its top; tests/test_cli.py checks).
+VERBS = [
+    "bigtrain.launch.train:add_train_parser",
+    "bigtrain.estimate.cli:add_estimate_parser",
+    "bigtrain.export.cli:add_export_parser",
+    "bigtrain.models.cli:add_models_parser",
+    "bigtrain.launch.preflight:add_preflight_parser",
+    "bigtrain.bench.cli:add_bench_parser",
+    "bigtrain.metrics.plot:add_plot_parser",
+    "bigtrain.data.prepare.cli:add_prepare_parser",
+]
+
+
+class FlagParser(argparse.ArgumentParser):
+    """An ArgumentParser that takes every long flag as `--snake_case` or `--kebab-case`.
+
+    DeepSpeed's launcher and scripts spell flags `--num_gpus`, POSIX tools `--num-gpus`; users
+    type both. A flag this parser does not know under the spelling given is looked up under the
+    other spelling before argparse sees it. Subparsers made with `add_subparsers().add_parser`
+    are of this class too, so every verb gets it without registering both names.
+    """
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self.known_spellings(args), namespace)
+
+    def known_spellings(self, args: list[str]) -> list[str]:
+        """`args` with each long flag in the spelling this parser registered (up to a bare `--`)."""
+        out = []
+        for i, arg in enumerate(args):
+            if arg == "--":
+                return out + args[i:]
+            out.append(self._spelling(arg))
+        return out
+
+    def _spelling(self, arg: str) -> str:
+        if not arg.startswith("--") or len(arg) < 3:
+            return arg
+        name, eq, value = arg.partition("=")
+        if name in self._option_string_actions:
+            return arg
+        for other in ("--" + name[2:].replace("_", "-"), "--" + name[2:].replace("-", "_")):
+            if other in self._option_string_actions:
+                return other + eq + value
+        return arg
 
 
 def cmd_configs(args: argparse.Namespace) -> int:
@@ -38,14 +89,41 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def add_run_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="run config YAML/JSON (see bigtrain/config.py)")
+    parser.add_argument("--config", help="run config YAML/JSON (see bigtrain/config/run_config.py)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run-config field, e.g. --set zero.stage=3 (repeatable)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bigtrain", description="Train large models with DeepSpeed.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def version_line() -> str:
+    """bigtrain's version and the versions it runs with, read from the installed metadata (no imports)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from bigtrain import __version__
+    found = []
+    for dist in ("deepspeed", "torch", "transformers"):
+        try:
+            found.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            found.append(f"{dist} not installed")
+    return f"bigtrain {__version__} ({', '.join(found)}, python {sys.version.split()[0]})"
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        print(version_line())
+        parser.exit()
+
+
+def build_parser() -> FlagParser:
+    parser = FlagParser(prog="bigtrain", description="Train large models with DeepSpeed.",
+                        epilog="Every flag may be spelled --snake_case or --kebab-case. "
+                               "`bigtrain VERB --help` for a verb's flags.")
+    parser.add_argument("--version", action=_Version, help="print the versions of bigtrain, DeepSpeed, torch and "
+                                                            "transformers, and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="VERB")
 
     p = sub.add_parser("configs", help="write the DeepSpeed configs in ds_configs/ from the presets")
     p.add_argument("--out", default="ds_configs", help="output directory (default ds_configs)")
@@ -60,34 +138,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_config_args(p)
     p.set_defaults(func=cmd_lint)
 
-    from bigtrain.bench.cli import add_bench_parser
-    from bigtrain.data.prepare.cli import add_prepare_parser
-    from bigtrain.estimate.cli import add_estimate_parser
-    from bigtrain.export import add_export_parser
-    from bigtrain.models.cli import add_models_parser
-    from bigtrain.launch.preflight import add_preflight_parser
-    from bigtrain.launch.train import add_train_parser
-    for register in (add_train_parser, add_estimate_parser, add_export_parser, add_models_parser,
-                     add_preflight_parser, add_bench_parser, add_prepare_parser):
-        register(sub)
+    for entry in VERBS:
+        module, _, function = entry.partition(":")
+        getattr(importlib.import_module(module), function)(sub)
     return parser
 
 
-def deepspeed_logs_to_stderr() -> None:
-    """DeepSpeed's logger writes to the stdout it saw at import; the CLI's stdout is for results."""
-    import contextlib
-    with contextlib.redirect_stdout(sys.stderr):
-        import deepspeed  # noqa: F401
-
-
 def main(argv: list[str] | None = None) -> int:
-    deepspeed_logs_to_stderr()
+    from bigtrain.metrics.logs import route_library_logs
+    # DeepSpeed prints to stdout, which is the verbs' results (lint's JSON): its lines are held
+    # back, errors go to stderr. `bigtrain train` ranks keep theirs in the run's log files.
+    route_library_logs(console=sys.stderr)
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "passes_unknown_args", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if unknown:
         args.run_args = [*args.run_args, *unknown]
+    from bigtrain.ds.lint import LintError
     try:
         return int(args.func(args) or 0)
     except LintError as err:

@@ -1,31 +1,49 @@
 """`bigtrain estimate`: the memory table for a model from the zoo, and the fastest setup that fits.
 
-    bigtrain estimate --model gpt2 --size xl --num-gpus 8 --num-nodes 2 --gpu-mem 80GB
+    bigtrain estimate --model gpt2 --size xl --num-gpus 8 --num-nodes 2 --gpu-mem 80
+    bigtrain estimate --model gpt2 --pretrained ./my-gpt2 --gpu-mem 24GiB
 
 The model's shape comes from `bigtrain.models.build`; its parameter list from building it
-on the meta device (no memory, no weights). Transformer activations use the formula in
+on the meta device (no memory, no weights; a pretrained directory is read for its config only). Transformer activations use the formula in
 `bigtrain.estimate.memory_model`; other families' activations are counted from the tensors a meta-device
 forward saves for backward.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import yaml
+from bigtrain.estimate.memory_model import (PRECISIONS, ActivationCount, MemoryEstimate, ModelShape, Setup, all_setups,
+                                            estimate, fits, parse_memory, recommend)
 
-from bigtrain.estimate.memory_model import (PRECISIONS, ActivationCount, MemoryEstimate, ModelShape, Setup, all_setups, estimate,
-                               fits, parse_memory, recommend)
-from bigtrain.models.spec import ModelSpec
+if TYPE_CHECKING:  # torch is imported where it is used: `bigtrain estimate --help` starts without it
+    import torch
 
-_DTYPES = {4: torch.float32, 2: torch.bfloat16}
+    from bigtrain.models.spec import ModelSpec
+
+
+def parse_gpu_mem(text: str, what: str = "--gpu-mem") -> int:
+    """Bytes of a memory size; a bare number is GB (`--gpu-mem 80` = 80 GB, as GPUs are sold), units as
+    `parse_memory` (80GB = 80e9, 80GiB / 80G = 80 * 2**30)."""
+    if isinstance(text, str) and re.fullmatch(r"\s*[0-9]*\.?[0-9]+\s*", text):
+        text = text.strip() + "GB"
+    return parse_memory(text, what)
 
 
 def _meta_module(spec: ModelSpec) -> torch.nn.Module:
+    """The module on the meta device. A pretrained model's `construct` loads weights, which the meta
+    device cannot hold: its shape is built from the config instead (nothing is read but config.json)."""
+    import torch
+    construct = getattr(spec, "construct", None) or spec.build
+    if getattr(spec, "pretrained", None) or (spec.extra or {}).get("pretrained"):
+        hf_class = getattr(spec, "hf_class", None) or type(None)
+        if hasattr(hf_class, "_from_config"):
+            with torch.device("meta"):
+                return hf_class._from_config(spec.config)
     with torch.device("meta"):
-        return spec.build()
+        return construct()
 
 
 def parameter_layout(module: torch.nn.Module) -> tuple[int, tuple[int, ...], int]:
@@ -36,6 +54,7 @@ def parameter_layout(module: torch.nn.Module) -> tuple[int, tuple[int, ...], int
 
 
 def _sample_batch(spec: ModelSpec, device: str) -> dict:
+    import torch
     with torch.device(device):
         if spec.modality == "image":
             size = spec.extra["image_size"]
@@ -52,6 +71,7 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
     `spec.checkpoint_blocks`; a block's input is what checkpointing keeps of it. On the meta
     device attention runs the math kernel, so use this for models without attention.
     """
+    import torch
     if device == "meta":
         module = _meta_module(spec)
     else:
@@ -86,7 +106,7 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
         batch["pixel_values"] = batch["pixel_values"].to(dtype)
     inputs, labels = spec.batch_to_inputs(batch)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        spec.loss(module(inputs), labels)
+        spec.loss(module(**inputs) if isinstance(inputs, dict) else module(inputs), labels)
     for h in hooks:
         h.remove()
     per_block = [sum(b for b, w in saved.values() if w == i) for i in range(len(blocks))]
@@ -109,12 +129,15 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape
     if spec.family == "encoder":
         return ModelShape(**common, n_layer=cfg.n_layer, hidden=cfg.n_embd, heads=cfg.n_head, seq_len=cfg.seq_len,
                           profile="encoder-sdpa", dropout=cfg.dropout)
+    import torch
+    dtypes = {4: torch.float32, 2: torch.bfloat16}
     sizes = [PRECISIONS[precision]] if precision else sorted(set(PRECISIONS.values()))
-    measured = {e: measure_activations(spec, _DTYPES[e]) for e in sizes}
+    measured = {e: measure_activations(spec, dtypes[e]) for e in sizes}
     return ModelShape(**common, measured=measured)
 
 
 def _parse_overrides(items: list[str]) -> dict[str, Any]:
+    import yaml
     overrides = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -144,7 +167,8 @@ def format_table(rows: list[MemoryEstimate], gpu_mem: float, cpu_mem: float | No
 
 def run_settings(best: Setup, model_overrides: dict[str, Any]) -> str:
     """The run-config overrides that select `best` (and the model the estimate was for)."""
-    sets = [f"model.overrides.{k}={v}" if k != "seq_len" else f"data.seq_len={v}" for k, v in model_overrides.items()]
+    where = {"seq_len": "data.seq_len", "pretrained": "model.pretrained"}
+    sets = [f"{where.get(k, 'model.overrides.' + k)}={v}" for k, v in model_overrides.items()]
     sets += [f"zero.stage={best.zero_stage}", f"precision={best.precision}", f"batch.micro_batch={best.micro_batch}"]
     if best.offload_optimizer != "none":
         sets.append(f"offload.optimizer={best.offload_optimizer}")
@@ -159,21 +183,26 @@ def run_estimate(args: argparse.Namespace) -> int:
     """Print the table and the recommendation; 0 when a setup fits, 1 when none does."""
     from bigtrain.models import build
     overrides = _parse_overrides(args.set)
+    if args.pretrained:
+        overrides["pretrained"] = args.pretrained
+    size = args.size or ("custom" if overrides.get("pretrained") else None)
+    if size is None:
+        raise ValueError("--size is missing: give a named size (see `bigtrain models`), or --pretrained DIR")
     if args.seq_len is not None:
         if args.model == "resnet":
             raise ValueError("--seq-len applies to token models (gpt2, encoder); ResNet takes --set image_size=N")
         overrides["seq_len"] = args.seq_len
-    gpu_mem = parse_memory(args.gpu_mem, "--gpu-mem")
-    cpu_mem = parse_memory(args.cpu_mem, "--cpu-mem") if args.cpu_mem else None
+    gpu_mem = parse_gpu_mem(args.gpu_mem, "--gpu-mem")
+    cpu_mem = parse_gpu_mem(args.cpu_mem, "--cpu-mem") if args.cpu_mem else None
     if not 0 <= args.headroom < 1:
         raise ValueError(f"--headroom {args.headroom}: give a fraction in [0, 1), e.g. 0.1")
-    spec = build(args.model, args.size, **overrides)
+    spec = build(args.model, size, **overrides)
     shape = shape_from_spec(spec, args.precision)
     base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
                  micro_batch=args.micro_batch)
     rows = [estimate(shape, s) for s in all_setups(base)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
-    print(f"{args.model} {args.size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
+    print(f"{args.model} {size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
           f"({args.num_gpus} per node x {args.num_nodes} nodes), {args.precision}, micro-batch {args.micro_batch}{seq}")
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
     print("GiB. GPU/rank = params + optim + the larger of acts (end of forward) and grads + buffers (end of "
@@ -188,7 +217,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         return 1
     print(f"recommended: {best.setup.label} ({_gib(best.device_peak)} GiB of {_gib(gpu_mem)} GiB per GPU"
           + (f", {_gib(best.host_per_node)} GiB CPU per node" if best.host else "") + ")")
-    print(f"  bigtrain train --model {args.model} --size {args.size} {run_settings(best.setup, overrides)}")
+    print(f"  bigtrain train --model {args.model} --size {size} {run_settings(best.setup, overrides)}")
     return 0
 
 
@@ -197,13 +226,17 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("estimate", help="per-rank memory for each ZeRO stage x offload x checkpointing",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="model family: gpt2, encoder, resnet")
-    p.add_argument("--size", required=True, help="named size (see `bigtrain models`), or custom with --set")
+    p.add_argument("--size", default=None, help="named size (see `bigtrain models`), or custom with --set; "
+                                                "default custom with --pretrained")
+    p.add_argument("--pretrained", default=None, metavar="DIR",
+                   help="a local Hugging Face model directory: its config.json gives the shape (no weights read)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="model override, e.g. --set n_layer=24 (repeatable)")
     p.add_argument("--num-gpus", type=_positive_int, default=8, help="GPUs (ranks) per node (default 8)")
     p.add_argument("--num-nodes", type=_positive_int, default=1, help="nodes (default 1)")
-    p.add_argument("--gpu-mem", default="80GiB", help="memory per GPU: 80GB (10^9), 80GiB or 80G (2^30); default 80GiB")
-    p.add_argument("--cpu-mem", default=None, help="host memory per node, checked for offload (e.g. 512GiB)")
+    p.add_argument("--gpu-mem", default="80GiB",
+                   help="memory per GPU: 80 or 80GB (10^9 bytes), 80GiB or 80G (2^30); default 80GiB")
+    p.add_argument("--cpu-mem", default=None, help="host memory per node, checked for offload (e.g. 512 = 512 GB, 512GiB)")
     p.add_argument("--micro-batch", type=_positive_int, default=1, help="samples per forward per rank (default 1)")
     p.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sample (token models)")
     p.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16", help="training precision (default bf16)")

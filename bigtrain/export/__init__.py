@@ -8,10 +8,16 @@ directory for GPT-2), in one CPU process, never touching the checkpoint.
     exporter.py  export_checkpoint: the above in order
     cli.py       add_export_parser for bigtrain.cli
 """
-from bigtrain.export.cli import add_export_parser, cmd_export
-from bigtrain.export.exporter import ExportResult, export_checkpoint
-from bigtrain.export.locate import Located, locate_checkpoint
-from bigtrain.export.write import load_exported
+import importlib
+from typing import Any
 
-__all__ = ["ExportResult", "Located", "add_export_parser", "cmd_export", "export_checkpoint", "load_exported",
-           "locate_checkpoint"]
+_WHERE = {"add_export_parser": "cli", "cmd_export": "cli", "ExportResult": "exporter", "export_checkpoint": "exporter",
+          "Located": "locate", "locate_checkpoint": "locate", "load_exported": "write"}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Names load on first use: `bigtrain --help` registers the verb without importing torch."""
+    if name not in _WHERE:
+        raise AttributeError(f"module 'bigtrain.export' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"bigtrain.export.{_WHERE[name]}"), name)

@@ -1,19 +1,35 @@
 """Training metrics: FLOPs / MFU against a measured peak, step timing, per-rank memory,
-the rank-0 progress bar and log line, and monitors (TensorBoard / CSV via DeepSpeed).
+the rank-0 progress bar and log line, monitors (TensorBoard / CSV / W&B / Comet via DeepSpeed),
+the loss plot, and where log lines go.
 
 `flops`    measure_peak_tflops, achieved_tflops, mfu, ThroughputMeter
 `memory`   memory_report (model-state bytes from the tensors), peak_memory
 `progress` format_log_line, ProgressBar
 `monitor`  MetricsLogger
-"""
-from bigtrain.metrics.flops import ThroughputMeter, achieved_tflops, as_dtype, measure_peak_tflops, mfu
-from bigtrain.metrics.memory import (memory_per_rank_bytes, memory_report, peak_memory, peak_rss_bytes,
-                                     reset_peak_memory, rss_bytes)
-from bigtrain.metrics.monitor import MetricsLogger
-from bigtrain.metrics.progress import ProgressBar, format_bytes, format_duration, format_log_line, human_count
+`plot`     loss.png of a run, `bigtrain plot` overlaying runs
+`logs`     bigtrain's lines on the console, DeepSpeed's and warnings in the rank's log file
 
-__all__ = [
-    "MetricsLogger", "ProgressBar", "ThroughputMeter", "achieved_tflops", "as_dtype", "format_bytes",
-    "format_duration", "format_log_line", "human_count", "measure_peak_tflops", "memory_per_rank_bytes",
-    "memory_report", "mfu", "peak_memory", "peak_rss_bytes", "reset_peak_memory", "rss_bytes",
-]
+Names are imported on first use: `flops` and `memory` import DeepSpeed, which the CLI's light
+verbs (help, plot) must not pay for.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "ThroughputMeter": "flops", "achieved_tflops": "flops", "as_dtype": "flops", "measure_peak_tflops": "flops",
+    "mfu": "flops", "memory_per_rank_bytes": "memory", "memory_report": "memory", "peak_memory": "memory",
+    "peak_rss_bytes": "memory", "reset_peak_memory": "memory", "rss_bytes": "memory", "MetricsLogger": "monitor",
+    "ProgressBar": "progress", "format_bytes": "progress", "format_duration": "progress",
+    "format_log_line": "progress", "human_count": "progress",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'bigtrain.metrics' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"bigtrain.metrics.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

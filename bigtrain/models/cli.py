@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import yaml
-
-from bigtrain.models.registry import _families, build, families
-
 
 def _parse_overrides(items: list[str]) -> dict[str, Any]:
+    import yaml
     overrides = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -22,6 +19,7 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
 
 def table(family: str | None, overrides: dict[str, Any]) -> str:
     """One line per (family, named size); ValueError for an unknown family or override."""
+    from bigtrain.models.registry import _families, build, families  # torch: not for `bigtrain --help`
     fams = families()
     if family is not None and family not in fams:
         raise ValueError(f"unknown model family {family!r}; choose one of: {', '.join(fams)}")
