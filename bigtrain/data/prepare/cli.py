@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be a positive integer")
+    if args.num_proc == 1:  # one process means one core: no tokenizer threads either
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     src = text_source(args.data, args.split, args.revision, args.streaming)
     out = Path(args.out)
     tokenizer = _tokenizer(args, src, out)

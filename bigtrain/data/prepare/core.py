@@ -9,6 +9,7 @@ not a prepared corpus, and a rerun (after a kill -9, say) keeps every finished s
 from __future__ import annotations
 
 import fcntl
+import itertools
 import logging
 import os
 import shutil
@@ -20,7 +21,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from bigtrain.data.prepare.pieces import PIECE_BYTES, Piece, plan, write_spool
+from bigtrain.data.prepare.pieces import BATCH_BYTES, PIECE_BYTES, Piece, plan, write_spool
 from bigtrain.data.prepare.pool import WorkerPool
 from bigtrain.data.prepare.progress import Progress
 from bigtrain.data.prepare.store import FORMAT, MANIFEST, PLAN_FILE, PreparedCorpus
@@ -58,12 +59,15 @@ def identity(src: Source, tokenizer: Any, text_field: str, hash_content: bool) -
 
 def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field: str = "text",
             num_proc: int | None = None, seq_len: int | None = None, hash_content: bool = False,
-            piece_bytes: int = PIECE_BYTES, progress: bool = True) -> PreparedCorpus:
+            piece_bytes: int = PIECE_BYTES, batch_bytes: int = BATCH_BYTES, progress: bool = True) -> PreparedCorpus:
     """Tokenize `source` into `out` (or reuse / finish what is there); returns the prepared corpus.
 
     `tokenizer` is a transformers tokenizer; it is saved into out/tokenizer. `num_proc` worker
-    processes (default: every core) tokenize in parallel, one thread each. `seq_len` only
-    makes the summary report how many training blocks the corpus gives.
+    processes (default: every core) tokenize in parallel, one thread each; with 1 (or a corpus of
+    one piece) this process tokenizes. `seq_len` only
+    makes the summary report how many training blocks the corpus gives. `piece_bytes` (the unit of
+    work and of resume) and `batch_bytes` (text per tokenizer call: what bounds memory) rarely need
+    changing.
     """
     from bigtrain.data.tokenizer import eos_id
 
@@ -79,7 +83,8 @@ def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field
             return PreparedCorpus(out)
         _start_or_resume(out, ident)
         _save_tokenizer(tokenizer, out / "tokenizer")
-        job = _Job(src, ident, out, token_dtype(len(tokenizer)).name, eos_id(tokenizer), num_proc, piece_bytes)
+        job = _Job(src, ident, out, token_dtype(len(tokenizer)).name, eos_id(tokenizer), num_proc,
+                   (piece_bytes, batch_bytes))
         started = time.perf_counter()
         shards = job.run(progress)
         _write_manifest(out, src, ident, tokenizer, job, shards, seq_len, time.perf_counter() - started)
@@ -146,21 +151,25 @@ def _save_tokenizer(tokenizer: Any, directory: Path) -> None:
 class _Job:
     """One prepare run: plan, skip finished pieces, tokenize the rest in a pool (or here, when small)."""
 
-    def __init__(self, src: Source, ident: dict, out: Path, dtype: str, eos: int, num_proc: int, piece_bytes: int):
+    def __init__(self, src: Source, ident: dict, out: Path, dtype: str, eos: int, num_proc: int,
+                 sizes: tuple[int, int]):
         self.src, self.ident, self.out = src, ident, out
-        self.dtype, self.eos, self.num_proc, self.piece_bytes = dtype, eos, num_proc, piece_bytes
+        self.dtype, self.eos, self.num_proc = dtype, eos, num_proc
+        self.piece_bytes, self.batch_bytes = sizes
         self.shard_dir = out / "shards"
         self.total_bytes = _total_bytes(src)
         self.resumed = 0
 
     def run(self, show: bool) -> list[dict]:
-        inline = self.total_bytes is not None and self.total_bytes <= self.piece_bytes  # one small piece
         bar = Progress(self.total_bytes, show)
         markers: dict[int, dict] = {}
         pieces = plan(self.src, self.ident["text_field"], self.piece_bytes, self.out / "spool")
+        first = list(itertools.islice(pieces, 2))
+        inline = len(first) < 2 or self.num_proc == 1  # no worker processes: tokenize in this one
+        pieces = itertools.chain(first, pieces)
         try:
             if inline:
-                setup(str(self.out / "tokenizer"), self.eos, self.dtype, report=bar.add)
+                setup(str(self.out / "tokenizer"), self.eos, self.dtype, self.batch_bytes, report=bar.add)
                 for piece, _ in self._todo(pieces, markers, bar):
                     markers[piece.index] = process_piece(piece, self.ident["text_field"], str(self.shard_dir))
                     bar.finished(markers[piece.index])
@@ -194,7 +203,8 @@ class _Job:
 
     def _pool(self, pieces: Iterator[tuple[Piece, list[str] | None]], markers: dict[int, dict],
               bar: Progress) -> None:
-        init = {"tokenizer_dir": str(self.out / "tokenizer"), "eos": self.eos, "dtype": self.dtype}
+        init = {"tokenizer_dir": str(self.out / "tokenizer"), "eos": self.eos, "dtype": self.dtype,
+                "batch_bytes": self.batch_bytes}
         field, shard_dir = self.ident["text_field"], str(self.shard_dir)
 
         def done(piece: Piece, marker: dict) -> None:

@@ -183,24 +183,24 @@ def iter_documents(src: Source, text_field: str, max_bytes: int | None = None) -
 
 # --- reading a piece (in a worker) -----------------------------------------------------------
 
-def read_piece(piece: Piece, text_field: str) -> Iterator[tuple[list[str], bool, int]]:
+def read_piece(piece: Piece, text_field: str, batch_bytes: int = BATCH_BYTES) -> Iterator[tuple[list[str], bool, int]]:
     """Batches of (texts, last_ends_document, input bytes): every text is a whole document except in .txt
     pieces, whose chunks continue one document that ends (gets an EOS) only at the end of its file.
     The input bytes of the batches add up to the piece's `nbytes`."""
     if piece.kind == "parquet":
         yield from _parquet_texts(piece, text_field)
     elif piece.kind == "txt":
-        yield from _txt_chunks(piece)
+        yield from _txt_chunks(piece, batch_bytes)
     elif piece.kind == "spool":
-        for texts, _ in _jsonl_texts(piece, "text"):
+        for texts, _ in _jsonl_texts(piece, "text", batch_bytes):
             yield texts, True, sum(len(t.encode("utf-8")) for t in texts)
     else:
-        for texts, nbytes in _jsonl_texts(piece, text_field):
+        for texts, nbytes in _jsonl_texts(piece, text_field, batch_bytes):
             yield texts, True, nbytes
 
 
-def _byte_batches(piece: Piece, cut: re.Pattern | None) -> Iterator[tuple[bytes, int]]:
-    """The piece's bytes in batches of about BATCH_BYTES, each ending at a cut (a line start),
+def _byte_batches(piece: Piece, cut: re.Pattern | None, batch_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """The piece's bytes in batches of about batch_bytes, each ending at a cut (a line start),
     with the bytes read for it."""
     if piece.kind == "spool":
         start, end = 0, Path(piece.path).stat().st_size
@@ -210,7 +210,7 @@ def _byte_batches(piece: Piece, cut: re.Pattern | None) -> Iterator[tuple[bytes,
         f.seek(start)
         pos, carry = start, b""
         while pos < end:
-            buf = f.read(min(BATCH_BYTES, end - pos))
+            buf = f.read(min(batch_bytes, end - pos))
             if not buf:
                 raise ValueError(f"{piece.path} is shorter than when the prepare began: it changed; prepare again")
             pos += len(buf)
@@ -232,8 +232,8 @@ def _last_cut(data: bytes, cut: re.Pattern) -> int:
     return last
 
 
-def _jsonl_texts(piece: Piece, field: str) -> Iterator[tuple[list[str], int]]:
-    for data, nbytes in _byte_batches(piece, None):
+def _jsonl_texts(piece: Piece, field: str, batch_bytes: int) -> Iterator[tuple[list[str], int]]:
+    for data, nbytes in _byte_batches(piece, None, batch_bytes):
         texts = []
         for line in data.splitlines():
             if not line.strip():
@@ -260,8 +260,8 @@ def _field(record: object, field: str, where: str) -> str | None:
     return text
 
 
-def _txt_chunks(piece: Piece) -> Iterator[tuple[list[str], bool, int]]:
-    chunks = _byte_batches(piece, TXT_CUT)
+def _txt_chunks(piece: Piece, batch_bytes: int) -> Iterator[tuple[list[str], bool, int]]:
+    chunks = _byte_batches(piece, TXT_CUT, batch_bytes)
     previous = next(chunks, None)
     for chunk in chunks:
         yield [_universal_newlines(previous[0])], False, previous[1]

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bigtrain.data.prepare.pieces import Piece, read_piece
+from bigtrain.data.prepare.pieces import BATCH_BYTES, Piece, read_piece
 
 _STATE: dict[str, Any] = {}  # per worker process: encoder, eos, dtype, shared counters
 
@@ -57,10 +57,12 @@ def make_encoder(tokenizer_dir: str):
     return lambda texts: [slow.encode(t, add_special_tokens=False) for t in texts]
 
 
-def setup(tokenizer_dir: str, eos: int, dtype: str, report: Callable[[list[int]], None] | None = None) -> None:
+def setup(tokenizer_dir: str, eos: int, dtype: str, batch_bytes: int = BATCH_BYTES,
+          report: Callable[[list[int]], None] | None = None) -> None:
     """Load the encoder for `process_piece` in this process (the main one too, for a small corpus);
-    `report` gets [tokens, docs, input bytes] after every batch."""
-    _STATE.update(encode=make_encoder(tokenizer_dir), eos=eos, dtype=np.dtype(dtype), report=report)
+    `report` gets [tokens, docs, input bytes] after every batch of about `batch_bytes` of input."""
+    _STATE.update(encode=make_encoder(tokenizer_dir), eos=eos, dtype=np.dtype(dtype), batch_bytes=batch_bytes,
+                  report=report)
 
 
 def _die_with_parent() -> None:
@@ -81,7 +83,7 @@ def process_piece(piece: Piece, text_field: str, shard_dir: str) -> dict:
     ends: list[np.ndarray] = []
     tokens = docs = 0
     with open(tmp["tokens"], "wb") as out:
-        for texts, last_ends, nbytes in read_piece(piece, text_field):
+        for texts, last_ends, nbytes in read_piece(piece, text_field, state["batch_bytes"]):
             ids, doc_ends = _encode(texts, last_ends, state["encode"], state["eos"], state["dtype"])
             out.write(ids.tobytes())
             ends.append(tokens + doc_ends)
