@@ -16,12 +16,15 @@ if __package__ in (None, ""):
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
+from bigtrain.cli import FlagParser  # noqa: E402
 from bigtrain.config.run_config import RunConfig  # noqa: E402
 from bigtrain.config.load import load_run_config  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Train a model with DeepSpeed (see README).")
+    """Every flag also takes its other spelling (--peak_tflops, --stop_after: FlagParser)."""
+    p = FlagParser(description="Train a model with DeepSpeed (see README).",
+                   epilog="Every flag may be spelled --snake_case or --kebab-case.")
     p.add_argument("--config", help="run config YAML/JSON")
     p.add_argument("--model", help="model family: gpt2, resnet, encoder (model.family)")
     p.add_argument("--size", help="named size, e.g. tiny, mini, small, medium (model.size)")
@@ -37,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-after", type=int, help="save and stop after this step (time-boxed jobs, tests)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any run-config field, e.g. --set zero.stage=3 (repeatable)")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print DeepSpeed's log and torch's warnings here (they are always in OUT/logs/rank*.log)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
@@ -52,6 +57,8 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from bigtrain.metrics.logs import route_library_logs
+    route_library_logs(verbose=args.verbose, console=sys.stderr)  # before anything imports DeepSpeed
     try:
         run = run_config_from_args(args)
     except ValueError as err:

@@ -142,14 +142,31 @@ class FakeTTY(io.StringIO):
         return True
 
 
-def test_progress_bar_redraws_one_line_on_a_tty():
+def test_progress_bar_on_a_tty_is_a_tqdm_bar_and_log_lines_go_above_it():
+    import logging
     out = FakeTTY()
-    bar = ProgressBar(4, stream=out, min_interval=0.0, width=8)
-    for step in range(1, 5):
-        bar.update(step, loss=1.0)
+    handler = logging.StreamHandler(out)
+    logger = logging.getLogger("bigtrain")
+    logger.addHandler(handler)
+    try:
+        bar = ProgressBar(4, stream=out, min_interval=0.0)
+        for step in range(1, 5):
+            bar.tick(step)
+            if step == 2:
+                bar.update(step, loss=1.0)
+                logger.warning("a log line")
+                bar.write("eval step 2: val loss 0.9")
+        bar.update(4, loss=0.5)
+        logger.warning("after the bar")
+    finally:
+        logger.removeHandler(handler)
     text = out.getvalue()
-    assert text.count("\r") == 4 and text.endswith("\n") and text.count("\n") == 1
-    assert "\r[##......] step 1/4 | loss 1.000" in text and "\r[########] step 4/4" in text
+    assert "2/4 [" in text and ", loss 1.000]" in text and "100%|" in text and "4/4 [" in text and "loss 0.500]" in text
+    # tqdm lifts the bar (\r + blanks + \r), prints the line, then redraws the bar below it
+    for line in ("a log line", "eval step 2: val loss 0.9"):
+        before, after = text.split(line + "\n", 1)
+        assert before.endswith("\r") and after.startswith("\r") and "/4 [" in after.split("\n")[0]
+    assert text.endswith("\nafter the bar\n") and handler.stream is out  # logging has its stream back
     silent = FakeTTY()
     ProgressBar(4, stream=silent, enabled=False).update(1, loss=1.0)
     assert silent.getvalue() == ""

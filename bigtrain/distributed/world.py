@@ -41,8 +41,10 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
         tune_cpu_rank()  # before gloo starts its threads, so they inherit the binding
     minutes = timeout_minutes or float(os.environ.get("DEEPSPEED_TIMEOUT", "10"))
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
-                                   timeout=timedelta(minutes=minutes), auto_mpi_discovery=False)
+        from bigtrain.metrics.logs import library_stdout
+        with library_stdout():  # DeepSpeed prints "... shm_comm_op built successfully": to the rank's log
+            deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
+                                       timeout=timedelta(minutes=minutes), auto_mpi_discovery=False)
     world = World(torch.distributed.get_rank(), int(os.environ.get("LOCAL_RANK", "0")),
                   torch.distributed.get_world_size())
     if get_accelerator().device_name() != "cpu":

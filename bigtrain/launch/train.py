@@ -1,15 +1,22 @@
-"""`bigtrain train ...`: the deepspeed launcher around bigtrain/run.py, with sensible rank and thread counts."""
+"""`bigtrain train ...`: the deepspeed launcher around `bigtrain.run`, with sensible rank and thread counts.
+
+The ranks run `python -m bigtrain.run` (the launcher's `--module`), so an installed package
+needs no checkout. The console shows bigtrain's lines: the launcher's INFO lines and DeepSpeed's
+per-process accelerator warning stay out (`--verbose` shows them; each rank keeps DeepSpeed's
+log in OUT/logs/rank{R}.log either way).
+"""
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
-RUN_SCRIPT = Path(__file__).resolve().parents[1] / "run.py"
+RUN_MODULE = "bigtrain.run"
 # glibc malloc for CPU ranks: never mmap/munmap large blocks, never trim the heap (docs/benchmarks.md).
 MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
 
@@ -25,19 +32,50 @@ def default_num_ranks() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
-def launcher_command(run_args: list[str], num_ranks: int, hostfile: str | None, master_port: int | None,
-                     launcher_args: list[str]) -> list[str]:
+def ranks_here(hostfile: str) -> int:
+    """Ranks the launcher starts on this node for `hostfile` (read as DeepSpeed reads it): this host's
+    slots, or the most slots of any host when this node is not listed by name."""
+    from bigtrain.launch.preflight import is_local, read_hostfile
+    entries = read_hostfile(hostfile)  # PreflightError (a ValueError) names each bad line
+    mine = [e.slots for e in entries if is_local(e.host) or e.host == socket.getfqdn()]
+    return mine[0] if mine else max(e.slots for e in entries)
+
+
+def launcher_command(run_args: list[str], num_ranks: int | None, hostfile: str | None, master_port: int | None,
+                     launcher_args: list[str], verbose: bool = False) -> list[str]:
+    """`deepspeed [--hostfile F | --num_gpus N] [--master_port P] --module bigtrain.run RUN_ARGS`.
+
+    With a hostfile, `num_ranks` (from --num-gpus) limits the ranks per node, as `deepspeed --num_gpus` does.
+    """
     deepspeed = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     cmd = [deepspeed]
     if hostfile:
-        if not Path(hostfile).is_file():  # DeepSpeed would silently fall back to this machine
-            raise ValueError(f"hostfile {hostfile} does not exist; give an existing file (see hostfile.example)")
+        ranks_here(hostfile)  # a missing or bad file stops here: DeepSpeed would train on this machine alone
         cmd += ["--hostfile", hostfile]
+        if num_ranks:
+            cmd += ["--num_gpus", str(num_ranks)]
     else:
-        cmd += ["--num_gpus", str(num_ranks)]
+        cmd += ["--num_gpus", str(num_ranks or default_num_ranks())]
     if master_port:
         cmd += ["--master_port", str(master_port)]
-    return cmd + launcher_args + [str(RUN_SCRIPT), *run_args]
+    if not verbose and not any(a.startswith(("--log_level", "--log-level", "-q", "--quiet")) for a in launcher_args):
+        # The launcher's INFO lines (cmd, world info, spawned pids) and its "Unable to find hostfile" warning
+        # (bigtrain checks --hostfile itself) stay out; its errors (a rank that died) still show.
+        cmd += ["--log_level", "error"]
+    run_args = [*run_args, "--verbose"] if verbose and "--verbose" not in run_args else run_args
+    return cmd + launcher_args + ["--module", RUN_MODULE, *run_args]
+
+
+def detected_accelerator() -> str | None:
+    """The accelerator DeepSpeed picks on this machine, detected once here (quietly): the launcher and
+    every rank then read it from DS_ACCELERATOR instead of each warning about its own detection."""
+    from bigtrain.metrics.logs import route_library_logs
+    route_library_logs()
+    try:
+        from deepspeed.accelerator import get_accelerator
+        return get_accelerator().device_name()
+    except Exception:  # noqa: BLE001 -- no detection, no hint: the ranks detect it themselves
+        return None
 
 
 def thread_env(num_ranks: int) -> dict:
@@ -55,12 +93,16 @@ def thread_env(num_ranks: int) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    num_ranks = args.num_gpus or default_num_ranks()
-    cmd = launcher_command(args.run_args, num_ranks, args.hostfile, args.master_port, args.launcher_arg)
+    num_ranks = args.num_gpus or (ranks_here(args.hostfile) if args.hostfile else default_num_ranks())
+    cmd = launcher_command(args.run_args, args.num_gpus or (None if args.hostfile else num_ranks), args.hostfile,
+                           args.master_port, args.launcher_arg, args.verbose)
+    env = thread_env(num_ranks)
+    if not args.verbose and "DS_ACCELERATOR" not in env and (name := detected_accelerator()):
+        env["DS_ACCELERATOR"] = name
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     # DeepSpeed's single-node runner dies on SIGTERM without telling its ranks; run it in a
     # session of its own and pass SIGTERM/SIGINT to the whole session, so every rank saves.
-    child = subprocess.Popen(cmd, env=thread_env(num_ranks), start_new_session=True)
+    child = subprocess.Popen(cmd, env=env, start_new_session=True)
 
     def forward(signum: int, frame: object) -> None:
         os.killpg(child.pid, signum)
@@ -71,13 +113,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="launch bigtrain/run.py through the deepspeed launcher",
-                       description="Everything after the launcher options goes to bigtrain/run.py "
+    p = sub.add_parser("train", help="launch bigtrain.run through the deepspeed launcher",
+                       description="Everything after the launcher options goes to bigtrain.run "
                                    "(e.g. --model gpt2 --size small --steps 1000 --set zero.stage=3).")
-    p.add_argument("--num-gpus", type=int, default=None, help="ranks on this machine (default: GPUs, or 2 on CPU)")
+    p.add_argument("--num-gpus", type=int, default=None,
+                   help="ranks on this machine (default: GPUs, or 2 on CPU); with --hostfile, ranks per node")
     p.add_argument("--hostfile", default=None, help="multi-node hostfile (see hostfile.example)")
     p.add_argument("--master-port", type=int, default=None, help="rendezvous port")
     p.add_argument("--launcher-arg", action="append", default=[],
                    help="extra argument for the deepspeed launcher, e.g. --launcher-arg=--bind_cores_to_rank")
-    p.set_defaults(run_args=[], passes_unknown_args=True)  # everything else goes to run.py
+    p.add_argument("--verbose", action="store_true",
+                   help="also print the launcher's and DeepSpeed's own lines and torch's warnings")
+    p.set_defaults(run_args=[], passes_unknown_args=True)  # everything else goes to bigtrain.run
     p.set_defaults(func=cmd_train)

@@ -25,6 +25,8 @@ from bigtrain.train.engine import Engine, EngineOptions
 from bigtrain.train.inputs import TrainingData, build_training_data, model_overrides
 from bigtrain.train.report import Reporter
 from bigtrain.train.loop import LoopSettings, train_loop
+from bigtrain.metrics.logs import attach_log_file
+from bigtrain.metrics.plot import write_loss_plot
 from bigtrain.checkpoint.universal import ResumePlan, Shape, plan_resume, restore_rng, universal_ds_config
 
 log = logging.getLogger("bigtrain")
@@ -90,6 +92,9 @@ def slow_vocab_hint(spec: models.ModelSpec) -> str | None:
 
 def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool, stop_after: int | None) -> dict:
     out = Path(run.train.out_dir)
+    log_file = attach_log_file(out, world.rank)  # DeepSpeed's log and the warnings (held since start-up) go here
+    if world.is_main:
+        log.info("log: %s (DeepSpeed's messages and warnings; --verbose prints them here)", log_file.parent)
     arch_note = fix_cuda_arch_list()  # for ranks not started by `bigtrain train`
     if arch_note and world.is_main:
         log.warning("%s", arch_note)
@@ -136,6 +141,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
     if world.is_main:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         log.info("wrote %s", out / "summary.json")
+        write_loss_plot(summary, out / "loss.png")
     if not result.stopped_by and run.train.sample_tokens and data.tokenizer is not None:
         from bigtrain.train.sample import print_sample
         print_sample(engine, data.tokenizer, run.train.sample_tokens, world)
@@ -173,10 +179,8 @@ def seed_everything(seed: int) -> None:
 
 
 def setup_logging(world: World) -> None:
-    logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING,
-                        format=f"[%(asctime)s rank{world.rank}] %(message)s", datefmt="%H:%M:%S", stream=sys.stdout,
-                        force=True)
-    log.setLevel(logging.INFO if world.is_main else logging.WARNING)
+    from bigtrain.metrics.logs import setup_console
+    setup_console(world.rank, world.is_main)  # rank 0's INFO and every rank's warnings on the console
 
 
 def _batch_line(ds_config: dict, engine: Engine, world: World) -> str:

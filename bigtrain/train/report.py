@@ -67,6 +67,7 @@ class Reporter:
         tokens = self.global_batch * self.spec.tokens_per_sample
         self.meter.step(self.global_batch, tokens)
         self.losses.append(loss)
+        self.bar.tick(step)  # a terminal's bar moves every step; the fields change at log steps
         if step % self.interval and step != self.total_steps:
             return
         metrics = self._window_metrics(loss, lr)
