@@ -23,6 +23,8 @@ VERBS = [
     "bigtrain.export.cli:add_export_parser",
     "bigtrain.models.cli:add_models_parser",
     "bigtrain.launch.preflight:add_preflight_parser",
+    "bigtrain.launch.ray_train:add_ray_train_parser",
+    "bigtrain.launch.tune:add_tune_parser",
     "bigtrain.bench.cli:add_bench_parser",
     "bigtrain.metrics.plot:add_plot_parser",
     "bigtrain.data.prepare.cli:add_prepare_parser",
