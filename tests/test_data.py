@@ -330,6 +330,7 @@ def _rank_main(rank: int, port: int, root: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.dist  # starts ranks
 def test_two_ranks_share_one_tokenizer_and_cache(tmp_path):
     import torch.multiprocessing as mp
 

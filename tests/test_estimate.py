@@ -173,6 +173,7 @@ def test_cli_errors_are_one_line(capsys):
     assert code == 1 and "nothing fits" in err
 
 
+@pytest.mark.dist  # starts ranks
 def test_estimate_matches_measured_memory_on_two_ranks(tmp_path):
     """ZeRO 0-3, fp32, 2 ranks: tensor-counted model states within 10% and peak RSS growth within 25%.
 
