@@ -9,7 +9,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from bigtrain.models import (SequentialPipeline, build, families, module_state_from_pipeline,
+from bigtrain.models import (SequentialPipeline, build, call_module, families, module_state_from_pipeline,
                              pipeline_state_from_module)
 
 TOKENS = torch.Generator().manual_seed(0)
@@ -28,6 +28,11 @@ def tiny_cases() -> list[tuple[str, str, dict, dict]]:
         ("gpt2", "tiny", {"vocab_size": 256, "attn_implementation": "eager"}, text_batch(256)),
         ("encoder", "tiny", {"vocab_size": 256, "n_positions": 32, "num_classes": 3},
          {"input_ids": torch.randint(0, 256, (2, 16), generator=gen), "labels": torch.tensor([0, 2])}),
+        ("encoder", "tiny", {"vocab_size": 256, "n_positions": 32, "num_classes": 2},  # padded text, with its mask
+         {"input_ids": torch.randint(0, 256, (2, 16), generator=gen), "labels": torch.tensor([1, 0]),
+          "attention_mask": torch.tensor([[1] * 16, [1] * 9 + [0] * 7])}),
+        ("llama", "tiny", {"vocab_size": 256}, text_batch(256)),  # grouped-query attention, untied head
+        ("llama", "tiny", {"vocab_size": 256, "tie_embeddings": True, "n_kv_head": 1}, text_batch(256)),
         ("resnet", "tiny", {},
          {"pixel_values": torch.randn(2, 3, 32, 32, generator=gen), "labels": torch.tensor([1, 7])}),
         ("resnet", "50", {"width": 8, "image_size": 64, "num_classes": 5},
@@ -43,7 +48,7 @@ def test_families_list_named_sizes():
 
 
 @pytest.mark.parametrize("args, kwargs, message", [
-    (("vit", "tiny"), {}, "unknown model family 'vit'; choose one of: encoder, gpt2, resnet"),
+    (("vit", "tiny"), {}, "unknown model family 'vit'; choose one of: encoder, gpt2, hf, llama, resnet"),
     (("gpt2", "huge"), {}, "unknown size 'huge' for gpt2; choose one of: tiny, mini, small"),
     (("gpt2", "tiny"), {"n_layers": 3}, "unknown override(s) n_layers for gpt2; allowed: attn_implementation, dropout"),
     (("resnet", "18"), {"classes": 3}, "allowed: block, cifar_stem, image_size, layers, num_classes, width"),
@@ -107,7 +112,7 @@ def test_pipeline_layers_equal_the_plain_module(case):
     pipe.load_layer_states(pipeline_state_from_module(spec, plain.state_dict()))
     inputs, labels = spec.batch_to_inputs(batch)
 
-    plain_loss = spec.loss(plain(inputs), labels)
+    plain_loss = spec.loss(call_module(plain, inputs), labels)
     pipe_loss = spec.pipeline_loss(pipe(inputs), labels)
     plain_loss.backward()
     pipe_loss.backward()
@@ -136,6 +141,8 @@ def test_state_dict_round_trip_through_pipeline_layers(case):
     if family == "gpt2":  # the tied embedding is stored once, by the first layer
         assert sum("weight" in s and s["weight"].shape[0] == 256 for s in layers.values()) == 1
         assert back["lm_head.weight"] is back["transformer.wte.weight"]
+    if family == "llama" and overrides.get("tie_embeddings"):
+        assert back["lm_head.weight"] is back["model.embed_tokens.weight"]
 
 
 def test_foreign_state_dict_is_rejected():
@@ -156,7 +163,7 @@ def measured_flops_per_sample(spec, batch: dict) -> float:
     module = spec.build()
     inputs, labels = spec.batch_to_inputs(batch)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        spec.loss(module(inputs), labels).backward()
+        spec.loss(call_module(module, inputs), labels).backward()
     return counter.get_total_flops() / labels.shape[0]
 
 
@@ -171,6 +178,11 @@ def measured_flops_per_sample(spec, batch: dict) -> float:
     # ResNet: convs + classifier, training = 3x forward. The counter sees no input gradient
     # for the first conv (its input needs none): the convention overcounts by that, 1% for
     # ResNet-50 (more at toy widths, where the stem weighs more).
+    # Llama: SwiGLU and grouped-query attention (2 key/value heads for 4 query heads), untied and tied head.
+    ("llama", "tiny", {"vocab_size": 512, "seq_len": 64}, lambda: text_batch(512, 2, 64)),
+    ("llama", "custom", {"n_layer": 2, "n_embd": 128, "n_head": 8, "n_kv_head": 2, "intermediate_size": 320,
+                         "vocab_size": 256, "seq_len": 128, "n_positions": 128, "tie_embeddings": True},
+     lambda: text_batch(256, 2, 128)),
     ("resnet", "tiny", {}, lambda: {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([1, 2])}),
     ("resnet", "50", {"image_size": 64, "num_classes": 10},
      lambda: {"pixel_values": torch.randn(2, 3, 64, 64), "labels": torch.tensor([1, 2])}),
@@ -218,7 +230,7 @@ def test_gpt2_pretrained_from_local_directory(tmp_path: pathlib.Path):
     assert custom.num_params == spec.num_params
     with pytest.raises(ValueError, match="but .* has n_layer=2; use size='custom'"):
         build("gpt2", "mini", pretrained=str(tmp_path))
-    with pytest.raises(ValueError, match="no config.json there"):
+    with pytest.raises(ValueError, match="no such directory"):
         build("gpt2", "tiny", pretrained=str(tmp_path / "missing"))
 
 
@@ -273,3 +285,62 @@ def test_gpt2_vocab_multiple_pads_the_output_layer_and_samples_skip_the_padding(
     assert build("gpt2", "custom", pretrained=str(tmp_path), vocab_multiple=64).config.vocab_size == 256
     with pytest.raises(ValueError, match="vocab_multiple=0: must be a positive integer"):
         build("gpt2", "tiny", vocab_multiple=0)
+
+
+@pytest.mark.parametrize("case", [0, 2, 3, 4, 5, 6])  # gpt2, encoder (+ mask), llama (untied, tied), resnet
+def test_every_build_path_starts_from_the_same_weights(case):
+    """The plain module and the pipeline layers draw the same weights from the same seed (a module's
+    weights depend on the seed and its name only), another seed gives others, the global RNG is untouched."""
+    family, size, overrides, _ = tiny_cases()[case]
+    spec = build(family, size, **overrides)
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    plain = spec.build(seed=7).state_dict()
+    pipe = module_state_from_pipeline(spec, SequentialPipeline(spec, seed=7).layer_states())
+    assert torch.equal(torch.get_rng_state(), before)
+    assert set(pipe) == set(plain)
+    assert all(torch.equal(pipe[k], plain[k]) for k in plain)
+    other = spec.build(seed=8).state_dict()
+    weights = [k for k, v in plain.items() if v.is_floating_point() and v.dim() > 1]
+    assert weights and all(not torch.equal(other[k], plain[k]) for k in weights)
+
+
+@pytest.mark.parametrize("size, expected", [
+    ("1b", 1_235_814_400), ("3b", 3_212_749_824), ("8b", 8_030_261_248), ("70b", 70_553_706_496)])
+def test_llama_parameter_counts_match_the_released_models(size, expected):
+    """Llama 3.2 1B / 3B (tied embeddings) and Llama 3.1 8B / 70B (untied), as their model cards count them."""
+    spec = build("llama", size)
+    assert spec.num_params == expected
+    if size in ("1b", "8b"):
+        assert meta_count(spec) == expected
+    cfg = spec.config
+    assert (cfg.num_key_value_heads, cfg.vocab_size, cfg.rope_parameters["rope_type"]) == (8, 128256, "llama3")
+
+
+def test_llama_flops_count_swiglu_and_grouped_query_attention():
+    """6N + 12*L*w*s: N holds 3 SwiGLU matrices per layer and k/v at n_kv_head/n_head of q's width; the
+    untied input embedding is a lookup (not in N), the tied one counts once, as the head."""
+    untied = build("llama", "tiny", vocab_size=512, seq_len=64)
+    tied = build("llama", "tiny", vocab_size=512, seq_len=64, tie_embeddings=True)
+    h, inner, layers, seq = 64, 176, 2, 64
+    per_layer = h * h * 2 + 2 * h * (h // 2) + 3 * h * inner + 2 * h  # q, o; k, v at 2 of 4 heads; SwiGLU; norms
+    n = 512 * h + layers * per_layer + h
+    assert untied.num_params == n + 512 * h and tied.num_params == n
+    attention = 12 * layers * h * seq
+    assert untied.flops_per_sample == tied.flops_per_sample == seq * (6 * n + attention)
+
+
+def test_encoder_ignores_what_padding_holds():
+    """With the attention mask a text's logits do not depend on the padding after it."""
+    spec = build("transformer", "tiny", vocab_size=256, n_positions=32, num_classes=2)
+    assert spec.family == "encoder" and spec.eval_metric == "accuracy"
+    model = spec.build(seed=0).eval()
+    ids = torch.randint(3, 256, (1, 16), generator=TOKENS)
+    other = ids.clone()
+    other[0, 9:] = torch.randint(3, 256, (7,), generator=TOKENS)
+    mask = torch.tensor([[1] * 9 + [0] * 7])
+    with torch.no_grad():
+        a, b = model(ids, attention_mask=mask), model(other, attention_mask=mask)
+        unmasked = model(other)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert (unmasked - a).abs().max() > 1e-4

@@ -55,15 +55,17 @@ def test_pipeline_arguments_are_checked_before_building():
         to_pipeline_module(spec, 2, activation_checkpoint_interval=-1)
 
 
-def test_layer_specs_tie_embedding_and_head_and_seed_each_layer():
+def test_layer_specs_tie_embedding_and_head_and_start_from_the_plain_weights():
     spec = build("gpt2", "tiny", vocab_size=256)
-    specs = layer_specs(spec.layers(), seed=5)
+    specs = layer_specs(spec, spec.layers(), seed=5)
     tied = [s for s in specs if hasattr(s, "key")]
     assert [s.key for s in tied] == ["wte", "wte"] and tied[0].forward_fn is None and tied[1].forward_fn is not None
-    assert [s.seed for s in specs] == list(range(5, 5 + len(specs)))
-    # Same seed -> same weights, whichever process/stage builds the layer.
-    a, b = specs[2].build(), layer_specs(spec.layers(), seed=5)[2].build()
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    # Whichever stage builds a layer (the head's stage builds the tied embedding too), it holds the
+    # weights the plain module has under the same names for the same seed.
+    plain = spec.build(seed=5).state_dict()
+    block, head = specs[2].build(), tied[1].build()
+    assert all(torch.equal(t, plain[f"transformer.h.0.{n}"]) for n, t in block.state_dict().items())
+    assert torch.equal(head.weight, plain["transformer.wte.weight"])
 
 
 CHECKPOINT_CASES = [

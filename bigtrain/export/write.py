@@ -1,4 +1,5 @@
-"""Writing an export: a Hugging Face directory for GPT-2, safetensors + a rebuild recipe otherwise.
+"""Writing an export: a Hugging Face directory for the families built on transformers classes (gpt2,
+llama, hf), safetensors + a rebuild recipe for bigtrain's own (encoder, resnet).
 
 Everything goes to a temporary sibling directory that is renamed into place at the end,
 so a crash never leaves a half export that looks complete.
@@ -85,27 +86,31 @@ def _alias_loaded(own: dict[str, torch.Tensor], key: str, tensors: Mapping[str, 
     return any(other in tensors and own[other].data_ptr() == ptr for other in own if other != key)
 
 
-def write_hf_gpt2(out: Path, spec: ModelSpec, tensors: Mapping[str, Any], tokenizer: Any = None) -> nn.Module:
-    """`GPT2LMHeadModel.save_pretrained(out)`: config.json + model.safetensors (lm_head tied, not stored).
+MAX_SHARD_SIZE = "5GB"  # transformers' own default: one file up to this size, then model-0000N-of-M.safetensors
 
-    A self-trained vocabulary has no GPT-2 <|endoftext|> id in the config; take the
-    special-token ids from `tokenizer` then, so `generate` knows where text ends.
+
+def write_hf(out: Path, spec: ModelSpec, tensors: Mapping[str, Any], tokenizer: Any = None,
+             max_shard_size: str | int = MAX_SHARD_SIZE) -> nn.Module:
+    """`spec.hf_class(config).save_pretrained(out)`: config.json naming the trained architecture, and the
+    weights as safetensors, sharded above `max_shard_size` (tied weights stored once, as HF expects).
+
+    A self-trained vocabulary has no special-token ids in the config; they are taken from
+    `tokenizer` then, so `generate` knows where text ends.
     """
-    from transformers import GPT2LMHeadModel
-
     config = copy.deepcopy(spec.config)
     config.use_cache = True  # training turned the KV cache off; generation wants it
-    config.architectures = ["GPT2LMHeadModel"]
+    config.architectures = [spec.hf_class.__name__]
+    config.dtype = "float32"
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
         token_id = getattr(tokenizer, attr, None)
-        if getattr(config, attr, None) is None and isinstance(token_id, int) and token_id < config.vocab_size:
+        vocab = getattr(config, "vocab_size", None) or 0
+        if getattr(config, attr, None) is None and isinstance(token_id, int) and token_id < vocab:
             setattr(config, attr, token_id)
     with _no_init():  # every weight is overwritten below; random init of a large model takes minutes
-        model = GPT2LMHeadModel(config)
-    model.tie_weights()  # skipped with the init; save_pretrained then stores lm_head once, as HF expects
-    assert model.lm_head.weight is model.transformer.wte.weight
+        model = spec.hf_class(config)
+    model.tie_weights()  # skipped with the init; save_pretrained then stores a tied head once
     load_into(model, tensors)
-    model.save_pretrained(str(out))
+    model.save_pretrained(str(out), max_shard_size=max_shard_size)
     return model
 
 
@@ -143,7 +148,7 @@ def load_tokenizer(source: str) -> Any:
 
 
 def load_exported(directory: str | Path) -> nn.Module:
-    """The model of an export directory, in eval mode: HF's AutoModelForCausalLM for GPT-2,
+    """The model of an export directory, in eval mode: transformers' Auto class for a Hugging Face export,
     else `bigtrain.models.build(...)` from bigtrain_model.json with model.safetensors loaded strictly."""
     directory = Path(directory)
     recipe_path = directory / RECIPE
@@ -151,8 +156,8 @@ def load_exported(directory: str | Path) -> nn.Module:
         raise ValueError(f"{directory} is not a bigtrain export (no {RECIPE}); run `bigtrain export` first")
     recipe = json.loads(recipe_path.read_text())
     if recipe.get("format") == "huggingface":
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True)
+        from bigtrain.export.verify import reload_hf
+        model = reload_hf(directory)
     else:
         from safetensors.torch import load_model
 

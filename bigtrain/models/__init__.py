@@ -3,15 +3,20 @@
 No module in this package imports deepspeed; `bigtrain.parallel` turns the specs' layer
 lists into pipeline modules and applies activation checkpointing and ZeRO-3 init.
 """
-from bigtrain.models.pipeline_form import (
-    SequentialPipeline,
-    module_state_from_pipeline,
-    pipeline_state_from_module,
-)
-from bigtrain.models.registry import build, families
-from bigtrain.models.spec import LayerDef, ModelSpec
+import importlib
+from typing import Any
 
-__all__ = [
-    "LayerDef", "ModelSpec", "SequentialPipeline", "build", "families",
-    "module_state_from_pipeline", "pipeline_state_from_module",
-]
+# Names load on first use, so `bigtrain models --help` (bigtrain.models.cli) starts without torch.
+_WHERE = {
+    "SequentialPipeline": "pipeline_form", "module_state_from_pipeline": "pipeline_form",
+    "pipeline_state_from_module": "pipeline_form",
+    "build": "registry", "canonical": "registry", "families": "registry", "modality": "registry",
+    "LayerDef": "spec", "ModelSpec": "spec", "call_module": "spec", "output_logits": "spec", "pipeline_inputs": "spec",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'bigtrain.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"bigtrain.models.{_WHERE[name]}"), name)

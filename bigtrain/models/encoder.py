@@ -1,9 +1,11 @@
 """A BERT-style Transformer encoder classifier in plain torch.
 
 Post-LayerNorm blocks, learned positions, [CLS] (first token) pooling with a tanh pooler,
-as BERT. Sizes follow Google's BERT releases (tiny 2x128 ... large 24x1024). There is no
-padding mask: every position attends to every other, so feed packed or fixed-length
-sequences. The plain module is built from the very layers of the pipeline form.
+as BERT. Sizes follow Google's BERT releases (tiny 2x128 ... large 24x1024). Padded text
+comes with an `attention_mask` (1 = token, 0 = padding): no position attends to padding, so
+a text's logits do not depend on how much padding follows it. The plain module is built
+from the very layers of the pipeline form; between pipeline stages the hidden states travel
+with the mask as a tuple. `--model transformer` names this family too.
 """
 from __future__ import annotations
 
@@ -52,12 +54,26 @@ class EncoderConfig:
             raise ValueError(f"encoder dropout={self.dropout}: must be in [0, 1)")
 
 
-def _init_weights(module: nn.Module) -> None:
-    """BERT's init, on `module`'s own parameters only (zero.Init gathers exactly those)."""
+def init_module(module: nn.Module) -> None:
+    """BERT's init for one module (applied by `bigtrain.models.init`, seeded by the module's name)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, std=0.02)
     if isinstance(module, nn.Linear) and module.bias is not None:
         nn.init.zeros_(module.bias)
+    if isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+Hidden = Any  # a tensor [B,T,C], or (tensor, attention_mask [B,T]) when the batch has padding
+
+
+def _split(x: Hidden) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, None)
+
+
+def _join(hidden: torch.Tensor, mask: torch.Tensor | None) -> Hidden:
+    return hidden if mask is None else (hidden, mask)
 
 
 class Embeddings(nn.Module):
@@ -69,11 +85,11 @@ class Embeddings(nn.Module):
         self.positions = nn.Embedding(cfg.n_positions, cfg.n_embd)
         self.norm = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
-        self.apply(_init_weights)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: Hidden) -> Hidden:
+        input_ids, mask = _split(inputs)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        return self.drop(self.norm(self.tokens(input_ids) + self.positions(positions)))
+        return _join(self.drop(self.norm(self.tokens(input_ids) + self.positions(positions))), mask)
 
 
 class EncoderBlock(nn.Module):
@@ -89,17 +105,18 @@ class EncoderBlock(nn.Module):
         self.fc2 = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
         self.norm2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps)
         self.drop = nn.Dropout(cfg.dropout)
-        self.apply(_init_weights)
 
-    def _attention(self, x: torch.Tensor) -> torch.Tensor:
+    def _attention(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_head, c // self.n_head).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p_drop if self.training else 0.0)
+        keep = None if mask is None else mask.bool()[:, None, None, :]  # [B,1,1,T]: keys a query may attend
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=self.p_drop if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm1(x + self.drop(self._attention(x)))
-        return self.norm2(x + self.drop(self.fc2(F.gelu(self.fc1(x)))))
+    def forward(self, inputs: Hidden) -> Hidden:
+        x, mask = _split(inputs)
+        x = self.norm1(x + self.drop(self._attention(x, mask)))
+        return _join(self.norm2(x + self.drop(self.fc2(F.gelu(self.fc1(x))))), mask)
 
 
 class ClassifierHead(nn.Module):
@@ -110,14 +127,14 @@ class ClassifierHead(nn.Module):
         self.pooler = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.classifier = nn.Linear(cfg.n_embd, cfg.num_classes)
-        self.apply(_init_weights)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: Hidden) -> torch.Tensor:
+        x, _ = _split(inputs)
         return self.classifier(self.drop(torch.tanh(self.pooler(x[:, 0]))))
 
 
 class EncoderClassifier(nn.Module):
-    """The plain module: input_ids [B,T] -> logits [B, num_classes]."""
+    """The plain module: input_ids [B,T] (+ attention_mask [B,T]) -> logits [B, num_classes]."""
 
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
@@ -126,8 +143,8 @@ class EncoderClassifier(nn.Module):
         self.blocks = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.n_layer))
         self.head = ClassifierHead(cfg)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = self.embeddings(input_ids)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embeddings(_join(input_ids, attention_mask))
         for block in self.blocks:
             x = block(x)
         return self.head(x)
@@ -162,11 +179,14 @@ def layer_defs(cfg: EncoderConfig) -> list[LayerDef]:
     ]
 
 
-def classification_batch(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """{"input_ids": [B,T], "labels": [B]} -> (input_ids, labels)."""
+def classification_batch(batch: dict) -> tuple[dict, torch.Tensor]:
+    """{"input_ids": [B,T], "labels": [B][, "attention_mask": [B,T]]} -> ({input_ids[, attention_mask]}, labels)."""
     if "input_ids" not in batch or "labels" not in batch:
         raise ValueError(f"encoder batches need keys 'input_ids' and 'labels'; got {sorted(batch)}")
-    return batch["input_ids"], batch["labels"]
+    inputs = {"input_ids": batch["input_ids"]}
+    if "attention_mask" in batch:
+        inputs["attention_mask"] = batch["attention_mask"]
+    return inputs, batch["labels"]
 
 
 def _blocks(module: EncoderClassifier) -> list[tuple[nn.Module, str]]:
@@ -178,12 +198,12 @@ def make_spec(size: str, settings: dict[str, Any]) -> ModelSpec:
     cfg = EncoderConfig(**settings)
     return ModelSpec(
         family="encoder", size=size, config=cfg,
-        build=lambda: EncoderClassifier(cfg),
+        construct=lambda: EncoderClassifier(cfg), init_module=init_module,
         layers=lambda: layer_defs(cfg),
         loss=classification_loss, pipeline_loss=classification_loss,
         batch_to_inputs=classification_batch,
         num_params=num_params(cfg), flops_per_sample=flops_per_sample(cfg),
-        tokens_per_sample=cfg.seq_len, modality="text", checkpoint_blocks=_blocks,
+        tokens_per_sample=cfg.seq_len, modality="classify", checkpoint_blocks=_blocks, eval_metric="accuracy",
         extra={"seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size, "num_classes": cfg.num_classes},
     )
 

@@ -15,7 +15,6 @@ N too (~0.1% of it at GPT-2 small).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
-from transformers.initialization import guard_torch_init_functions, no_init_weights
-from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.masking_utils import create_causal_mask
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
+from bigtrain.models import hf_common, hf_dir
 from bigtrain.models.losses import causal_lm_loss
 from bigtrain.models.registry import Family
 from bigtrain.models.spec import LayerDef, ModelSpec
@@ -104,10 +102,7 @@ def _hf_config(s: GPT2Settings) -> GPT2Config:
 def _with_pretrained_shape(size: str, fields: dict[str, Any]) -> dict[str, Any]:
     """Take the shape from the pretrained directory; a conflicting size/override is an error."""
     path = fields["pretrained"]
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ValueError(f"gpt2 pretrained={path!r}: no config.json there; give a local directory "
-                         "written by save_pretrained (config.json + model.safetensors)")
-    saved = GPT2Config.from_pretrained(path, local_files_only=True)
+    saved = hf_dir.read_config(path, expect="gpt2")
     for key in SHAPE_KEYS:
         if key in fields and fields[key] != getattr(saved, key):
             raise ValueError(f"gpt2 size {size!r} / overrides set {key}={fields[key]} but {path} has "
@@ -116,28 +111,11 @@ def _with_pretrained_shape(size: str, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_model(cfg: GPT2Config, pretrained: str | None) -> GPT2LMHeadModel:
-    """The plain module, fp32. Under ZeRO-3 transformers enters zero.Init itself (see parallel.zero_init)."""
+    """The plain module, fp32: loaded from `pretrained` (partitioned under ZeRO-3, see parallel.zero_init),
+    or with its weights left for bigtrain's seeded init (`ModelSpec.build`)."""
     if pretrained:
-        model = GPT2LMHeadModel.from_pretrained(pretrained, config=cfg, local_files_only=True,
-                                                attn_implementation=cfg._attn_implementation)
-    elif is_deepspeed_zero3_enabled():  # transformers builds inside zero.Init and initializes gathered weights
-        model = GPT2LMHeadModel._from_config(cfg, attn_implementation=cfg._attn_implementation)
-    else:
-        model = _initialized_as_under_zero3(cfg)
-    # transformers 5 leaves loss_type None, and the HF Trainer then scales the loss by (T-1)/T.
-    model.loss_type = "ForCausalLM"
-    return model
-
-
-def _initialized_as_under_zero3(cfg: GPT2Config) -> GPT2LMHeadModel:
-    """Draw the initial weights from the RNG in the order the ZeRO-3 build does (constructors' own
-    inits skipped, then `initialize_weights`), so every ZeRO stage starts from the same weights."""
-    with no_init_weights():
-        model = GPT2LMHeadModel._from_config(cfg, attn_implementation=cfg._attn_implementation)
-    with torch.no_grad(), guard_torch_init_functions():
-        model.initialize_weights()
-    model.tie_weights()
-    return model
+        return hf_dir.load_pretrained(GPT2LMHeadModel, pretrained, cfg)
+    return hf_common.construct_hf(GPT2LMHeadModel, cfg)
 
 
 def num_params(cfg: GPT2Config) -> int:
@@ -157,7 +135,6 @@ class TokenEmbedding(nn.Embedding):
 
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__(cfg.vocab_size, cfg.n_embd)
-        nn.init.normal_(self.weight, std=cfg.initializer_range)
 
 
 def lm_head_forward(embedding: TokenEmbedding, hidden: torch.Tensor) -> torch.Tensor:
@@ -171,7 +148,6 @@ class PositionEmbedding(nn.Module):
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__()
         self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
-        nn.init.normal_(self.wpe.weight, std=cfg.initializer_range)
         self.drop = nn.Dropout(cfg.embd_pdrop)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -183,18 +159,13 @@ class PipeBlock(GPT2Block):
     """HF's GPT2Block taking and returning one tensor, with the causal mask built inside.
 
     The mask comes from HF's own `create_causal_mask`, so it is the one the plain model
-    uses (None with sdpa, which then runs its causal kernel).
+    uses (None with sdpa, which then runs its causal kernel). Its initial weights come from HF's
+    GPT-2 init applied by `bigtrain.models.init` under the plain model's names.
     """
 
     def __init__(self, cfg: GPT2Config, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx=layer_idx)
         self.mask_config = cfg
-        # HF's GPT-2 init: Conv1D weights N(0, 0.02) (done by Conv1D), residual projections
-        # scaled by 1/sqrt(2L). Pipelines never run under zero.Init (no ZeRO-3 with PP).
-        std = cfg.initializer_range / (2 * cfg.n_layer) ** 0.5
-        with torch.no_grad():
-            for module in (self.attn.c_proj, self.mlp.c_proj):
-                module.weight.normal_(0.0, std)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
@@ -241,9 +212,11 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
     settings = GPT2Settings(**fields)
     cfg = _hf_config(settings)
     seq_len = settings.seq_len or settings.n_positions
+    weights = settings.pretrained if settings.pretrained and hf_dir.has_weights(settings.pretrained) else None
     return ModelSpec(
         family="gpt2", size=size, config=cfg,
-        build=lambda: build_model(cfg, settings.pretrained),
+        construct=lambda: build_model(cfg, weights),
+        init_module=hf_common.hf_init_fn(GPT2LMHeadModel, cfg),
         layers=lambda: layer_defs(cfg),
         loss=_module_loss, pipeline_loss=causal_lm_loss,
         batch_to_inputs=text_batch,
@@ -251,6 +224,7 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
         flops_per_sample=seq_len * flops_per_token(cfg, seq_len),
         tokens_per_sample=seq_len, modality="text",
         checkpoint_blocks=_blocks, enable_native_checkpointing=_native_checkpointing,
+        pretrained=weights, hf_class=GPT2LMHeadModel,
         extra={"seq_len": seq_len, "vocab_size": cfg.vocab_size, "pretrained": settings.pretrained},
     )
 

@@ -24,3 +24,9 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     transformers' ForCausalLMLoss."""
     targets = lm_targets(labels, logits.shape[-2])
     return F.cross_entropy(logits.float().flatten(0, -2), targets.reshape(-1), ignore_index=-100)
+
+
+def correct_counts(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[correct predictions, predictions] of a classifier's logits [B, C] against labels [B], as float64."""
+    correct = (logits.argmax(dim=-1) == labels).sum()
+    return torch.stack([correct, torch.tensor(labels.numel(), device=labels.device)]).to(torch.float64)

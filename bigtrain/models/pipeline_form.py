@@ -8,12 +8,13 @@ first occurrence, whose forward is the module's own). No DeepSpeed here.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from bigtrain.models.spec import LayerDef, ModelSpec
+from bigtrain.models.spec import LayerDef, ModelSpec, pipeline_inputs
 
 
 def first_tied_layers(defs: list[LayerDef]) -> dict[str, int]:
@@ -87,8 +88,44 @@ def module_state_from_pipeline(spec: ModelSpec, layer_states: LayerStates) -> di
     return out
 
 
-def _build(d: LayerDef) -> nn.Module:
-    return d.cls(*d.args, **d.kwargs)
+def build_layer(spec: ModelSpec, d: LayerDef, owner: LayerDef, seed: int | None) -> nn.Module:
+    """One pipeline layer with the plain model's initial weights for `seed` (or the pretrained ones).
+
+    `owner` is the layer that owns the weights (the first of a tie, else `d` itself): its
+    `param_map` names the weights in the plain model, which is what the seeded init and the
+    pretrained checkpoint are keyed by. Built without touching the global RNG, so the stream
+    is the same whichever stage builds which layers. seed None: the constructors' own init.
+    """
+    from transformers.initialization import no_init_weights
+
+    from bigtrain.models.init import init_seeded, layer_plain_name, untouched_global_rng
+
+    fresh = spec.pretrained is not None or (seed is not None and spec.init_module is not None)
+    with untouched_global_rng(), (no_init_weights() if fresh else contextlib.nullcontext()):
+        module = d.cls(*d.args, **d.kwargs)
+    if spec.pretrained is not None:
+        load_pretrained_layer(module, owner.param_map, spec.pretrained)
+    elif fresh:
+        init_seeded(module, spec.init_module, seed, layer_plain_name(owner.param_map))
+    return module
+
+
+def load_pretrained_layer(module: nn.Module, param_map: dict[str, str], directory: str) -> None:
+    """Fill one pipeline layer from a Hugging Face checkpoint directory, reading only its tensors."""
+    from bigtrain.models.hf_dir import read_tensors
+
+    own = module.state_dict()
+    persistent = {name for name, _ in module.named_parameters()} | {
+        f"{m}.{b}" if m else b for m, sub in module.named_modules() for b in sub._buffers
+        if b not in sub._non_persistent_buffers_set}
+    wanted = [n for n in own if n in persistent]
+    names = {n: _to_module_name(param_map, n) for n in wanted}
+    prefixes = tuple({v.split(".", 1)[0] + "." for v in names.values() if "." in v})
+    tensors = read_tensors(directory, list(names.values()), strip_prefixes=prefixes)
+    missing_buffers = [n for n in own if n not in persistent]
+    state = {n: tensors[names[n]] for n in wanted}
+    state.update({n: own[n] for n in missing_buffers})
+    module.load_state_dict(state, strict=True)
 
 
 class SequentialPipeline(nn.Module):
@@ -97,9 +134,10 @@ class SequentialPipeline(nn.Module):
     What a DeepSpeed `PipelineModule` computes with one stage, without DeepSpeed: for
     tests, debugging and single-process tools. `layer[str(idx)]` is the module of every
     layer that owns state; tied repeats reuse their owner's module through `tie_forward`.
+    With `seed` the layers start from the weights `spec.build(seed)` has (or the pretrained ones).
     """
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, seed: int | None = None) -> None:
         super().__init__()
         self.defs = spec.layers()
         owners = first_tied_layers(self.defs)
@@ -110,11 +148,12 @@ class SequentialPipeline(nn.Module):
                 owner = self.layer[str(owners[d.tie_key])]
                 self.funcs.append((lambda x, f=d.tie_forward, m=owner: f(m, x)) if d.tie_forward else owner)
             else:
-                self.layer[str(idx)] = _build(d)
+                owner = self.defs[owners[d.tie_key]] if d.tie_key is not None else d
+                self.layer[str(idx)] = build_layer(spec, d, owner, seed)
                 self.funcs.append(self.layer[str(idx)])
 
     def forward(self, inputs: Any) -> Any:
-        x = inputs
+        x = pipeline_inputs(inputs)
         for func in self.funcs:
             x = func(x)
         return x

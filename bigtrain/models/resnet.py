@@ -5,8 +5,9 @@ is written out here; the state-dict names match torchvision's so its checkpoints
 ResNet-50 is "v1.5": the stride sits on the bottleneck's 3x3 conv. ResNet-50 with 1000
 classes has 25,557,032 parameters, as the reference.
 
-Weights are initialised inside each module's own `__init__` through `self.apply(...)`,
-which `deepspeed.zero.Init` wraps to gather partitioned parameters first.
+Initial weights follow torchvision (Kaiming-normal convs, BatchNorm 1/0, the default Linear
+init) through `init_module`, applied per module by `bigtrain.models.init` seeded by the
+module's name, so the plain module, ZeRO-3 and the pipeline stages start equal.
 """
 from __future__ import annotations
 
@@ -51,13 +52,16 @@ class ResNetConfig:
                 raise ValueError(f"resnet {name}={getattr(self, name)}: must be a positive integer")
 
 
-def _init_weights(module: nn.Module) -> None:
-    """torchvision's init; touches only `module`'s own parameters (zero.Init gathers those)."""
+def init_module(module: nn.Module) -> None:
+    """torchvision's init for one module (its own parameters and BatchNorm statistics)."""
     if isinstance(module, nn.Conv2d):
         nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
     elif isinstance(module, nn.BatchNorm2d):
         nn.init.ones_(module.weight)
         nn.init.zeros_(module.bias)
+        module.reset_running_stats()
+    elif isinstance(module, nn.Linear):
+        module.reset_parameters()
 
 
 def _conv(c_in: int, c_out: int, kernel: int, stride: int = 1) -> nn.Conv2d:
@@ -81,7 +85,6 @@ class Block(nn.Module):
         self.downsample = None
         if stride != 1 or c_in != c_out:
             self.downsample = nn.Sequential(_conv(c_in, c_out, 1, stride), nn.BatchNorm2d(c_out))
-        self.apply(_init_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -118,7 +121,6 @@ class Stem(nn.Module):
         self.conv1 = nn.Conv2d(3, cfg.width, kernel, stride=stride, padding=kernel // 2, bias=False)
         self.bn1 = nn.BatchNorm2d(cfg.width)
         self.pool = not cfg.cifar_stem
-        self.apply(_init_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.bn1(self.conv1(x)))
@@ -225,7 +227,7 @@ def make_spec(size: str, settings: dict[str, Any]) -> ModelSpec:
     cfg = ResNetConfig(**settings)
     return ModelSpec(
         family="resnet", size=size, config=cfg,
-        build=lambda: ResNet(cfg),
+        construct=lambda: ResNet(cfg), init_module=init_module, eval_metric="accuracy",
         layers=lambda: layer_defs(cfg),
         loss=classification_loss, pipeline_loss=classification_loss,
         batch_to_inputs=image_batch,

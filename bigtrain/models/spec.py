@@ -36,14 +36,37 @@ class LayerDef:
     checkpointable: bool = False  # a repeated block worth recomputing under activation checkpointing
 
 
+def call_module(module: nn.Module, inputs: Any) -> Any:
+    """Run a plain module on `batch_to_inputs`' inputs: a dict goes in as keyword arguments
+    (input_ids, attention_mask), anything else as the one positional argument."""
+    return module(**inputs) if isinstance(inputs, dict) else module(inputs)
+
+
+def pipeline_inputs(inputs: Any) -> Any:
+    """The same inputs for the first pipeline layer, which takes one tensor or a tuple of them."""
+    if isinstance(inputs, dict):
+        values = tuple(inputs.values())
+        return values[0] if len(values) == 1 else values
+    return inputs
+
+
+def output_logits(output: Any) -> torch.Tensor:
+    """The logits of a module's output: HF models return an output object, ours a tensor."""
+    return output.logits if hasattr(output, "logits") else output
+
+
 @dataclass
 class ModelSpec:
     """Everything the engine and trainer need to know about a model, and nothing more."""
 
-    family: str  # "gpt2" | "resnet" | "encoder"
+    family: str  # "gpt2" | "llama" | "hf" | "encoder" | "resnet"
     size: str
-    config: Any  # the family's own config (GPT2Config, ResNetConfig, ...)
-    build: Callable[[], nn.Module]  # the plain module, fp32, random init (or local pretrained)
+    config: Any  # the family's own config (GPT2Config, LlamaConfig, ResNetConfig, ...)
+    construct: Callable[[], nn.Module]
+    """The plain module, fp32, with its weights not initialised yet, or loaded from `pretrained`."""
+    init_module: Callable[[nn.Module], None] | None
+    """The family's init rule for one module (its own and its direct children's parameters), e.g. HF's
+    `_init_weights`; `bigtrain.models.init.init_seeded` applies it seeded by each module's plain name."""
     layers: Callable[[], list[LayerDef]]  # pipeline form; sequential run == plain module
     loss: Callable[[Any, torch.Tensor], torch.Tensor]  # (module output, labels) -> scalar
     pipeline_loss: Callable[[Any, torch.Tensor], torch.Tensor]  # (last layer output, labels)
@@ -51,10 +74,38 @@ class ModelSpec:
     num_params: int
     flops_per_sample: float  # training FLOPs (fwd + bwd) for one sample
     tokens_per_sample: int = 0  # > 0 for token models; tokens/s = samples/s * this
-    modality: str = "text"  # "text" | "image": which data the runner feeds it
+    modality: str = "text"  # "text" | "classify" | "image": which data the runner feeds it
     checkpoint_blocks: Callable[[nn.Module], list[tuple[nn.Module, str]]] | None = None
     """(parent, attribute) of each repeated block in the plain module, for activation checkpointing."""
     enable_native_checkpointing: Callable[..., None] | None = None
     """Family's own activation checkpointing switch (HF gradient checkpointing), preferred when set.
     Called as fn(module, every_n=1): checkpoint blocks 0, every_n, 2*every_n, ..."""
+    pretrained: str | None = None
+    """Directory whose weights `construct` loads; the pipeline form reads its layers from there too."""
+    eval_metric: str = "perplexity"  # "perplexity" (language models) | "accuracy" (classifiers)
+    hf_class: type | None = None  # the transformers class of the plain module: export writes an HF directory
     extra: dict = field(default_factory=dict)
+
+    def build(self, seed: int | None = None) -> nn.Module:
+        """The plain module, fp32, initialised from `seed` (None: a seed drawn from torch's global RNG),
+        or holding the pretrained weights. The same seed gives the same weights in every build path."""
+        from bigtrain.models.init import seed_from_global_rng, untouched_global_rng
+
+        seed = seed_from_global_rng() if seed is None else seed
+        with untouched_global_rng():
+            module = self.construct()
+        self.initialize(module, seed)
+        return module
+
+    def initialize(self, module: nn.Module, seed: int, gather: Any = None, writer: bool = True) -> int:
+        """Seeded init of a constructed plain module (see `bigtrain.models.init`); with pretrained weights
+        only the modules the checkpoint lacked (`module.bigtrain_uninitialized`, e.g. a new classifier head).
+        `gather`/`writer`: see `init_seeded` (ZeRO-3). Returns the number of modules initialised."""
+        from bigtrain.models.init import init_seeded
+
+        if self.init_module is None:
+            return 0
+        only = getattr(module, "bigtrain_uninitialized", None) if self.pretrained else None
+        if self.pretrained and not only:
+            return 0
+        return init_seeded(module, self.init_module, seed, gather=gather, writer=writer, only=only)

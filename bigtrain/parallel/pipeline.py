@@ -11,50 +11,53 @@ from deepspeed import comm as dist
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
-from bigtrain.models.pipeline_form import first_tied_layers, pipeline_state_from_module
+from bigtrain.config.rules import partition_problem
+from bigtrain.models.pipeline_form import build_layer, first_tied_layers, pipeline_state_from_module
 from bigtrain.models.spec import LayerDef, ModelSpec
 from bigtrain.parallel.topology import check_topology
 
 
-class _Seeded:
-    """Builds the layer under its own seed, so its initial weights do not depend on which
-    stage builds it (the same model at 1, 2 or 4 stages) nor touch the global RNG stream."""
+class _PlainStart:
+    """Builds the layer with the plain model's initial weights for the run's seed (or the pretrained
+    ones), whichever stage builds it: see `bigtrain.models.pipeline_form.build_layer`."""
 
+    spec: ModelSpec
+    layer: LayerDef
+    owner: LayerDef
     seed: int | None = None
 
     def build(self, log: bool = False) -> nn.Module:
-        if self.seed is None:
-            return super().build(log)  # type: ignore[misc]
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            return super().build(log)  # type: ignore[misc]
+        return build_layer(self.spec, self.layer, self.owner, self.seed)
 
 
-class SeededLayerSpec(_Seeded, LayerSpec):
+class PlainStartLayerSpec(_PlainStart, LayerSpec):
     pass
 
 
-class SeededTiedLayerSpec(_Seeded, TiedLayerSpec):
+class PlainStartTiedLayerSpec(_PlainStart, TiedLayerSpec):
     pass
 
 
-def layer_specs(defs: list[LayerDef], seed: int | None = None) -> list[LayerSpec]:
-    """LayerDefs -> DeepSpeed specs; layer i is built under seed + i when a seed is given."""
+def layer_specs(spec: ModelSpec, defs: list[LayerDef], seed: int | None = None) -> list[LayerSpec]:
+    """LayerDefs -> DeepSpeed specs, each built with the weights `spec.build(seed)` gives its tensors."""
+    owners = first_tied_layers(defs)
     specs: list[LayerSpec] = []
-    for idx, d in enumerate(defs):
+    for d in defs:
         if d.tie_key is None:
-            spec = SeededLayerSpec(d.cls, *d.args, **d.kwargs)
+            layer_spec = PlainStartLayerSpec(d.cls, *d.args, **d.kwargs)
         else:
-            spec = SeededTiedLayerSpec(d.tie_key, d.cls, *d.args, forward_fn=d.tie_forward,
-                                       tied_weight_attr=list(d.tied_weight_attr), **d.kwargs)
-        spec.seed = None if seed is None else seed + idx
-        specs.append(spec)
+            layer_spec = PlainStartTiedLayerSpec(d.tie_key, d.cls, *d.args, forward_fn=d.tie_forward,
+                                                 tied_weight_attr=list(d.tied_weight_attr), **d.kwargs)
+        layer_spec.spec, layer_spec.layer, layer_spec.seed = spec, d, seed
+        layer_spec.owner = defs[owners[d.tie_key]] if d.tie_key is not None else d
+        specs.append(layer_spec)
     return specs
 
 
 def _check_partition_method(method: str) -> None:
-    if method not in ("parameters", "uniform") and not method.startswith("type:"):
-        raise ValueError(f"partition_method={method!r}: use 'parameters', 'uniform' or 'type:REGEX'")
+    problem = partition_problem(method, key="partition_method")
+    if problem:
+        raise ValueError(problem)
 
 
 def to_pipeline_module(spec: ModelSpec, num_stages: int, partition_method: str = "parameters",
@@ -64,8 +67,9 @@ def to_pipeline_module(spec: ModelSpec, num_stages: int, partition_method: str =
     loss_fn is `spec.pipeline_loss`. With activation_checkpoint_interval > 0 only the
     layers marked `checkpointable` (the repeated blocks) are recomputed: DeepSpeed's
     default would also checkpoint the first (embedding) layer, whose integer inputs
-    cannot carry gradients through a reentrant checkpoint. `seed` makes each layer's
-    initial weights independent of the partitioning.
+    cannot carry gradients through a reentrant checkpoint. With `seed` every layer starts
+    from the weights the plain module has for that seed (any stage count, any ZeRO stage);
+    a spec with pretrained weights reads each stage's layers from the checkpoint directory.
     """
     if activation_checkpoint_interval < 0:
         raise ValueError(f"activation_checkpoint_interval={activation_checkpoint_interval}: must be >= 0")
@@ -74,7 +78,7 @@ def to_pipeline_module(spec: ModelSpec, num_stages: int, partition_method: str =
     check_topology(dist.get_world_size(), num_stages, len(defs))
     checkpointable = sorted({d.cls.__name__ for d in defs if d.checkpointable})
     return PipelineModule(
-        layers=layer_specs(defs, seed), num_stages=num_stages, loss_fn=spec.pipeline_loss,
+        layers=layer_specs(spec, defs, seed), num_stages=num_stages, loss_fn=spec.pipeline_loss,
         partition_method=partition_method, activation_checkpoint_interval=activation_checkpoint_interval,
         checkpointable_layers=checkpointable)
 
@@ -94,3 +98,18 @@ def load_pipeline_state(pipe: PipelineModule, spec: ModelSpec, module_state: dic
             pipe.tied_modules[d.tie_key].load_state_dict(states[owners[d.tie_key]], strict=True)
         elif str(idx) in pipe._modules:
             pipe._modules[str(idx)].load_state_dict(states.get(idx, {}), strict=True)
+
+
+def local_layer_states(pipe: PipelineModule, spec: ModelSpec) -> dict[int, dict[str, torch.Tensor]]:
+    """The inverse of `load_pipeline_state` on this stage: {layer index: its local state dict} for the
+    layers this stage holds (a tied module under its first layer's index)."""
+    defs = spec.layers()
+    owners = first_tied_layers(defs)
+    states: dict[int, dict[str, torch.Tensor]] = {}
+    for idx in range(pipe._local_start, pipe._local_stop):
+        d = defs[idx]
+        if d.tie_key is not None:
+            states[owners[d.tie_key]] = pipe.tied_modules[d.tie_key].state_dict()
+        elif str(idx) in pipe._modules:
+            states[idx] = pipe._modules[str(idx)].state_dict()
+    return states

@@ -1,39 +1,52 @@
-"""Building the plain module, partitioned from birth under ZeRO-3.
+"""Building the plain module, partitioned from birth under ZeRO-3, with the same initial weights
+as every other build path.
 
 Inside `deepspeed.zero.Init` every submodule's parameters are split across the ranks as
-soon as that submodule is constructed, so no rank ever holds the whole model. Our own
-families initialise weights in each module's `__init__` or through `Module.apply`, both of
-which zero.Init handles. transformers models need more: they initialise weights after
-construction, which transformers does correctly under ZeRO-3 (gathering each module's
-shards first) only when it knows ZeRO-3 is on, i.e. while an `HfDeepSpeedConfig` object is
-alive. That object also makes `from_pretrained` load a local checkpoint straight into
-the partitioned parameters.
+soon as that submodule is constructed, so no rank ever holds the whole model. The weights
+are then initialised by `ModelSpec.initialize` (seeded by each module's name, see
+`bigtrain.models.init`): each module's shards are gathered, rank 0 draws the values, and
+the gather context spreads them, one module at a time. transformers must know ZeRO-3 is on
+while an `HfDeepSpeedConfig` object is alive: `from_pretrained` then loads a local checkpoint
+straight into the partitioned parameters (no rank materialises the whole model).
 """
 from __future__ import annotations
 
+import contextlib
+
 import deepspeed
+from deepspeed import comm as dist
 from torch import nn
 from transformers.integrations import HfDeepSpeedConfig
+from transformers.integrations.deepspeed import prevent_arange_dtype_change
 
+from bigtrain.models.init import seed_from_global_rng, untouched_global_rng
 from bigtrain.models.spec import ModelSpec
 
 
-def build_module(spec: ModelSpec, zero3_init_config: dict | None = None) -> nn.Module:
-    """spec.build(), inside `deepspeed.zero.Init(config_dict_or_path=zero3_init_config)` when given.
+def _gathered(params: list[nn.Parameter]) -> contextlib.AbstractContextManager:
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+
+
+def build_module(spec: ModelSpec, zero3_init_config: dict | None = None, seed: int | None = None) -> nn.Module:
+    """`spec.build(seed)`, partitioned inside `deepspeed.zero.Init(config_dict_or_path=zero3_init_config)` when given.
 
     `zero3_init_config` is the run's resolved DeepSpeed config (ZeRO stage 3); its dtype
-    (bf16/fp16) and `offload_param` device decide where and how the shards live.
+    (bf16/fp16) and `offload_param` device decide where and how the shards live. The initial
+    weights equal `spec.build(seed)`'s (needs the process group under ZeRO-3).
     """
     if zero3_init_config is None:
-        return spec.build()
+        return spec.build(seed)
     stage = zero3_init_config.get("zero_optimization", {}).get("stage")
     if stage != 3:
         raise ValueError(f"zero3_init_config has zero_optimization.stage={stage!r}; zero.Init needs stage 3 "
                          "(pass None to build the module unpartitioned)")
+    seed = seed_from_global_rng() if seed is None else seed
     # transformers holds only a weak reference: the module keeps it alive for later calls
     # (from_pretrained, resize_token_embeddings, generate) that must also see ZeRO-3.
     hf_ds_config = HfDeepSpeedConfig(zero3_init_config)
-    with deepspeed.zero.Init(config_dict_or_path=zero3_init_config):
-        module = spec.build()
+    # prevent_arange_dtype_change: zero.Init would build rotary frequencies (arange) in bf16.
+    with untouched_global_rng(), prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=zero3_init_config):
+        module = spec.construct()
+    spec.initialize(module, seed, gather=_gathered, writer=dist.get_rank() == 0)
     module.bigtrain_hf_ds_config = hf_ds_config
     return module

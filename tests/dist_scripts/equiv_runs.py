@@ -6,8 +6,6 @@ group set-up cost ~20 s while a tiny model's 10 steps take ~1 s.
 Usage: equiv_runs.py ROOT PLAN.json
 PLAN.json is a list of jobs, each {"name": str, "args": [run.py arguments]} plus optionally
 - "copy_from": NAME  copy ROOT/NAME first (rank 0), to resume from that job's checkpoints;
-- "plain_init": true  start a pipeline job from the plain module's initial weights
-  (see `pipeline_from_plain_init`);
 - "expect_error": true  the job must fail with a ValueError (a user's mistake); its message
   goes to ROOT/NAME/error.txt.
 Each job trains with `--out ROOT/NAME` and writes summary.json there; this script adds
@@ -29,44 +27,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import deepspeed
-import torch
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-import bigtrain.train.engine  # noqa: E402
 from bigtrain.distributed.world import World, barrier, init_distributed, shutdown  # noqa: E402
 from bigtrain.train.job import setup_logging, train  # noqa: E402
-from bigtrain.parallel.pipeline import load_pipeline_state  # noqa: E402
 from bigtrain.run import build_parser, run_config_from_args  # noqa: E402
-
-
-@contextmanager
-def pipeline_from_plain_init() -> Iterator[None]:
-    """Pipeline stages start from the plain module's initial weights.
-
-    The runner builds each pipeline layer under its own seed (seed + layer index), so that a
-    model's initial weights do not depend on the stage count; the plain module draws its
-    weights from the global stream instead. To compare the training math of the two forms
-    they must start equal: the plain module is built here from the global RNG exactly where
-    `Engine` would build it (the pipeline path does not touch the global stream), under
-    fork_rng so the run's stream stays as the plain run leaves it, and loaded into the stages.
-    """
-    original = bigtrain.train.engine.to_pipeline_module
-
-    def build(spec, *args, **kwargs):
-        with torch.random.fork_rng(devices=[]):
-            plain_state = spec.build().state_dict()
-        pipe = original(spec, *args, **kwargs)
-        load_pipeline_state(pipe, spec, plain_state)
-        return pipe
-
-    bigtrain.train.engine.to_pipeline_module = build
-    try:
-        yield
-    finally:
-        bigtrain.train.engine.to_pipeline_module = original
 
 
 @contextmanager
@@ -110,7 +78,7 @@ def run_one(root: Path, job: dict, world: World) -> None:
     args = build_parser().parse_args(["--out", str(out), *job["args"]])
     report: dict = {}
     try:
-        with probe(report), (pipeline_from_plain_init() if job.get("plain_init") else _nothing()):
+        with probe(report):
             train(run_config_from_args(args), world, args.deepspeed_config, args.resume, args.stop_after)
     except ValueError as err:
         if not job.get("expect_error"):
@@ -124,11 +92,6 @@ def run_one(root: Path, job: dict, world: World) -> None:
     unset_hf_deepspeed_config()
     gc.collect()
     barrier()
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def main() -> None:

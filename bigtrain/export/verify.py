@@ -1,0 +1,56 @@
+"""An export checks itself: what was written is loaded back the way a user would load it
+(`from_pretrained` for a Hugging Face directory, `load_exported` otherwise), a fixed batch runs
+through the model that was written and through the reloaded one, and the largest logit
+difference is reported. Both are fp32 on CPU with the same kernels, so anything but 0 means
+the directory does not hold the trained model (a dropped tied weight, a renamed key, a config
+that builds another architecture).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bigtrain.models import ModelSpec, call_module, output_logits
+
+BATCH, TOKENS = 2, 16
+
+
+def reload_hf(directory: str | Path) -> nn.Module:
+    """The Hugging Face export in `directory` through the Auto class its config's architecture names."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    classifier = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+    auto = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
+    return auto.from_pretrained(str(directory), local_files_only=True, dtype=torch.float32).eval()
+
+
+def fixed_batch(spec: ModelSpec) -> Any:
+    """Inputs the model takes, the same every time: tokens (a padded second text for classifiers) or images."""
+    gen = torch.Generator().manual_seed(0)
+    if spec.modality == "image":
+        size = spec.extra["image_size"]
+        return torch.randn(BATCH, 3, size, size, generator=gen)
+    vocab = spec.extra.get("vocab_size") or spec.config.vocab_size
+    tokens = min(TOKENS, spec.extra.get("seq_len") or TOKENS)
+    ids = torch.randint(0, vocab, (BATCH, tokens), generator=gen)
+    if spec.modality == "classify":
+        mask = torch.ones_like(ids)
+        mask[1, tokens // 2:] = 0
+        return {"input_ids": ids, "attention_mask": mask}
+    return ids
+
+
+@torch.no_grad()
+def largest_logit_difference(written: nn.Module, reloaded: nn.Module, spec: ModelSpec) -> float:
+    """max |logits(written) - logits(reloaded)| on `fixed_batch(spec)`, both in eval mode."""
+    inputs = fixed_batch(spec)
+    a = output_logits(call_module(written.eval(), inputs)).float()
+    b = output_logits(call_module(reloaded.eval(), inputs)).float()
+    if a.shape != b.shape:
+        raise ValueError(f"the reloaded export gives logits of shape {tuple(b.shape)}, the trained model "
+                         f"{tuple(a.shape)}: the directory builds another model")
+    return float((a - b).abs().max())
