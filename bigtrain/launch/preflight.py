@@ -11,6 +11,7 @@ the chosen launcher, the batch triple for the total world size, and the memory p
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import socket
 import subprocess
@@ -46,7 +47,10 @@ class PreflightError(ValueError):
 # --- the hostfile -------------------------------------------------------------------------------
 
 def read_hostfile(path: str | Path) -> list[HostEntry]:
-    """Parse an MPI-style hostfile strictly; raises PreflightError naming every bad line."""
+    """Read an MPI-style hostfile as DeepSpeed's launcher reads it (`deepspeed.launcher.runner.fetch_hostfile`:
+    `HOST slots=N`, anything after it ignored, e.g. OpenMPI's `max_slots=M` or a `# comment`), with every
+    bad line named at once; raises PreflightError. A missing file is an error here, where DeepSpeed would
+    train on this machine alone."""
     path = Path(path)
     if not path.is_file():
         raise PreflightError([f"hostfile {path} does not exist; DeepSpeed would silently train on this machine "
@@ -68,22 +72,32 @@ def read_hostfile(path: str | Path) -> list[HostEntry]:
         problems.append(f"{path} lists no hosts; add one line per host like 'worker-1 slots=8'")
     if problems:
         raise PreflightError(problems)
-    return entries
+    from deepspeed.launcher.runner import fetch_hostfile
+    pool = fetch_hostfile(str(path))  # the launcher's own reading decides hosts and slots
+    lines = {e.host: e.line for e in entries}
+    return [HostEntry(host, slots, lines.get(host, 0)) for host, slots in pool.items()]
+
+
+# deepspeed.launcher.runner._parse_hostfile's pattern: a host, then slots=N; the rest of the line is ignored
+_HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")
 
 
 def parse_hostfile_line(text: str, number: int, path: Path | str = "hostfile") -> HostEntry | str | None:
-    """An entry, None for a blank or comment line, or a one-line problem."""
-    body = text.split("#", 1)[0].strip()
-    if not body:
+    """An entry, None for a blank or comment line, or a one-line problem (the lines DeepSpeed rejects,
+    and slots=0, which DeepSpeed would take for a host that starts no rank)."""
+    body = text.strip()
+    if not body or body.startswith("#"):
         return None
+    match = _HOST_LINE.search(body)
     fields = body.split()
-    expected = "expected 'HOSTNAME slots=N', e.g. 'worker-1 slots=8'"
-    if len(fields) != 2 or not fields[1].startswith("slots="):
-        return f"{path}:{number}: {body!r}: {expected}"
-    host, slots = fields[0], fields[1][len("slots="):]
-    if not slots.isdigit() or int(slots) < 1:
+    if match is None and len(fields) >= 2 and fields[1].startswith("slots="):
+        return f"{path}:{number}: {fields[1]} for {fields[0]}: slots must be a positive integer (ranks on that host)"
+    if match is None:
+        return f"{path}:{number}: {body!r}: expected 'HOSTNAME slots=N', e.g. 'worker-1 slots=8' (max_slots=M may follow)"
+    host, slots = match.group(1), int(match.group(2))
+    if slots < 1:
         return f"{path}:{number}: slots={slots} for {host}: slots must be a positive integer (ranks on that host)"
-    return HostEntry(host, int(slots), number)
+    return HostEntry(host, slots, number)
 
 
 def world_size(entries: list[HostEntry], gpus_per_node: int | None = None) -> int:
@@ -104,7 +118,7 @@ def check_hosts(entries: list[HostEntry], launcher: str, timeout: float = 5.0) -
     if shutil.which("ssh") is None:
         return ["ssh is not installed on this node; the pdsh and ssh launchers need it (or use --launcher no_ssh)"]
     problems = []
-    if launcher == "pdsh" and shutil.which("pdsh") is None:
+    if launcher == "pdsh" and len(entries) > 1 and shutil.which("pdsh") is None:  # one host: launched locally
         problems.append("pdsh is not installed on this node and is DeepSpeed's default multi-node launcher: install "
                         "it (apt-get install pdsh) or start one launcher per node with --no_ssh --node_rank R")
     remote = [e for e in entries if not is_local(e.host)]
