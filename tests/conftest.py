@@ -18,6 +18,8 @@ _current: list = [None]  # the test being set up, run or torn down
 def starts_a_launcher(args) -> bool:
     """A command that starts ranks: the deepspeed launcher, torchrun, or `bigtrain train`."""
     argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+    if "--help" in argv or "-h" in argv:
+        return False
     names = [Path(a).name for a in argv]
     if any(n in ("deepspeed", "torchrun") for n in names[:1]) or "deepspeed.launcher.launch" in argv:
         return True

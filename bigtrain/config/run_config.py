@@ -159,6 +159,11 @@ class LoggingConfig:
     tensorboard: bool = doc(False, "Write TensorBoard events to OUT/tensorboard via DeepSpeed's monitor.")
     csv: bool = doc(True, "Write CSV metrics to OUT/csv via DeepSpeed's monitor.")
     progress_bar: bool = doc(True, "Show a rank-0 progress bar on a terminal.")
+    wandb: bool = doc(False, "Log to Weights & Biases through DeepSpeed's wandb monitor, with the run config "
+                             "(pip install 'bigtrain[wandb]'); offline under OUT/wandb without credentials.")
+    comet: bool = doc(False, "Log to Comet through DeepSpeed's comet monitor, with the run config "
+                             "(pip install 'bigtrain[comet]'); offline under OUT/comet without COMET_API_KEY.")
+    project: str = doc("bigtrain", "Project name for wandb / comet; the run is named after its output directory.")
 
     def __post_init__(self) -> None:
         _positive(self, "interval")

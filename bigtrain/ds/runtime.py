@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import copy
 import logging
+from pathlib import Path
 
 from bigtrain.config.run_config import RunConfig
 from bigtrain.ds.generate import monitor_sections
+from bigtrain.metrics.monitor import tracker_sections
 
 log = logging.getLogger("bigtrain")
 
@@ -21,6 +23,7 @@ def fit_to_device(ds_config: dict, run: RunConfig, out_dir: str, device_name: st
         device_name = get_accelerator().device_name()
     config = copy.deepcopy(ds_config)
     config.update(monitor_sections(out_dir, "train", run.logging.tensorboard, run.logging.csv))
+    config.update(tracker_sections(run.logging, out_dir, Path(out_dir).name))  # wandb / comet
     _fit_schedule_length(config, run.train.steps)
     optimizer = config.get("optimizer") or {}
     params = optimizer.setdefault("params", {}) if optimizer else {}

@@ -1,19 +1,87 @@
-"""MetricsLogger: scalars to TensorBoard / CSV through DeepSpeed's MonitorMaster, and kept in memory.
+"""MetricsLogger: scalars to TensorBoard / CSV / W&B / Comet through DeepSpeed's MonitorMaster, kept in memory.
 
 DeepSpeed's engine already writes its own `Train/Samples/*` events when the config has a
-`tensorboard` or `csv_monitor` section; bigtrain's metrics go under their own prefix, so
-the files never collide. Pass the engine's monitor (`engine.monitor`) to share its writers,
-or the DeepSpeed config dict to build one.
+`tensorboard`, `csv_monitor`, `wandb` or `comet` section; bigtrain's metrics go under their own
+prefix, so the files never collide. Pass the engine's monitor (`engine.monitor`) to share its
+writers, or the DeepSpeed config dict to build one.
+
+Experiment trackers are DeepSpeed's own monitors: `logging.wandb` / `logging.comet` become the
+`wandb` / `comet` sections (`tracker_sections`), the packages are optional extras
+(`pip install 'bigtrain[wandb]'`, `'bigtrain[comet]'`), and the run config is attached to the
+tracker's run once the engine has started it. Without credentials a tracker writes offline under
+OUT/ (`wandb sync` / comet's offline upload later), so a run never waits on the network.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import math
 import os
 from pathlib import Path
 from typing import Any
 
 PREFIX = "bigtrain/"
+TRACKERS = {"wandb": "wandb", "comet": "comet_ml"}  # run-config switch -> the package DeepSpeed's monitor imports
+log = logging.getLogger("bigtrain")
+
+
+def tracker_sections(logging_config: Any, out_dir: str | Path, run_name: str | None = None) -> dict:
+    """The DeepSpeed `wandb` / `comet` sections for `logging.wandb` / `logging.comet`. ValueError in one line
+    when the package is missing. Sets the trackers' directories (and offline mode without credentials)
+    in this process's environment, where DeepSpeed's monitor reads them."""
+    sections: dict = {}
+    wanted = [name for name in TRACKERS if getattr(logging_config, name, False)]
+    for name in wanted:
+        if importlib.util.find_spec(TRACKERS[name]) is None:
+            raise ValueError(f"logging.{name}=true needs the {TRACKERS[name]} package: pip install 'bigtrain[{name}]' "
+                             f"(or set logging.{name}=false)")
+    project = getattr(logging_config, "project", None) or "bigtrain"
+    out = Path(out_dir)
+    if "wandb" in wanted:
+        os.environ.setdefault("WANDB_DIR", str(out))
+        if not os.environ.get("WANDB_API_KEY") and not _netrc_has("api.wandb.ai"):
+            os.environ.setdefault("WANDB_MODE", "offline")
+        sections["wandb"] = {"enabled": True, "project": project, "group": run_name}
+    if "comet" in wanted:
+        os.environ.setdefault("COMET_OFFLINE_DIRECTORY", str(out / "comet"))
+        online = bool(os.environ.get("COMET_API_KEY")) and os.environ.get("COMET_MODE", "").lower() != "offline"
+        sections["comet"] = {"enabled": True, "project": project, "experiment_name": run_name, "online": online}
+    return sections
+
+
+def _netrc_has(host: str) -> bool:
+    import netrc
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def attach_run_config(monitor: Any, run_config: dict) -> list[str]:
+    """Record `run_config` on the trackers DeepSpeed's monitor started (rank 0); returns their names."""
+    attached = []
+    if getattr(monitor, "wandb_monitor", None) is not None and getattr(monitor.wandb_monitor, "enabled", False):
+        import wandb
+        if wandb.run is not None:
+            wandb.run.config.update(run_config, allow_val_change=True)
+            attached.append("wandb")
+    comet = getattr(monitor, "comet_monitor", None)
+    experiment = getattr(comet, "experiment", None) if comet is not None else None
+    if experiment is not None:
+        experiment.log_parameters(_flat(run_config))
+        attached.append("comet")
+    return attached
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _monitor_from_config(ds_config: dict) -> Any:
@@ -38,10 +106,13 @@ class MetricsLogger:
     CSV monitor writes one file per name, `<output_path>/<job_name>/bigtrain_<name>.csv`.
     """
 
-    def __init__(self, ds_config: dict | None = None, monitor: Any = None, prefix: str = PREFIX) -> None:
+    def __init__(self, ds_config: dict | None = None, monitor: Any = None, prefix: str = PREFIX,
+                 run_config: dict | None = None) -> None:
         self.monitor = monitor if monitor is not None else (_monitor_from_config(ds_config) if ds_config else None)
         self.prefix = prefix
         self.history: list[dict[str, float]] = []
+        if run_config is not None and self.monitor is not None:
+            attach_run_config(self.monitor, run_config)
 
     @property
     def writing(self) -> bool:

@@ -5,6 +5,7 @@ import logging
 import math
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,7 +54,7 @@ class Reporter:
         if world.is_main:
             source = "given" if run.train.peak_tflops else f"measured ({run.precision} matmul, {torch.get_num_threads()} threads)"
             log.info("peak %.2f TFLOP/s per rank, %s", self.peak_tflops, source)
-        self.monitor = MetricsLogger(monitor=getattr(engine.ds, "monitor", None))
+        self.monitor = MetricsLogger(monitor=getattr(engine.ds, "monitor", None), run_config=asdict(run))
         self.bar = ProgressBar(run.train.steps, enabled=world.is_main, log_every=self.interval)
         if not run.logging.progress_bar:
             self.bar.tty = False  # plain log lines every interval instead of a redrawn bar
