@@ -24,4 +24,23 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 echo "setup: installing bigtrain and its dependencies"
 "${PIP[@]}" -e ".[test,ray]"  # the test suite runs the Ray verbs too (tests/test_ray.py)
+# DeepSpeed JIT-builds its CPU ops at first use: the shared-memory all-reduce (every multi-rank CPU
+# job, ~1 min on 2 cores) and CPU Adam (optimizer offload). Build them once here, into the same
+# torch_extensions cache the ranks load from, instead of inside the first run (or two ranks at once).
+echo "setup: building DeepSpeed's CPU ops (shared-memory all-reduce, CPU Adam); already built ones only load"
+OPS_LOG=.venv/deepspeed_ops_build.log
+if ! .venv/bin/python - >"$OPS_LOG" 2>&1 <<'PY'
+from deepspeed.accelerator import get_accelerator
+
+accelerator = get_accelerator()
+if accelerator.device_name() == "cpu":  # GPU hosts build their CUDA ops at first use, as DeepSpeed does
+    for name in ("ShareMemCommBuilder", "CPUAdamBuilder"):
+        builder = accelerator.create_op_builder(name)
+        if builder is not None and builder.is_compatible(verbose=False):
+            builder.load(verbose=False)
+            print(f"built {builder.absolute_name()}")
+PY
+then
+  echo "setup: building DeepSpeed's CPU ops failed (see $OPS_LOG); the first run will build them" >&2
+fi
 echo "setup: done ($(.venv/bin/python -c 'import torch, deepspeed; print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}")' 2>/dev/null))"

@@ -28,13 +28,14 @@ log = logging.getLogger("bigtrain")
 
 def tracker_sections(logging_config: Any, out_dir: str | Path, run_name: str | None = None) -> dict:
     """The DeepSpeed `wandb` / `comet` sections for `logging.wandb` / `logging.comet`. ValueError in one line
-    when the package is missing. Sets the trackers' directories (and offline mode without credentials)
-    in this process's environment, where DeepSpeed's monitor reads them."""
+    when the package of a tracker (or of logging.tensorboard) is missing. Sets the trackers' directories
+    (and offline mode without credentials) in this process's environment, where DeepSpeed's monitors read them."""
     sections: dict = {}
     wanted = [name for name in TRACKERS if getattr(logging_config, name, False)]
-    for name in wanted:
-        if importlib.util.find_spec(TRACKERS[name]) is None:
-            raise ValueError(f"logging.{name}=true needs the {TRACKERS[name]} package: pip install 'bigtrain[{name}]' "
+    for name in wanted + (["tensorboard"] if getattr(logging_config, "tensorboard", False) else []):
+        package = TRACKERS.get(name, name)
+        if importlib.util.find_spec(package) is None:
+            raise ValueError(f"logging.{name}=true needs the {package} package: pip install 'bigtrain[{name}]' "
                              f"(or set logging.{name}=false)")
     project = getattr(logging_config, "project", None) or "bigtrain"
     out = Path(out_dir)
