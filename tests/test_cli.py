@@ -64,8 +64,9 @@ def cli_surface() -> dict:
 
     from bigtrain import run
 
-    def table(parser: argparse.ArgumentParser) -> dict:
-        flags = sorted(s for a in parser._actions for s in a.option_strings if s.startswith("--"))
+    def table(parser: argparse.ArgumentParser) -> dict:  # one spelling per flag: FlagParser takes both
+        flags = sorted({"--" + s[2:].replace("_", "-") for a in parser._actions for s in a.option_strings
+                        if s.startswith("--")})
         positionals = [a.dest for a in parser._actions if not a.option_strings
                        and not isinstance(a, argparse._SubParsersAction)]
         return {"flags": flags, **({"positionals": positionals} if positionals else {})}
