@@ -128,7 +128,10 @@ def main() -> None:
     os.dup2(2, 1)  # anything else printed goes to stderr, never into the protocol
 
     def send(message: dict) -> None:
-        protocol.write(json.dumps(message) + "\n")
+        try:
+            protocol.write(json.dumps(message) + "\n")
+        except BrokenPipeError:  # the main process is gone (killed): nothing left to report to
+            os._exit(1)
 
     _die_with_parent()
     for line in sys.stdin:
