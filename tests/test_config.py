@@ -46,8 +46,8 @@ def test_json_file_round_trip(tmp_path):
     (["zero.max_reuse_distance=-1"], "zero.max_reuse_distance=-1: must be >= 0"),
     (["zero.sub_group_size=0"], "zero.sub_group_size=0: must be > 0"),
     (["zero.stage=2", "pipeline.stages=2"], "DeepSpeed pipelines support ZeRO 0-1 only"),
-    (["offload.param=cpu"], "offload.param=cpu needs zero.stage=3"),
-    (["zero.stage=2", "offload.optimizer=nvme"], "nvme offload needs zero.stage=3"),
+    (["offload.param=cpu"], "offload.param=cpu needs stage 3 (got stage 1)"),
+    (["zero.stage=2", "offload.optimizer=nvme"], "offload.optimizer=nvme needs stage 3 (ZeRO-Infinity)"),
 ])
 def test_bad_values_name_the_field(override, message):
     with pytest.raises(ValueError) as err:

@@ -62,9 +62,9 @@ def test_zero2_matches_deepspeeds_own_estimator():
 
 
 def test_setup_rejects_impossible_combinations():
-    with pytest.raises(ValueError, match="parameter offload needs ZeRO stage 3"):
+    with pytest.raises(ValueError, match=r"offload.param=cpu needs stage 3 \(got stage 2\)"):
         Setup(world_size=8, zero_stage=2, offload_param="cpu")
-    with pytest.raises(ValueError, match="optimizer offload needs ZeRO stage >= 1"):
+    with pytest.raises(ValueError, match=r"offload.optimizer=cpu needs stage 1-3 \(got stage 0\)"):
         Setup(world_size=8, zero_stage=0, offload_optimizer="cpu")
     with pytest.raises(ValueError, match="precision 'fp8'"):
         Setup(world_size=8, precision="fp8")

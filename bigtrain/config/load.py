@@ -49,13 +49,57 @@ def set_dotted(data: dict, item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set zero.stage=3")
-    parts = key.strip().split(".")
+    try:
+        set_dotted_value(data, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+    except ValueError as err:
+        raise ValueError(f"--set {item!r}: {err}") from None
+
+
+def set_dotted_value(data: dict, key: str, value: Any) -> None:
+    """`data[a][b][c] = value` for key "a.b.c", creating the sections on the way."""
+    parts = key.split(".")
     node = data
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ValueError(f"--set {item!r}: {part} is a value, not a section")
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+            raise ValueError(f"{part} is a value, not a section")
+    node[parts[-1]] = value
+
+
+def field_sources(path: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, str]:
+    """Run-config field (dotted, e.g. "zero.stage") -> "--set" or "--config": the fields a user gave.
+
+    The DeepSpeed JSON's precedence depends on it (bigtrain.ds.resolve): an explicit --set wins
+    over the JSON, the JSON over the --config file and over the defaults."""
+    sources: dict[str, str] = {}
+    if path is not None:
+        for key in _leaf_keys(read_mapping(path)):
+            sources[_field_of(key)] = "--config"
+    for item in overrides or []:
+        key = item.partition("=")[0].strip()
+        if key:
+            sources[_field_of(key)] = "--set"
+    return sources
+
+
+def _leaf_keys(data: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        keys += _leaf_keys(value, dotted + ".") if isinstance(value, dict) and value else [dotted]
+    return keys
+
+
+def _field_of(key: str) -> str:
+    """The run-config field a dotted key sets: "model.overrides.n_layer" -> "model.overrides"."""
+    parts, cls, out = key.split("."), RunConfig, []
+    for part in parts:
+        known = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if part not in known:
+            break
+        out.append(part)
+        cls = typing.get_type_hints(cls)[part]
+    return ".".join(out) or key
 
 
 def from_dict(cls: type, data: dict, prefix: str = "") -> Any:

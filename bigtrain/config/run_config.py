@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from bigtrain.config.fields import doc
+from bigtrain.config.rules import RUN_KEYS, Layout, check_layout, optimizer_problems, partition_problem
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -148,9 +149,9 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "stages")
-        ok = self.partition_method in ("parameters", "uniform") or self.partition_method.startswith("type:")
-        if not ok:
-            raise ValueError(f"pipeline.partition_method={self.partition_method!r}: use parameters, uniform or type:REGEX")
+        problem = partition_problem(self.partition_method)
+        if problem:
+            raise ValueError(problem)
 
 
 @dataclass
@@ -219,20 +220,11 @@ class RunConfig:
 
 
 def check_combinations(run: RunConfig) -> None:
-    """Cross-section rules DeepSpeed would otherwise report deep inside initialize()."""
-    stage = run.zero.stage
-    if run.pipeline.stages > 1 and stage >= 2:
-        raise ValueError(f"zero.stage={stage} with pipeline.stages={run.pipeline.stages}: DeepSpeed pipelines "
-                         "support ZeRO 0-1 only; set zero.stage=1 or pipeline.stages=1")
-    if run.offload.param != "none" and stage != 3:
-        raise ValueError(f"offload.param={run.offload.param} needs zero.stage=3 (got {stage}); "
-                         "set zero.stage=3 or offload.param=none")
-    if run.offload.optimizer != "none" and stage == 0:
-        raise ValueError("offload.optimizer needs zero.stage >= 1; set zero.stage=1 (or 2/3)")
-    if "nvme" in (run.offload.optimizer, run.offload.param) and stage != 3:
-        raise ValueError(f"nvme offload needs zero.stage=3 (ZeRO-Infinity); got zero.stage={stage}")
-    if run.precision == "fp16" and run.optimizer.name in ("onebitadam", "zerooneadam", "onebitlamb") and stage > 1:
-        raise ValueError(f"optimizer.name={run.optimizer.name} supports zero.stage 0-1 only")
+    """Cross-section rules DeepSpeed would otherwise report deep inside initialize() (`bigtrain.config.rules`)."""
+    check_layout(Layout(run.zero.stage, run.offload.optimizer, run.offload.param, run.pipeline.stages), RUN_KEYS)
+    problems = optimizer_problems(run.optimizer.name, run.precision, run.zero.stage)
+    if problems:
+        raise ValueError(problems[0])
 
 
 def _positive(section: object, *names: str) -> None:

@@ -39,7 +39,7 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
     _single_process_env()
     if get_accelerator().device_name() == "cpu" and not torch.distributed.is_initialized():
         tune_cpu_rank()  # before gloo starts its threads, so they inherit the binding
-    minutes = timeout_minutes or float(os.environ.get("DEEPSPEED_TIMEOUT", "10"))
+    minutes = timeout_minutes or collective_timeout_s() / 60
     if not torch.distributed.is_initialized():
         from bigtrain.metrics.logs import library_stdout
         with library_stdout():  # DeepSpeed prints "... shm_comm_op built successfully": to the rank's log
@@ -52,6 +52,11 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
     else:
         release_shm_buffer(world)
     return world
+
+
+def collective_timeout_s() -> float:
+    """How long a collective may wait for its peers: DEEPSPEED_TIMEOUT minutes (default 10), as DeepSpeed reads it."""
+    return 60.0 * float(os.environ.get("DEEPSPEED_TIMEOUT", "10"))
 
 
 def release_shm_buffer(world: World) -> None:

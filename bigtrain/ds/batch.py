@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bigtrain.config import rules
+
 DEFAULT_MICRO_BATCH = 4
 
 
@@ -20,12 +22,7 @@ class BatchTriple:
 
 def data_parallel_size(world_size: int, pipeline_stages: int = 1) -> int:
     """Ranks that hold a full replica's worth of data; a pipeline spends `stages` ranks per replica."""
-    if world_size <= 0:
-        raise ValueError(f"world size {world_size}: must be >= 1")
-    if pipeline_stages <= 0 or world_size % pipeline_stages:
-        raise ValueError(f"world size {world_size} is not divisible by pipeline stages {pipeline_stages}; "
-                         "use a world size that is a multiple of the stage count")
-    return world_size // pipeline_stages
+    return rules.data_parallel_size(world_size, pipeline_stages)
 
 
 def solve_batch(global_batch: int | None, micro_batch: int | None, grad_accum: int | None,

@@ -1,213 +1,376 @@
-"""A user's DeepSpeed JSON -> a checked config for the real world size, plus the run config it implies.
+"""The one path from (run config, a user's DeepSpeed JSON or none, world size, device) to the
+DeepSpeed dict the engine gets, and the run config that produced it.
 
-Order: read -> unknown keys -> resolve "auto" (HF Trainer style) from the run config -> batch
-triple for the real world size -> semantic checks -> DeepSpeed's own parser. Any problem raises
-LintError before a rank trains.
+`resolve` is used by the runner (`train/job.py`), `bigtrain lint`, `preflight`, `bench` and the
+tests. Precedence, field by field:
+
+- an explicit `--set` wins over the JSON; the JSON wins over the `--config` file and over
+  bigtrain's defaults; where the two that meet disagree, one line names the field, both values
+  and the winner;
+- a section the JSON leaves out (zero_optimization, optimizer, scheduler, gradient_clipping,
+  precision) comes from the run config, each named in one line; a key left out of a section the
+  JSON has is DeepSpeed's to default, unless the user gave that field (`--config`/`--set`);
+  missing optimizer parameters come from the run config;
+- HF-style "auto" takes the run config's value;
+- the batch triple is solved for the real data-parallel size: a triple written for another
+  world size is fitted (global batch kept where possible), and on resume the checkpoint's
+  global batch is kept unless `batch.global_batch` is given; one line says what changed;
+- `train.steps` decides the schedule length, whatever the file was written for.
+
+The result is checked by the lint (`bigtrain.ds.lint`) before any rank trains.
 """
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+import itertools
+import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from bigtrain.ds.batch import BatchTriple, data_parallel_size, rescale_for_world, solve_batch
-from bigtrain.config.run_config import (ActivationCheckpointConfig, BatchConfig, OffloadConfig, OptimizerConfig, PipelineConfig,
-                             RunConfig)
-from bigtrain.ds.generate import OPTIMIZER_TYPES, build_ds_config
-from bigtrain.ds.lint import (BATCH_KEYS, DeviceCaps, LintError, read_ds_json, semantic_problems, unknown_keys,
-                              validate_with_deepspeed)
+from bigtrain.config import rules
+from bigtrain.config.run_config import RunConfig
+from bigtrain.ds.batch import BatchTriple, solve_batch
+from bigtrain.ds.generate import build_ds_config
+from bigtrain.ds.lint import BATCH_KEYS, DeviceCaps, LintError, lint_problems, read_ds_json, semantic_problems, \
+    unknown_keys, validate_with_deepspeed
+from bigtrain.ds.lint import errors as lint_errors
+from bigtrain.ds.lint import warnings as lint_warnings
+from bigtrain.ds.mapping import (BATCH_FIELDS, LINKS, MISSING, absorb, field_value, get_path, set_path, stated,
+                                 with_fields)
+from bigtrain.ds.runtime import fit_to_device
+
+FILLED = ("zero_optimization", "optimizer", "scheduler", "gradient_clipping")
+MEMBERS = ("global_batch", "micro_batch", "grad_accum")
+KEEP_FIRST = ("micro_batch", "global_batch", "grad_accum")  # on a tie: memory per rank, then the dynamics
+# How strongly a batch member's source holds when the triple must be refitted (higher is kept).
+SET, CHECKPOINT, JSON, CONFIG = 4, 3, 2, 1
 
 
 @dataclass
 class Resolved:
-    ds_config: dict
-    run: RunConfig  # the run config with the JSON's settings absorbed
-    notes: list[str]  # what was changed and why, for the log
+    ds_config: dict  # exactly what deepspeed.initialize gets
+    run: RunConfig  # the run config that dict trains with (every field it carries read back)
+    notes: list[str]  # one line per decision: precedence, filled sections, batch fitting
 
 
-def resolve_ds_file(path: str | Path, run: RunConfig, world_size: int | None,
-                    pipeline_stages: int | None = None, device: DeviceCaps | None = None,
-                    fit_world: bool = False) -> Resolved:
-    """Lint and resolve a user's DeepSpeed JSON.
+def resolve(run: RunConfig, user_json: dict | str | Path | None = None, world_size: int | None = None,
+            device: DeviceCaps | None = None, *, sources: Mapping[str, str] | None = None,
+            pipeline_stages: int | None = None, fit_world: bool = True, resume_batch: int | None = None,
+            out_dir: str | None = None) -> Resolved:
+    """The DeepSpeed dict for this job, checked; raises LintError (a ValueError) naming every problem.
 
-    `fit_world=True` (the runner) recomputes a triple written for another world size; the
-    `lint` command leaves it False so an inconsistent triple is reported instead.
+    `sources`: run-config field -> "--set" or "--config" (`config.load.field_sources`), what the
+    user gave explicitly. `fit_world=False` (lint's strict mode) reports a complete triple written
+    for another world size instead of fitting it. `resume_batch`: the global batch of the checkpoint
+    this job resumes from, kept unless batch.global_batch is given. `out_dir`: where DeepSpeed's monitors write (None: none).
     """
-    return resolve_ds_dict(read_ds_json(path), run, world_size, pipeline_stages, device, fit_world)
-
-
-def resolve_ds_dict(user: dict, run: RunConfig, world_size: int | None, pipeline_stages: int | None = None,
-                    device: DeviceCaps | None = None, fit_world: bool = False) -> Resolved:
     device = device or DeviceCaps.detect()
-    problems = unknown_keys(user)
-    if problems:
-        raise LintError(problems)
-    config = resolve_auto(user, run, world_size, pipeline_stages)
+    sources = dict(sources or {})
     notes: list[str] = []
-    if fit_world and world_size is not None:
-        notes += _fit_batch_to_world(config, world_size, _stages(config, pipeline_stages))
-    problems = semantic_problems(config, world_size, pipeline_stages, device)
-    if not problems:
-        dp = data_parallel_size(world_size, _stages(config, pipeline_stages)) if world_size else _implied_dp(config)
-        problems = validate_with_deepspeed(config, dp)
-    if problems:
-        raise LintError(problems)
+    if run.precision == "auto":
+        run = with_fields(run, {"precision": _default_precision(device)})
+    if pipeline_stages is not None:
+        run = with_fields(run, {"pipeline.stages": pipeline_stages})
+        sources["pipeline.stages"] = "--set"
+    if user_json is None:
+        config, run = _generated(run, world_size, sources, resume_batch, notes)
+    else:
+        user = copy.deepcopy(user_json) if isinstance(user_json, dict) else read_ds_json(user_json, notes)
+        problems = unknown_keys(user)
+        if problems:
+            raise LintError(problems)
+        try:
+            config, run = _from_user(user, run, world_size, sources, fit_world, resume_batch, notes)
+        except LintError:
+            raise
+        except ValueError as err:
+            raise LintError(_json_problems(user, world_size, device) or [f"DeepSpeed JSON: {err}"]) from None
+    config = fit_to_device(config, run, out_dir, device.name, notes)
+    _check(config, world_size, device, notes)
     return Resolved(config, absorb(run, config), notes)
 
 
-def resolve_auto(user: dict, run: RunConfig, world_size: int | None, pipeline_stages: int | None) -> dict:
-    """Replace HF-style "auto" values with the run config's settings; any other "auto" is an error."""
+def generated_or_user(run: RunConfig, world_size: int, ds_path: str | None, device: DeviceCaps | None = None,
+                      sources: Mapping[str, str] | None = None) -> Resolved:
+    """`resolve` for callers that have a JSON path or none (kept for existing callers)."""
+    return resolve(run, ds_path, world_size, device, sources=sources)
+
+
+def resolve_ds_file(path: str | Path, run: RunConfig, world_size: int | None, pipeline_stages: int | None = None,
+                    device: DeviceCaps | None = None, fit_world: bool = False,
+                    sources: Mapping[str, str] | None = None) -> Resolved:
+    """`resolve` of a JSON file, in lint's strict mode by default (a triple for another world size is reported)."""
+    return resolve(run, path, world_size, device, sources=sources, pipeline_stages=pipeline_stages,
+                   fit_world=fit_world)
+
+
+def resolve_ds_dict(user: dict, run: RunConfig, world_size: int | None, pipeline_stages: int | None = None,
+                    device: DeviceCaps | None = None, fit_world: bool = False,
+                    sources: Mapping[str, str] | None = None) -> Resolved:
+    return resolve(run, user, world_size, device, sources=sources, pipeline_stages=pipeline_stages,
+                   fit_world=fit_world)
+
+
+# --- the two inputs --------------------------------------------------------------------------------
+
+def _generated(run: RunConfig, world_size: int | None, sources: dict, resume_batch: int | None,
+               notes: list[str]) -> tuple[dict, RunConfig]:
+    """No JSON: the run config decides everything."""
+    if world_size is None:
+        raise LintError(["a generated DeepSpeed config needs the world size; pass --world-size N"])
+    dp = rules.data_parallel_size(world_size, run.pipeline.stages)
+    known = {m: (getattr(run.batch, m), SET if sources.get(f"batch.{m}") == "--set" else CONFIG)
+             for m in MEMBERS if getattr(run.batch, m) is not None}
+    triple = _batch(known, dp, resume_batch, sources, notes)
+    run = _with_triple(run, triple)
+    return build_ds_config(run, world_size), run
+
+
+def _from_user(user: dict, run: RunConfig, world_size: int | None, sources: dict, fit_world: bool,
+               resume_batch: int | None, notes: list[str]) -> tuple[dict, RunConfig]:
+    said = stated(user)
+    mixed = _precedence(said, run, sources, notes)
+    mixed_run = with_fields(run, mixed)
+    triple = _user_batch(said, mixed_run, world_size, sources, fit_world, resume_batch, notes)
+    if triple is not None:
+        mixed_run = _with_triple(mixed_run, triple)
+    generated = build_ds_config(mixed_run, world_size or triple_world(user))
     config = copy.deepcopy(user)
-    _resolve_batch_auto(config, run, world_size, _stages(config, pipeline_stages))
-    opt = run.optimizer
-    precision = run.precision
-    if precision == "auto":
-        from bigtrain.distributed.device import default_precision
-        precision = default_precision()
-    values = {
-        ("gradient_clipping",): opt.grad_clip,
-        ("fp16", "enabled"): precision == "fp16",
-        ("bf16", "enabled"): precision == "bf16",
-        ("optimizer", "params", "lr"): opt.lr,
-        ("optimizer", "params", "betas"): list(opt.betas),
-        ("optimizer", "params", "eps"): opt.eps,
-        ("optimizer", "params", "weight_decay"): opt.weight_decay,
-        ("scheduler", "params", "warmup_min_lr"): opt.lr * run.schedule.min_lr_ratio,
-        ("scheduler", "params", "warmup_max_lr"): opt.lr,
-        ("scheduler", "params", "warmup_num_steps"): min(run.schedule.warmup_steps, run.train.steps),
-        ("scheduler", "params", "total_num_steps"): run.train.steps,
-        ("zero_optimization", "reduce_bucket_size"): run.zero.reduce_bucket_size,
-        ("zero_optimization", "stage3_prefetch_bucket_size"): run.zero.prefetch_bucket_size,
-        ("zero_optimization", "stage3_param_persistence_threshold"): run.zero.param_persistence_threshold,
-        ("zero_optimization", "stage3_max_live_parameters"): run.zero.max_live_parameters,
-        ("zero_optimization", "stage3_max_reuse_distance"): run.zero.max_reuse_distance,
-        ("zero_optimization", "sub_group_size"): run.zero.sub_group_size,
-    }
-    for path, value in values.items():
-        node = _parent(config, path)
-        if node is not None and node.get(path[-1]) == "auto":
-            node[path[-1]] = value
-    left = list(_auto_paths(config))
+    _fill_sections(config, generated, notes)
+    for field, source in sources.items():
+        decided_by_json = field in said and (source == "--config" or _same(said[field], field_value(run, field)))
+        if field in LINKS and not decided_by_json:
+            for path in LINKS[field]:
+                set_path(config, path, get_path(generated, path))
+    if "aio" in generated and "aio" not in config:
+        config["aio"] = generated["aio"]
+    _fill_optimizer_params(config, generated, notes)
+    _resolve_auto(config, generated, mixed_run, notes)
+    if triple is not None:
+        config.update(zip(BATCH_KEYS, (triple.global_batch, triple.micro_batch, triple.grad_accum)))
+    return config, mixed_run
+
+
+def _precedence(said: dict, run: RunConfig, sources: Mapping[str, str], notes: list[str]) -> dict[str, Any]:
+    """The fields the JSON decides; one line per field where the JSON and --set/--config disagree."""
+    mixed = {}
+    for field, value in said.items():
+        source = sources.get(field)
+        current = field_value(run, field)
+        if source is None:
+            if field not in BATCH_FIELDS:
+                mixed[field] = value
+        elif not _same(value, current):
+            if source == "--set":
+                notes.append(f"precedence: {field}: --set gives {_show(current)}, the DeepSpeed JSON "
+                             f"{_show(value)}; --set wins")
+            else:
+                notes.append(f"precedence: {field}: the DeepSpeed JSON gives {_show(value)}, --config "
+                             f"{_show(current)}; the JSON wins")
+                if field not in BATCH_FIELDS:
+                    mixed[field] = value
+    return mixed
+
+
+def _fill_sections(config: dict, generated: dict, notes: list[str]) -> None:
+    """Sections the JSON leaves out come from the run config, one line each."""
+    for section in FILLED:
+        if section not in config and section in generated:
+            config[section] = copy.deepcopy(generated[section])
+            notes.append(f"filled from the run config (the JSON has no {section}): "
+                         f"{section} {json.dumps(generated[section])}")
+    if not any(key in config for key in ("bf16", "bfloat16", "fp16")):
+        config["bf16"], config["fp16"] = copy.deepcopy(generated["bf16"]), copy.deepcopy(generated["fp16"])
+        precision = "bf16" if generated["bf16"]["enabled"] else "fp16" if generated["fp16"]["enabled"] else "fp32"
+        notes.append(f"filled from the run config (the JSON sets no precision): {precision} "
+                     f"(bf16.enabled={str(generated['bf16']['enabled']).lower()}, "
+                     f"fp16.enabled={str(generated['fp16']['enabled']).lower()})")
+
+
+def _fill_optimizer_params(config: dict, generated: dict, notes: list[str]) -> None:
+    """A JSON optimizer of the type bigtrain generates gets the run config's values for the
+    parameters it leaves out (DeepSpeed's defaults differ by the class it picks)."""
+    mine, theirs = generated.get("optimizer") or {}, config.get("optimizer")
+    if not isinstance(theirs, dict) or str(theirs.get("type", "")).lower() != str(mine.get("type", "")).lower():
+        return
+    params = theirs.setdefault("params", {})
+    if not isinstance(params, dict):
+        return
+    added = [key for key in mine.get("params", {}) if key not in params and key != "torch_adam"]
+    for key in added:
+        params[key] = copy.deepcopy(mine["params"][key])
+    if added:
+        notes.append(f"filled from the run config (the JSON's optimizer leaves them out): "
+                     + ", ".join(f"optimizer.params.{k}={_show(params[k])}" for k in added))
+
+
+def _resolve_auto(config: dict, generated: dict, run: RunConfig, notes: list[str]) -> None:
+    """HF-style "auto" takes the run config's value; a key the HF integration fills that bigtrain does
+    not generate is left to DeepSpeed's default; anything else is an error."""
+    extra = {("zero_optimization", "offload_optimizer", "device"): run.offload.optimizer,
+             ("zero_optimization", "offload_param", "device"): run.offload.param,
+             ("zero_optimization", "offload_optimizer", "nvme_path"): run.offload.nvme_path,
+             ("zero_optimization", "offload_param", "nvme_path"): run.offload.nvme_path}
+    left = []
+    for path in list(_auto_paths(config)):
+        if path[0] in BATCH_KEYS:
+            continue  # the batch solver decides these
+        value = get_path(generated, path)
+        if value is MISSING and path in extra:
+            value = extra[path]
+        if value is not MISSING:
+            set_path(config, path, value)
+        elif ".".join(path) in _hf_auto_keys():
+            set_path(config, path, MISSING)
+            notes.append(f"{'.'.join(path)}=\"auto\": bigtrain has no setting for it; DeepSpeed's default applies")
+        else:
+            left.append(".".join(path))
     if left:
         raise LintError([f"{p}=\"auto\": bigtrain cannot derive this key; give it a value" for p in left])
-    return config
 
 
-def _resolve_batch_auto(config: dict, run: RunConfig, world_size: int | None, stages: int) -> None:
-    """Missing or "auto" batch keys come from the run config; two known members fix the third."""
-    given = [None if config.get(k) in (None, "auto") else config[k] for k in BATCH_KEYS]
-    if None not in given:
-        return
+def _hf_auto_keys() -> frozenset[str]:
+    """The keys the Hugging Face integration fills when they say "auto" (read by the schema)."""
+    try:
+        from bigtrain.ds.schema import hf_auto_keys
+    except ImportError:
+        return frozenset()
+    return hf_auto_keys()
+
+
+# --- the batch triple ------------------------------------------------------------------------------
+
+def _user_batch(said: dict, run: RunConfig, world_size: int | None, sources: Mapping[str, str], fit_world: bool,
+                resume_batch: int | None, notes: list[str]) -> BatchTriple | None:
+    known: dict[str, tuple[int, int]] = {}
+    for member in MEMBERS:
+        field, value = f"batch.{member}", getattr(run.batch, member)
+        if sources.get(field) == "--set" and value is not None:
+            known[member] = (value, SET)
+        elif field in said:
+            known[member] = (said[field], SET if not fit_world else JSON)
+        elif value is not None:
+            known[member] = (value, CONFIG)
     if world_size is None:
+        if len(known) == 3 and all(isinstance(v, int) for v, _ in known.values()):
+            return None  # lint without a world size: the triple is checked as written
         raise LintError(['batch sizes that are "auto" or missing need the world size; pass --world-size N'])
-    defaults = (run.batch.global_batch, run.batch.micro_batch, run.batch.grad_accum)
-    for i in (1, 2, 0):  # fill from the run config, micro-batch first, until two are known
-        if sum(g is not None for g in given) >= 2:
-            break
-        if given[i] is None:
-            given[i] = defaults[i]
-    triple = solve_batch(*given, data_parallel_size(world_size, stages))
-    config.update(zip(BATCH_KEYS, (triple.global_batch, triple.micro_batch, triple.grad_accum)))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v, _ in known.values()):
+        return None  # a mistyped batch size: the lint names it
+    dp = rules.data_parallel_size(world_size, run.pipeline.stages)
+    triple = _batch(known, dp, resume_batch, sources, notes)
+    written = {m: v for m, (v, rank) in known.items() if f"batch.{m}" in said}
+    if len(written) == 3 and resume_batch is None and (triple.global_batch, triple.micro_batch,
+                                                         triple.grad_accum) != tuple(written[m] for m in MEMBERS):
+        g, m, a = (written[k] for k in MEMBERS)
+        was = f"was {g // (m * a)}" if g % (m * a) == 0 else "written for none"
+        kept = "kept the global batch" if triple.global_batch == g else f"global batch {g} -> {triple.global_batch}"
+        notes.append(f"batch triple recomputed for data-parallel size {dp} ({was}): {triple}; the JSON says "
+                     f"{g} = micro {m} x accum {a}; {kept}")
+    return triple
 
 
-def _fit_batch_to_world(config: dict, world_size: int, stages: int) -> list[str]:
-    values = [config.get(k) for k in BATCH_KEYS]
-    if not all(isinstance(v, int) and v > 0 for v in values):
-        return []
-    total, micro, accum = values
-    written_dp = total // (micro * accum) if total % (micro * accum) == 0 else None
-    dp = data_parallel_size(world_size, stages)
-    if written_dp is None or written_dp == dp:
-        return []
-    new, note = rescale_for_world(BatchTriple(total, micro, accum, written_dp), dp)
-    config.update(zip(BATCH_KEYS, (new.global_batch, new.micro_batch, new.grad_accum)))
-    return [note]
+def _batch(known: dict[str, tuple[int, int]], dp: int, resume_batch: int | None, sources: Mapping[str, str],
+           notes: list[str]) -> BatchTriple:
+    """The triple keeping the most, and the most strongly held, of the given members; on resume the
+    checkpoint's global batch is held unless batch.global_batch is given, and one line says so."""
+    saved = resume_batch if isinstance(resume_batch, int) and resume_batch > 0 else None
+    if saved is not None and "batch.global_batch" not in sources:
+        known = {**known, "global_batch": (saved, CHECKPOINT)}
+    triple = _best_triple(known, dp)
+    if saved is not None:
+        notes.append(_resume_line(saved, triple, sources))
+    return triple
 
 
-def absorb(run: RunConfig, config: dict) -> RunConfig:
-    """The run config with the settings this DeepSpeed config decides (stage, precision, batch, ...)."""
-    zero = config.get("zero_optimization") or {}
-    precision = "bf16" if _on(config, "bf16") or _on(config, "bfloat16") else "fp16" if _on(config, "fp16") else "fp32"
-    pipe = config.get("pipeline") or {}
-    interval = pipe.get("activation_checkpoint_interval", 0)
-    ac_on = "activation_checkpointing" in config or (isinstance(interval, int) and interval > 0)
-    ac = replace(run.activation_checkpointing, enabled=ac_on,
-                 every_n_layers=interval if isinstance(interval, int) and interval > 0 else 1)
-    stages = pipe.get("stages", 1)
-    return replace(
-        run, precision=precision,
-        zero=replace(run.zero, stage=int(zero.get("stage", 0))),
-        offload=OffloadConfig(optimizer=_device(zero.get("offload_optimizer")), param=_device(zero.get("offload_param")),
-                              nvme_path=_nvme_path(zero, run.offload.nvme_path)),
-        batch=BatchConfig(*(config[k] for k in BATCH_KEYS)) if all(k in config for k in BATCH_KEYS) else run.batch,
-        optimizer=_absorb_optimizer(run.optimizer, config),
-        activation_checkpointing=ac,
-        pipeline=PipelineConfig(stages=stages if isinstance(stages, int) else 1,
-                                partition_method=str(pipe.get("partition", run.pipeline.partition_method))),
-    )
+def _best_triple(known: dict[str, tuple[int, int]], dp: int) -> BatchTriple:
+    must = [m for m, (_, rank) in known.items() if rank == SET]
+    optional = [m for m in MEMBERS if m in known and m not in must]
+    candidates = []
+    for size in range(len(optional), -1, -1):
+        for kept in itertools.combinations(optional, size):
+            strength = sum(known[m][1] for m in kept)
+            order = [m not in kept for m in KEEP_FIRST]  # the micro-batch (memory), then the global batch
+            candidates.append((-size, -strength, order, kept))
+    first_error: ValueError | None = None
+    for _, _, _, kept in sorted(candidates):
+        values = {m: known[m][0] for m in (*must, *kept)}
+        try:
+            return solve_batch(values.get("global_batch"), values.get("micro_batch"), values.get("grad_accum"), dp)
+        except ValueError as err:
+            first_error = first_error or err
+            if not optional:
+                break
+    assert first_error is not None
+    raise first_error
 
 
-def _absorb_optimizer(opt: OptimizerConfig, config: dict) -> OptimizerConfig:
-    section = config.get("optimizer") or {}
-    names = {v.lower(): k for k, v in OPTIMIZER_TYPES.items()}
-    name = names.get(str(section.get("type", "")).lower(), opt.name)
-    params = section.get("params") or {}
-    return replace(opt, name=name, lr=float(params.get("lr", opt.lr)),
-                   grad_clip=float(config.get("gradient_clipping", opt.grad_clip)),
-                   weight_decay=float(params.get("weight_decay", opt.weight_decay)))
+def _resume_line(saved: int, triple: BatchTriple, sources: Mapping[str, str]) -> str:
+    given = sources.get("batch.global_batch")
+    if given:
+        why = f"batch.global_batch given by {given}"
+    elif triple.global_batch == saved:
+        why = "kept"
+    else:
+        why = (f"{saved} is not a multiple of data-parallel {triple.dp_size} x any micro-batch, so it could not "
+               "be kept; set batch.global_batch to choose")
+    return (f"global batch: the checkpoint trained with {saved}, this job trains with {triple.global_batch} "
+            f"({why}): {triple}")
 
 
-def generated_or_user(run: RunConfig, world_size: int, ds_path: str | None,
-                      device: DeviceCaps | None = None) -> Resolved:
-    """The runner's entry: the user's JSON when given (fitted to the world size), else generated."""
-    if ds_path:
-        return resolve_ds_file(ds_path, run, world_size, device=device, fit_world=True)
-    return resolve_ds_dict(build_ds_config(run, world_size), run, world_size, device=device)
+def _with_triple(run: RunConfig, triple: BatchTriple) -> RunConfig:
+    return with_fields(run, {"batch.global_batch": triple.global_batch, "batch.micro_batch": triple.micro_batch,
+                             "batch.grad_accum": triple.grad_accum})
 
 
-def _implied_dp(config: dict) -> int | None:
-    """The data-parallel size a complete triple was written for (lint without --world-size)."""
-    total, micro, accum = (config.get(k) for k in BATCH_KEYS)
-    if all(isinstance(v, int) and v > 0 for v in (total, micro, accum)) and total % (micro * accum) == 0:
-        return total // (micro * accum)
-    return None
+def triple_world(config: dict) -> int:
+    """The data-parallel size a complete triple was written for (1 when it cannot tell)."""
+    g, m, a = (config.get(k) for k in BATCH_KEYS)
+    if all(isinstance(v, int) and v > 0 for v in (g, m, a)) and g % (m * a) == 0:
+        return g // (m * a)
+    return 1
 
 
-def _on(config: dict, key: str) -> bool:
-    section = config.get(key)
-    return isinstance(section, dict) and section.get("enabled") is True
+# --- checks ----------------------------------------------------------------------------------------
+
+def _check(config: dict, world_size: int | None, device: DeviceCaps, notes: list[str]) -> None:
+    """The lint on the dict the engine will get: errors stop the job, warnings go to the notes."""
+    problems = lint_problems(config, device, world_size)
+    notes += [str(p) for p in lint_warnings(problems)]
+    if lint_errors(problems):
+        raise LintError(lint_errors(problems))
 
 
-def _device(section: Any) -> str:
-    return section.get("device", "none") if isinstance(section, dict) else "none"
+def _json_problems(user: dict, world_size: int | None, device: DeviceCaps) -> list[str]:
+    """What the lint says about a JSON whose values could not be read into a run config."""
+    problems = semantic_problems(user, world_size, None, device)
+    return problems or validate_with_deepspeed(user, triple_world(user))
 
 
-def _nvme_path(zero: dict, default: str) -> str:
-    for key in ("offload_param", "offload_optimizer"):
-        section = zero.get(key)
-        if isinstance(section, dict) and section.get("nvme_path"):
-            return str(section["nvme_path"])
-    return default
+def _default_precision(device: DeviceCaps) -> str:
+    if device.name == "cpu":
+        from bigtrain.distributed.device import default_precision
+        return default_precision("cpu")
+    return "bf16" if device.bf16 else "fp16"
 
 
-def _stages(config: dict, given: int | None) -> int:
-    if given is not None:
-        return given
-    stages = (config.get("pipeline") or {}).get("stages", 1)
-    return stages if isinstance(stages, int) and stages > 0 else 1
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+            and not isinstance(b, bool):
+        return abs(a - b) <= 1e-12 * max(abs(a), abs(b), 1.0)
+    return a == b
 
 
-def _parent(config: dict, path: tuple[str, ...]) -> dict | None:
-    node: Any = config
-    for key in path[:-1]:
-        node = node.get(key) if isinstance(node, dict) else None
-    return node if isinstance(node, dict) else None
+def _show(value: Any) -> str:
+    return json.dumps(list(value) if isinstance(value, tuple) else value)
 
 
-def _auto_paths(node: Any, prefix: str = ""):
+def _auto_paths(node: Any, prefix: tuple[str, ...] = ()):
     if isinstance(node, dict):
         for key, value in node.items():
-            yield from _auto_paths(value, f"{prefix}{key}.")
+            yield from _auto_paths(value, (*prefix, key))
     elif node == "auto":
-        yield prefix.rstrip(".")
+        yield prefix

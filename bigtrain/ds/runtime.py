@@ -12,8 +12,10 @@ from bigtrain.metrics.monitor import tracker_sections
 log = logging.getLogger("bigtrain")
 
 
-def fit_to_device(ds_config: dict, run: RunConfig, out_dir: str, device_name: str | None = None) -> dict:
-    """Monitors under `out_dir`; torch's Adam on a CPU unless the optimizer is offloaded.
+def fit_to_device(ds_config: dict, run: RunConfig, out_dir: str | None, device_name: str | None = None,
+                  notes: list[str] | None = None) -> dict:
+    """Monitors under `out_dir` (none when it is None); torch's Adam on a CPU unless the optimizer is
+    offloaded; the schedule as long as the job. What changed goes to `notes` (else the log).
 
     DeepSpeed's FusedAdam on the CPU accelerator is a C++ extension built at first use; torch's
     fused AdamW does the same math with no build step (`optimizer.torch_adam` overrides).
@@ -22,12 +24,16 @@ def fit_to_device(ds_config: dict, run: RunConfig, out_dir: str, device_name: st
         from deepspeed.accelerator import get_accelerator
         device_name = get_accelerator().device_name()
     config = copy.deepcopy(ds_config)
-    config.update(monitor_sections(out_dir, "train", run.logging.tensorboard, run.logging.csv))
-    config.update(tracker_sections(run.logging, out_dir, Path(out_dir).name))  # wandb / comet
-    _fit_schedule_length(config, run.train.steps)
+    if out_dir is not None:
+        config.update(monitor_sections(out_dir, "train", run.logging.tensorboard, run.logging.csv))
+        config.update(tracker_sections(run.logging, out_dir, Path(out_dir).name))  # wandb / comet
+    note = _fit_schedule_length(config, run.train.steps)
+    if note:
+        notes.append(note) if notes is not None else log.info("%s", note)
     optimizer = config.get("optimizer") or {}
     params = optimizer.setdefault("params", {}) if optimizer else {}
-    offloaded = (config.get("zero_optimization") or {}).get("offload_optimizer", {}).get("device", "none") != "none"
+    zero = config.get("zero_optimization") or {}
+    offloaded = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
     is_adam = str(optimizer.get("type", "")).lower() in ("adam", "adamw")
     if is_adam and "torch_adam" not in params:
         wanted = run.optimizer.torch_adam
@@ -38,11 +44,13 @@ def fit_to_device(ds_config: dict, run: RunConfig, out_dir: str, device_name: st
     return config
 
 
-def _fit_schedule_length(config: dict, steps: int) -> None:
+def _fit_schedule_length(config: dict, steps: int) -> str | None:
     """The job's step count decides how long the LR schedule runs, whatever a config file was written for."""
     params = (config.get("scheduler") or {}).get("params") or {}
     if "total_num_steps" in params and params["total_num_steps"] != steps:
-        log.info("scheduler.params.total_num_steps %s -> %d (train.steps)", params["total_num_steps"], steps)
+        note = f"scheduler.params.total_num_steps {params['total_num_steps']} -> {steps} (train.steps)"
         params["total_num_steps"] = steps
         if isinstance(params.get("warmup_num_steps"), int) and params["warmup_num_steps"] > steps:
             params["warmup_num_steps"] = steps
+        return note
+    return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from bigtrain.config.rules import Layout, check_layout
 from bigtrain.config.run_config import RunConfig, ZeroConfig
 
 _ZERO = ZeroConfig()  # bucket defaults come from the run config, the one place settings live
@@ -170,10 +171,7 @@ class Setup:
         for name in ("offload_optimizer", "offload_param"):
             if getattr(self, name) not in ("none", "cpu", "nvme"):
                 raise ValueError(f"{name}={getattr(self, name)!r}: use none, cpu or nvme")
-        if self.offload_optimizer != "none" and self.zero_stage == 0:
-            raise ValueError("optimizer offload needs ZeRO stage >= 1")
-        if self.offload_param != "none" and self.zero_stage != 3:
-            raise ValueError("parameter offload needs ZeRO stage 3")
+        check_layout(Layout(self.zero_stage, self.offload_optimizer, self.offload_param))
 
     @property
     def label(self) -> str:

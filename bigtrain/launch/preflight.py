@@ -152,10 +152,12 @@ def check_host(entry: HostEntry, timeout: float = 5.0) -> str | None:
 
 # --- the job on that world size -----------------------------------------------------------------
 
-def batch_report(run: RunConfig, world: int, ds_path: str | None, device: DeviceCaps) -> tuple[list[str], RunConfig]:
-    """The lines describing the resolved batch triple, and the resolved run config (raises LintError)."""
-    from bigtrain.ds.resolve import generated_or_user
-    resolved = generated_or_user(run, world, ds_path, device=device)
+def batch_report(run: RunConfig, world: int, ds_path: str | None, device: DeviceCaps,
+                 sources: dict[str, str] | None = None) -> tuple[list[str], RunConfig]:
+    """The lines describing the resolved batch triple, and the resolved run config (raises LintError).
+    Resolved exactly as the runner resolves it (`bigtrain.ds.resolve.resolve`)."""
+    from bigtrain.ds.resolve import resolve
+    resolved = resolve(run, ds_path, world, device, sources=sources)
     ds = resolved.ds_config
     stages = resolved.run.pipeline.stages
     dp = world // stages
@@ -223,7 +225,7 @@ def device_caps(name: str) -> DeviceCaps:
 
 def preflight(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """(report lines, problems) for the parsed `bigtrain preflight` arguments."""
-    from bigtrain.config.load import load_run_config
+    from bigtrain.config.load import field_sources, load_run_config
     from bigtrain.ds.lint import LintError
     from bigtrain.estimate.memory_model import parse_memory
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
@@ -246,7 +248,8 @@ def preflight(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         gpu_mem = parse_memory(args.gpu_mem, "--gpu-mem") if args.gpu_mem else None
         shorthands = [f"model.{key}={value}" for key, value in (("family", args.model), ("size", args.size)) if value]
         run = load_run_config(args.config, shorthands + list(args.set))
-        batch_lines, run = batch_report(run, world, args.deepspeed_config, device_caps(args.device))
+        sources = field_sources(args.config, shorthands + list(args.set))
+        batch_lines, run = batch_report(run, world, args.deepspeed_config, device_caps(args.device), sources)
         lines += batch_lines
         mem_lines, mem_problems = memory_report(run, world, per_node, gpu_mem, args.headroom)
         lines += mem_lines

@@ -82,7 +82,7 @@ def patient_barrier(world: World) -> Callable[[], None]:
     calls = itertools.count()
 
     def wait() -> None:
-        key = f"bigtrain/data-barrier/{next(calls)}"
+        key = f"bigtrain/data-barrier/{job}/{next(calls)}"
         store.add(key, 1)
         for n in itertools.count():
             if store.add(key, 0) >= world.size:
@@ -94,6 +94,9 @@ def patient_barrier(world: World) -> Callable[[], None]:
 
 def model_overrides(model: ModelConfig, data: TrainingData, seq_len: int) -> dict:
     """The model's shape where the data decides it (vocabulary, classes, sequence length), then the user's."""
+_BARRIER_JOBS = itertools.count()
+
+
     bundle = data.bundle
     derived: dict[str, Any] = {}
     if model.family == "gpt2":
@@ -101,6 +104,7 @@ def model_overrides(model: ModelConfig, data: TrainingData, seq_len: int) -> dic
             derived["pretrained"] = model.pretrained
         else:
             from bigtrain.models.gpt2 import FAMILY
+    job = next(_BARRIER_JOBS)  # the store outlives a job: a process that runs several must not reuse keys
             if bundle.vocab_size:
                 derived["vocab_size"] = bundle.vocab_size
             positions = FAMILY.sizes.get(model.size, {}).get("n_positions", 1024)

@@ -1,50 +1,94 @@
-"""A short generated sample at the end of a GPT-2 run: the quickest proof that training worked."""
+"""A short generated sample at the end of a GPT-2 run: the quickest proof that training worked.
+
+It must never keep a finished run from exiting. Under ZeRO-3 every rank holds a slice of each
+weight and the forward hooks all-gather them, so every rank runs `generate` in lockstep (HF's
+`synced_gpus`: the same number of forwards on every rank, whatever each samples); rank 0
+prints. A pipeline's stages each hold some layers: their weights are gathered into a plain
+model on rank 0, outside DeepSpeed. ZeRO 0-2 keep whole weights on every rank: rank 0 alone
+generates. The caller bounds the whole step (`distributed.world.Watchdog`).
+"""
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
-import deepspeed
 import torch
 
 from bigtrain.distributed.world import World, barrier
 
 log = logging.getLogger("bigtrain")
 PROMPT = "The "
+PIPELINE_SAMPLE_MAX_PARAMS = 2_000_000_000  # gathering a bigger pipeline model into one process is not worth a sample
 
 
 @torch.no_grad()
 def generate_sample(model: torch.nn.Module, tokenizer: Any, max_new_tokens: int, device: str,
-                    prompt: str = PROMPT) -> str:
-    """Top-k sampling with a fixed seed (the caller's RNG state is kept), so the sample is reproducible."""
+                    prompt: str = PROMPT, synced: bool = False) -> str:
+    """Top-k sampling with a fixed seed (the caller's RNG state is kept), so the sample is reproducible.
+
+    `synced`: every rank calls this together (ZeRO-3), each forward being a collective."""
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
     generator_state = torch.get_rng_state()
     torch.manual_seed(0)
     padding = range(len(tokenizer), model.config.vocab_size)  # rows of a padded vocabulary (vocab_multiple)
     try:
         out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=True, top_k=40,
-                             suppress_tokens=list(padding) or None,
+                             suppress_tokens=list(padding) or None, synced_gpus=synced,
                              pad_token_id=tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0)
     finally:
         torch.set_rng_state(generator_state)
     return tokenizer.decode(out[0], skip_special_tokens=True)
 
 
-def print_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World) -> None:
-    """Collective under ZeRO-3 (parameters are gathered); pipelines print nothing (stages are split)."""
-    if engine.is_pipeline or not hasattr(engine.module(), "generate"):
-        return
+def print_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World) -> str | None:
+    """Collective: every rank calls it. Returns the text on rank 0 (None elsewhere or without one)."""
+    if engine.is_pipeline:
+        text = _pipeline_sample(engine, tokenizer, max_new_tokens, world)
+    else:
+        text = _module_sample(engine, tokenizer, max_new_tokens, world)
+    if text is not None and world.is_main:
+        print(f"\n--- sample from the trained model ---\n{text}\n-------------------------------------", flush=True)
+    return text if world.is_main else None
+
+
+def _module_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World) -> str | None:
     model = engine.module()
+    if not hasattr(model, "generate"):
+        return None
     was_training = model.training
     model.eval()
-    gather = engine.ds.zero_optimization_stage() == 3
-    context = deepspeed.zero.GatheredParameters(list(model.parameters())) if gather else contextlib.nullcontext()
-    with context:
-        if world.is_main:
-            text = generate_sample(model, tokenizer, max_new_tokens, engine.device)
-            print(f"\n--- sample from the trained model ---\n{text}\n-------------------------------------",
-                  flush=True)
-    barrier()
-    model.train(was_training)
+    try:
+        if engine.ds.zero_optimization_stage() == 3 and world.size > 1:
+            text = generate_sample(model, tokenizer, max_new_tokens, engine.device, synced=True)
+        else:
+            text = generate_sample(model, tokenizer, max_new_tokens, engine.device) if world.is_main else None
+            barrier()
+    finally:
+        model.train(was_training)
+    return text if world.is_main else None
 
+
+def _pipeline_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World) -> str | None:
+    """Each stage's layer weights to rank 0, into the plain model; the others wait at a barrier."""
+    from bigtrain.models.pipeline_form import module_state_from_pipeline
+    from bigtrain.parallel.pipeline import local_layer_states
+    spec = engine.spec
+    if spec.num_params > PIPELINE_SAMPLE_MAX_PARAMS:
+        if world.is_main:
+            log.info("no sample: gathering a %.1fB-parameter pipeline model into one process is not worth it",
+                     spec.num_params / 1e9)
+        return None
+    local = {idx: {k: v.detach().float().cpu() for k, v in state.items()}
+             for idx, state in local_layer_states(engine.module(), spec).items()}
+    gathered: list[Any] = [None] * world.size
+    torch.distributed.all_gather_object(gathered, local)
+    text = None
+    if world.is_main:
+        layers = {idx: state for part in gathered for idx, state in part.items()}
+        model = spec.build()
+        if hasattr(model, "generate"):
+            model.load_state_dict(module_state_from_pipeline(spec, layers), strict=False)
+            model.float().eval()
+            text = generate_sample(model, tokenizer, max_new_tokens, "cpu")
+    barrier()
+    return text

@@ -1,0 +1,194 @@
+"""A rank's lifeline: it stops when asked, and it never waits forever.
+
+Python runs a signal handler only when the main thread is between bytecodes, so a rank blocked
+inside a collective (its peer stuck elsewhere) never sees SIGTERM, and a finished job could sit
+in a barrier until the cluster's wall time ran out. A `Lifeline` thread sees what the main thread
+cannot:
+
+- SIGTERM / SIGINT, through `signal.set_wakeup_fd` (written by the C-level handler even while
+  the main thread waits): the stop flag is set, the loop saves at the next step boundary, and a
+  rank that has not exited `grace_s` later (default 50 s) ends with a line naming what it was
+  doing. A second SIGINT ends it at once.
+- the launcher's death: a rank started by `deepspeed` or `torchrun` watches its launcher
+  processes and stops the same way when they are gone, so killing the launcher ends its ranks.
+- a bounded step (`bound(phase, seconds)`): when the end-of-run steps (final checkpoint,
+  summary, sample, last barrier) do not finish in time, the job ends with a line naming the
+  step and what it waited for.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+DEFAULT_GRACE_S = 50.0
+LAUNCHERS = ("deepspeed", "torch.distributed.run", "torchrun")
+
+
+@dataclass(frozen=True)
+class Ancestor:
+    pid: int
+    started: float
+    what: str
+
+    def alive(self) -> bool:
+        import psutil
+        try:
+            proc = psutil.Process(self.pid)
+            return proc.create_time() == self.started and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+class Lifeline:
+    """One per rank, for the whole job: `requested`/`reason` for the loop, `bound` for steps that must end."""
+
+    def __init__(self, rank: int, grace_s: float | None = None, interval: float = 0.5):
+        self.rank = rank
+        self.grace_s = grace_s if grace_s is not None else float(os.environ.get("BIGTRAIN_STOP_GRACE_S",
+                                                                                DEFAULT_GRACE_S))
+        self.interval = interval
+        self.requested = False
+        self.reason = ""  # "SIGTERM", "SIGINT", "the launcher ... is gone"
+        self.phase = "start-up"
+        self._requested_at: float | None = None
+        self._signum = 0
+        self._deadline: tuple[float, str] | None = None  # (monotonic time, what the bounded step waits for)
+        self._stop = threading.Event()
+        self._reader: socket.socket | None = None
+        self._restore: list = []
+        self.ancestors: list[Ancestor] = []
+        self._thread = threading.Thread(target=self._run, name="bigtrain-lifeline", daemon=True)
+
+    @classmethod
+    def start(cls, rank: int, grace_s: float | None = None) -> "Lifeline":
+        """Install the signal handlers (main thread only: Ray runs jobs in threads) and start watching."""
+        line = cls(rank, grace_s)
+        if threading.current_thread() is threading.main_thread():
+            line._install_signals()
+        line.ancestors = launcher_ancestors()
+        line._thread.start()
+        return line
+
+    def close(self) -> None:
+        """Stop watching and give the previous signal handlers back (a test process runs several jobs)."""
+        self._stop.set()
+        for restore in reversed(self._restore):
+            restore()
+        self._restore.clear()
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+
+    @contextlib.contextmanager
+    def bound(self, phase: str, seconds: float, waits_for: str) -> Iterator[None]:
+        """End the job with a line naming `phase` and `waits_for` when the block runs over `seconds`."""
+        previous, self.phase = self.phase, phase
+        self._deadline = (time.monotonic() + seconds, f"{phase} did not finish within {seconds:.0f} s "
+                                                      f"(waiting for {waits_for})")
+        try:
+            yield
+        finally:
+            self._deadline = None
+            self.phase = previous
+
+    def request(self, reason: str, signum: int = 0) -> None:
+        """Ask this rank to stop (what a signal or the launcher's death does)."""
+        if self.requested:
+            if signum == signal.SIGINT and self._signum == signal.SIGINT:
+                self._end(f"second SIGINT during {self.phase}: stopping now", 130)
+            return
+        self.requested, self.reason, self._signum = True, reason, signum
+        self._requested_at = time.monotonic()
+        if self.rank == 0 or not signum:
+            print(f"bigtrain: rank {self.rank}: {reason}: saving a checkpoint at the end of this step, then "
+                  f"exiting (at most {self.grace_s:.0f} s)", file=sys.stderr, flush=True)
+
+    # -- the watching thread --------------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+        previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._reader = reader
+        self._restore.append(lambda: (signal.set_wakeup_fd(previous_fd), reader.close(), writer.close()))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old = signal.signal(sig, self._python_handler)
+            self._restore.append(lambda s=sig, h=old: signal.signal(s, h))
+
+    def _python_handler(self, signum: int, frame: object) -> None:
+        """Runs on the main thread when it can; the thread has usually seen the signal already."""
+        self.request(signal.Signals(signum).name, signum)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._read_signals(self.interval)
+            if not self.requested:
+                gone = [a for a in self.ancestors if not a.alive()]
+                self._read_signals(0.0)  # a signal sent with the launcher's (killpg) is named as such
+                if gone and not self.requested:
+                    self.request(f"the launcher ({gone[0].what}, pid {gone[0].pid}) is gone")
+            self._check_deadlines()
+
+    def _read_signals(self, timeout: float) -> None:
+        if self._reader is None:
+            self._stop.wait(timeout)
+            return
+        try:
+            ready, _, _ = select.select([self._reader], [], [], timeout)
+            data = self._reader.recv(64) if ready else b""
+        except (OSError, ValueError):  # closed by close()
+            self._reader = None
+            return
+        for signum in data:
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                self.request(signal.Signals(signum).name, signum)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        if self.requested and self._requested_at is not None and now - self._requested_at > self.grace_s:
+            self._end(f"{self.reason} {self.grace_s:.0f} s ago, and {self.phase} has not finished (a peer that "
+                      "does not answer?): exiting without a new checkpoint", 128 + (self._signum or 15))
+        deadline = self._deadline
+        if deadline is not None and now > deadline[0]:
+            self._end(deadline[1], 1)
+
+    def _end(self, line: str, code: int) -> None:
+        print(f"bigtrain: rank {self.rank}: {line}. Resume from the last complete checkpoint with --resume.",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)
+
+
+def launcher_ancestors() -> list[Ancestor]:
+    """The launcher processes of this rank (`deepspeed`'s runner and its per-node launch, or torchrun's
+    agent), found by their command lines; none for a plain `python` run or an unknown parent."""
+    if "LOCAL_RANK" not in os.environ or os.environ.get("BIGTRAIN_WATCH_LAUNCHER", "1") == "0":
+        return []
+    import psutil
+    found = []
+    try:
+        for proc in psutil.Process().parents()[:3]:
+            cmdline = " ".join(proc.cmdline())
+            if not any(name in cmdline for name in LAUNCHERS):
+                break
+            found.append(Ancestor(proc.pid, proc.create_time(), _describe(cmdline)))
+    except psutil.Error:
+        return found
+    return found
+
+
+def _describe(cmdline: str) -> str:
+    if "deepspeed.launcher.launch" in cmdline:
+        return "deepspeed's per-node launch"
+    if "torch" in cmdline:
+        return "torchrun"
+    return "the deepspeed runner"
