@@ -116,3 +116,11 @@ def test_bigtrain_train_wrapper_launches_two_ranks(tmp_path):
                           cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "--num_gpus 2" in proc.stderr and summary(out)["world_size"] == 2
+    # The console is bigtrain's: DeepSpeed's log, its op-build prints and torch's warnings are in the rank logs.
+    console = proc.stdout + proc.stderr
+    for noise in ("Setting accelerator", "[INFO] [launch.py", "built successfully", "FutureWarning",
+                  "Attempting to get learning rate"):
+        assert noise not in console, noise
+    assert "step 3/3 | loss " in proc.stdout and (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    logs = (out / "logs" / "rank0.log").read_text() + (out / "logs" / "rank1.log").read_text()
+    assert "INFO DeepSpeed] DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" in logs
