@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
     p.add_argument("--out", help="output directory (train.out_dir)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--trust-checkpoint", "--trust_checkpoint", dest="trust_checkpoint", action="store_true",
+                   help="--resume may unpickle any type in the checkpoint's files (runs code from them); only for "
+                        "checkpoints you trust. Without it a file needing more than DeepSpeed's types is refused")
     p.add_argument("--seed", type=int, help="seed (train.seed)")
     p.add_argument("--peak-tflops", type=float, help="per-rank peak TFLOP/s for MFU (default: measured)")
     p.add_argument("--stop-after", type=int, help="save and stop after this step (time-boxed jobs, tests)")
@@ -65,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bigtrain: {err}", file=sys.stderr)
         return 2
     from bigtrain.train.job import run_job
-    return run_job(run, ds_config_path=args.deepspeed_config, resume=args.resume, stop_after=args.stop_after)
+    return run_job(run, ds_config_path=args.deepspeed_config, resume=args.resume, stop_after=args.stop_after,
+                   trust_checkpoint=args.trust_checkpoint)
 
 
 def exit_now(code: int) -> None:

@@ -102,7 +102,7 @@ def test_pipeline_fp32_masters_map_to_layers(pp_run: Path) -> None:
     from bigtrain.export.locate import locate_checkpoint
     from bigtrain.models import build
     found = locate_checkpoint(pp_run / "checkpoints" / TAG)
-    spec = build("gpt2", "tiny", **found.state["model_build"]["overrides"])
+    spec = build("gpt2", "tiny", **found.state.model_build.overrides)
     layers = pipeline_layer_states(found.tag_dir, spec)
     masters = pipeline_masters(found.tag_dir, spec, stages=2)
     assert sorted(masters) == sorted(layers) == [0, 1, 2, 3, 4]

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from bigtrain.checkpoint import store as checkpoint
+from bigtrain.checkpoint.state import CheckpointState
 from launch import REPO, TINY, deepspeed_cmd, free_port, rank_env, run_train, summary
 
 RANKS_LINE = re.compile(r"ranks: 0 pid (\d+) on (\S+), 1 pid (\d+) on (\S+)")
@@ -69,8 +70,8 @@ def test_sigkill_names_the_rank_then_resume_skips_a_corrupt_checkpoint(tmp_path)
     for tag in tags:  # whatever the kill interrupted, nothing incomplete looks complete
         assert (ckpt / tag / checkpoint.MARKER).is_file() == (checkpoint.check_complete(ckpt / tag) is None), tag
     newest, state = checkpoint.find_resumable(ckpt)
-    step = state["step"]
-    assert step >= 6 and step % 2 == 0 and state["world_size"] == 2
+    step = state.step
+    assert step >= 6 and step % 2 == 0 and state.world_size == 2
 
     # Truncate the largest file of the newest complete checkpoint: resume must use the one before.
     victim_file = max((ckpt / newest).glob("*.pt"), key=lambda p: p.stat().st_size)
@@ -83,7 +84,7 @@ def test_sigkill_names_the_rank_then_resume_skips_a_corrupt_checkpoint(tmp_path)
     resumed = summary(out)
     assert resumed["steps"] == step and len(resumed["losses"]) == step
     # Steps step-1 and step, recomputed from step-2, equal what the killed run logged for them.
-    assert max(abs(a - b) for a, b in zip(resumed["losses"][-2:], state["losses"][-2:])) <= 1e-6, (resumed, state)
+    assert max(abs(a - b) for a, b in zip(resumed["losses"][-2:], state.losses[-2:])) <= 1e-6, (resumed, state)
 
 
 @pytest.mark.dist
@@ -101,7 +102,7 @@ def write_tag(ckpt: Path, step: int, world: int = 2) -> Path:
     torch.save({"w": torch.arange(1000.0) * step}, tag / "mp_rank_00_model_states.pt")
     for rank in range(world):
         torch.save({"rank": rank}, tag / f"rng_rank{rank}.pt")
-    checkpoint.write_marker(tag, {"step": step, "world_size": world})
+    checkpoint.write_marker(tag, CheckpointState(step=step, world_size=world))
     return tag
 
 
@@ -133,7 +134,7 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_good_one(tmp_path, cap
     assert re.search(expected, checkpoint.check_complete(newest))
     with caplog.at_level(logging.WARNING, logger="bigtrain"):
         tag, state = checkpoint.find_resumable(tmp_path)
-    assert tag == "step_000004" and state["step"] == 4
+    assert tag == "step_000004" and state.step == 4
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warning.startswith(f"skipping checkpoint {newest}: ") and re.search(expected, warning)
 
@@ -146,20 +147,20 @@ class FileWritingEngine:
     def __init__(self, rank: int):
         self.rank = rank
 
-    def save_checkpoint(self, save_dir: str, tag: str, client_state: dict) -> None:
+    def save_checkpoint(self, save_dir: str, tag: str) -> None:
         Path(save_dir, tag).mkdir(parents=True, exist_ok=True)
-        torch.save({"rank": self.rank, **client_state}, Path(save_dir, tag, f"states_rank{self.rank}.pt"))
+        torch.save({"rank": self.rank}, Path(save_dir, tag, f"states_rank{self.rank}.pt"))
 
 
 def _save_while_peer_dies(rank: int, port: int, ckpt: str, result: "mp.Queue") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-    checkpoint.save(FileWritingEngine(rank), ckpt, 2, {"step": 2, "world_size": 2}, rank, keep_last=2)
+    checkpoint.save(FileWritingEngine(rank), ckpt, 2, CheckpointState(step=2, world_size=2), rank, keep_last=2)
     if rank == 1:
         os._exit(0)  # the first complete save is done; the next one loses this rank before its barrier
     try:
         start = time.monotonic()
-        checkpoint.save(FileWritingEngine(rank), ckpt, 4, {"step": 4, "world_size": 2}, rank, keep_last=2)
+        checkpoint.save(FileWritingEngine(rank), ckpt, 4, CheckpointState(step=4, world_size=2), rank, keep_last=2)
         result.put(("saved", 0.0))
     except RuntimeError as err:
         result.put((str(err).splitlines()[0][:200], time.monotonic() - start))

@@ -166,9 +166,10 @@ def test_which_shape_changes_need_or_refuse_a_conversion(saved, current, expecte
 
 
 def test_shape_reads_the_checkpoint_marker_and_the_job_config():
+    from bigtrain.checkpoint.state import CheckpointState
     from bigtrain.checkpoint.universal import Shape, universal_ds_config
 
-    state = {"world_size": 2, "pipeline_stages": 1, "ds_config": {"zero_optimization": {"stage": 2}}}
+    state = CheckpointState(step=5, world_size=2, ds_config={"zero_optimization": {"stage": 2}})
     assert Shape.of_checkpoint(state) == Shape(2, 2, 1, "none")
     offloaded = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
     assert Shape.of_job(2, offloaded, 1) == Shape(2, 2, 1, "cpu")

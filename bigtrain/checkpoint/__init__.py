@@ -1,2 +1,3 @@
-"""Save and resume through DeepSpeed's checkpoints (`store`), and reshape through universal checkpoints
-(`universal`)."""
+"""Checkpoints: save and resume through DeepSpeed (`store`), the typed and versioned state beside
+DeepSpeed's files (`state`), loading that never runs code from a file (`safe_load`), and reshaping
+through universal checkpoints (`universal`)."""

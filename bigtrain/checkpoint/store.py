@@ -2,8 +2,9 @@
 
 Layout: CKPT_DIR/step_000120/ holds DeepSpeed's files for that step, one `rng_rank{r}.pt`
 per rank, and, written last by rank 0 after every rank finished, `bigtrain.json` (the saved
-state and the list of files). A tag directory without that marker is incomplete (the job died
-while saving), and one with a listed file missing or a torch file cut short is damaged: neither is used.
+`CheckpointState` and the list of files). A tag directory without that marker is incomplete (the
+job died while saving), and one with a listed file missing or a torch file cut short is damaged:
+neither is used. Loading never runs code from the files (`safe_load`).
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from bigtrain.checkpoint.safe_load import checkpoint_loading, load_torch_file
+from bigtrain.checkpoint.state import MARKER, CheckpointState, read_state
 from bigtrain.distributed.world import barrier
 
 log = logging.getLogger("bigtrain")
-MARKER = "bigtrain.json"
 MANIFEST = "files"  # in the marker: relative path -> size in bytes of every file of the tag at save time
 TAG_RE = re.compile(r"^step_(\d+)$")
 
@@ -31,11 +33,12 @@ def tag_for(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def save(ds_engine: Any, ckpt_dir: str | Path, step: int, state: dict, rank: int, keep_last: int) -> Path:
-    """Collective: every rank calls it. `state` (step, data position, config...) goes in the marker."""
+def save(ds_engine: Any, ckpt_dir: str | Path, step: int, state: CheckpointState, rank: int,
+         keep_last: int) -> Path:
+    """Collective: every rank calls it. `state` (step, data position, config...) goes in the marker only."""
     ckpt_dir = Path(ckpt_dir)
     tag = tag_for(step)
-    ds_engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"bigtrain": state})
+    ds_engine.save_checkpoint(str(ckpt_dir), tag=tag)
     torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{rank}.pt")
     barrier()  # every rank's files are on disk before the marker says so
     if rank == 0:
@@ -45,19 +48,21 @@ def save(ds_engine: Any, ckpt_dir: str | Path, step: int, state: dict, rank: int
     return ckpt_dir / tag
 
 
-def write_marker(tag_dir: Path, state: dict) -> None:
+def write_marker(tag_dir: Path, state: CheckpointState) -> None:
     """Declare `tag_dir` complete: `state` plus every file's name and size, so a deleted file is caught."""
     files = {str(p.relative_to(tag_dir)): p.stat().st_size for p in sorted(tag_dir.rglob("*"))
              if p.is_file() and p.name != MARKER and not p.name.endswith(".tmp")}
-    _write_atomic(tag_dir / MARKER, json.dumps({**state, MANIFEST: files}, indent=2))
+    _write_atomic(tag_dir / MARKER, json.dumps({**state.to_json(tag_dir), MANIFEST: files}, indent=2))
 
 
-def find_resumable(ckpt_dir: str | Path) -> tuple[str, dict] | None:
-    """Newest complete checkpoint (tag, state); incomplete or corrupt ones are skipped with a warning."""
+def find_resumable(ckpt_dir: str | Path) -> tuple[str, CheckpointState] | None:
+    """Newest complete checkpoint (tag, state); incomplete or corrupt ones are skipped with a warning.
+    ValueError for a complete one of a layout version this bigtrain does not read (never skipped:
+    resuming from an older step instead would silently lose work)."""
     for tag in sorted(_tags(Path(ckpt_dir)), key=_step_of, reverse=True):
         problem = check_complete(Path(ckpt_dir) / tag)
         if problem is None:
-            return tag, json.loads((Path(ckpt_dir) / tag / MARKER).read_text())
+            return tag, read_state(Path(ckpt_dir) / tag)
         log.warning("skipping checkpoint %s: %s; using an earlier one", Path(ckpt_dir) / tag, problem)
     return None
 
@@ -93,31 +98,42 @@ def _damaged_file(tag_dir: Path, sizes: dict) -> str | None:
     return None
 
 
-def load(ds_engine: Any, ckpt_dir: str | Path, tag: str, rank: int, load_optimizer: bool = True) -> dict:
-    """Restore model, optimizer, scheduler and this rank's RNG; returns the saved bigtrain state."""
-    path, client = ds_engine.load_checkpoint(str(ckpt_dir), tag=tag, load_optimizer_states=load_optimizer,
-                                             load_lr_scheduler_states=load_optimizer)
+def load(ds_engine: Any, ckpt_dir: str | Path, tag: str, load_optimizer: bool = True, trust: bool = False) -> None:
+    """Restore model, optimizer and scheduler (the RNG: `universal.restore_rng`, the one place).
+
+    DeepSpeed's own torch.load calls run weights-only with the allow-list unless `trust`
+    (`--trust-checkpoint`): a file that needs more is refused with one line naming the type.
+    """
+    with checkpoint_loading(Path(ckpt_dir) / tag, trust):
+        path, _ = ds_engine.load_checkpoint(str(ckpt_dir), tag=tag, load_optimizer_states=load_optimizer,
+                                            load_lr_scheduler_states=load_optimizer)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {ckpt_dir}/{tag}")
-    rng_file = Path(ckpt_dir) / tag / f"rng_rank{rank}.pt"
-    if rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=False))
-    return (client or {}).get("bigtrain", {})
 
 
 def rng_state() -> dict:
+    """This process's RNG streams, as tensors and plain values only (loadable weights-only)."""
     from deepspeed.accelerator import get_accelerator
     acc = get_accelerator()
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))}
     if acc.device_name() != "cpu":
         state["device"] = acc.get_rng_state()
     return state
 
 
+def load_rng_file(path: Path, trust: bool = False) -> dict:
+    """An `rng_rank{r}.pt` file, weights-only unless `trust` (see `safe_load`)."""
+    return load_torch_file(path, trust=trust)
+
+
 def set_rng_state(state: dict) -> None:
+    """Restore what `rng_state` saved (numpy's keys as a tensor, or as an array in layout-1 files)."""
     from deepspeed.accelerator import get_accelerator
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "device" in state:
         get_accelerator().set_rng_state(state["device"])

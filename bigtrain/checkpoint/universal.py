@@ -33,6 +33,8 @@ import numpy as np
 import torch
 
 from bigtrain.checkpoint import store as checkpoint
+from bigtrain.checkpoint.safe_load import checkpoint_loading, load_torch_file, refuse_unsafe_files
+from bigtrain.checkpoint.state import CheckpointState
 from bigtrain.distributed.world import World
 
 log = logging.getLogger("bigtrain")
@@ -55,10 +57,9 @@ class Shape:
     optimizer_offload: str = "none"
 
     @classmethod
-    def of_checkpoint(cls, state: dict) -> "Shape":
+    def of_checkpoint(cls, state: CheckpointState) -> "Shape":
         """The shape recorded in a checkpoint's bigtrain.json marker."""
-        stages = int(state.get("pipeline_stages") or 1)
-        return cls.of_job(int(state["world_size"]), state.get("ds_config") or {}, stages)
+        return cls.of_job(state.world_size, state.ds_config, state.pipeline_stages)
 
     @classmethod
     def of_job(cls, world_size: int, ds_config: dict, pipeline_stages: int) -> "Shape":
@@ -78,7 +79,7 @@ class ResumePlan:
 
     ckpt_dir: Path
     tag: str  # the checkpoint found: step_NNNNNN
-    state: dict  # its bigtrain.json marker
+    state: CheckpointState  # its bigtrain.json marker
     saved: Shape
     current: Shape
     universal: bool  # load CKPT/<tag>_universal with checkpoint.load_universal
@@ -88,26 +89,30 @@ class ResumePlan:
         return self.tag + SUFFIX if self.universal else self.tag
 
 
-def plan_resume(ckpt_dir: Path, current: Shape, world: World, global_batch: int | None = None) -> ResumePlan:
+def plan_resume(ckpt_dir: Path, current: Shape, world: World, global_batch: int | None = None,
+                trust: bool = False) -> ResumePlan:
     """Find the newest complete checkpoint and, if its shape differs, convert it (collective).
 
     Every rank calls this before the engine exists. Rank 0 converts while the others wait;
-    unsupported shape changes raise the same ValueError on every rank before that.
+    unsupported shape changes, and files that would need types outside the allow-list (unless
+    `trust`, see `safe_load`), raise the same ValueError on every rank before that.
     `global_batch` (this job's train_batch_size) is compared with the saved one for a warning.
     """
     found = checkpoint.find_resumable(ckpt_dir)
     if found is None:
         raise ValueError(f"--resume: no complete checkpoint in {ckpt_dir}; drop --resume to start fresh")
     tag, state = found
+    if not trust:
+        refuse_unsafe_files(ckpt_dir / tag)  # before the engine and data are built: fail fast
     saved = Shape.of_checkpoint(state)
-    saved_batch = (state.get("ds_config") or {}).get("train_batch_size")
+    saved_batch = state.ds_config.get("train_batch_size")
     if world.is_main and global_batch and saved_batch and saved_batch != global_batch:
         log.warning("checkpoint %s trained with a global batch of %d, this job has %d: the run continues with "
                     "another batch size; set batch.global_batch=%d to keep it", ckpt_dir / tag, saved_batch,
                     global_batch, saved_batch)
     universal = needs_universal(saved, current, ckpt_dir / tag)
     if universal:
-        path, reused = _convert_collectively(ckpt_dir, tag, world)
+        path, reused = _convert_collectively(ckpt_dir, tag, world, trust)
         if world.is_main:
             done = "reusing the universal checkpoint at" if reused else "converted to a universal checkpoint at"
             log.info("checkpoint saved at %s, this job is %s: %s %s", saved, current, done, path)
@@ -148,11 +153,12 @@ def universal_ds_config(ds_config: dict) -> dict:
     return config
 
 
-def convert_to_universal(ckpt_dir: Path, tag: str) -> tuple[Path, bool]:
+def convert_to_universal(ckpt_dir: Path, tag: str, trust: bool = False) -> tuple[Path, bool]:
     """CKPT/<tag> -> CKPT/<tag>_universal, once: (path, whether a complete one already existed).
 
     Written into a temporary directory, completed with a marker and renamed into place, so a
-    crash mid-conversion leaves nothing that a later resume would take for complete.
+    crash mid-conversion leaves nothing that a later resume would take for complete. DeepSpeed's
+    reads of the checkpoint are weights-only unless `trust` (see `safe_load`).
     """
     from deepspeed.checkpoint import ds_to_universal
 
@@ -167,9 +173,10 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> tuple[Path, bool]:
                               num_extract_workers=1, num_merge_workers=1,  # no forks from inside a rank
                               keep_temp_folder=False, strict=True,
                               inject_missing_state=True)  # the version tag non-Megatron models lack
-    with open(tmp / "convert.log", "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        ds_to_universal.main(args)
-    _loadable_by_every_stage(tmp)
+    with checkpoint_loading(Path(ckpt_dir) / tag, trust):
+        with open(tmp / "convert.log", "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            ds_to_universal.main(args)
+        _loadable_by_every_stage(tmp)
     (tmp / MARKER).write_text(json.dumps({"source": tag, "source_marker": source}))
     shutil.rmtree(final, ignore_errors=True)  # a stale conversion of an older checkpoint of this step
     tmp.replace(final)
@@ -179,8 +186,8 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> tuple[Path, bool]:
     return final, False
 
 
-def restore_rng(plan: ResumePlan, rank: int, seed: int) -> str:
-    """This rank's RNG after a resume; returns how it was set (for the log).
+def restore_rng(plan: ResumePlan, rank: int, seed: int, trust: bool = False) -> str:
+    """This rank's RNG after a resume (the one place it is set); returns how it was set (for the log).
 
     At the saved world size each rank takes back its own stream. At another one, per-rank
     streams have no 1:1 mapping (dropout masks of the uninterrupted run fall on other
@@ -189,21 +196,21 @@ def restore_rng(plan: ResumePlan, rank: int, seed: int) -> str:
     """
     rng_file = plan.ckpt_dir / plan.tag / f"rng_rank{rank}.pt"
     if plan.saved.world_size == plan.current.world_size and rng_file.is_file():
-        checkpoint.set_rng_state(torch.load(rng_file, weights_only=False))
+        checkpoint.set_rng_state(checkpoint.load_rng_file(rng_file, trust))
         return "restored"
-    derived = int(np.random.SeedSequence([seed, int(plan.state["step"]), rank]).generate_state(1)[0])
+    derived = int(np.random.SeedSequence([seed, plan.state.step, rank]).generate_state(1)[0])
     random.seed(derived)
     np.random.seed(derived)
     torch.manual_seed(derived)
-    return f"re-seeded from (seed {seed}, step {plan.state['step']}, rank)"
+    return f"re-seeded from (seed {seed}, step {plan.state.step}, rank)"
 
 
-def _convert_collectively(ckpt_dir: Path, tag: str, world: World) -> tuple[Path, bool]:
+def _convert_collectively(ckpt_dir: Path, tag: str, world: World, trust: bool) -> tuple[Path, bool]:
     """Rank 0 converts; its outcome (or its error) reaches every rank, so none waits forever."""
     outcome: list = [None]
     if world.is_main:
         try:
-            path, reused = convert_to_universal(ckpt_dir, tag)
+            path, reused = convert_to_universal(ckpt_dir, tag, trust)
             outcome = [(str(path), reused, None)]
         except Exception as err:  # noqa: BLE001 -- passed to every rank and raised there
             outcome = [(None, False, f"{type(err).__name__}: {err}")]
@@ -238,7 +245,7 @@ def _loadable_by_every_stage(folder: Path) -> None:
     from deepspeed.checkpoint.constants import CAT_DIM, PARAM
 
     state_path = folder / "zero" / "optimizer_state.pt"
-    state = torch.load(state_path, weights_only=False)
+    state = load_torch_file(state_path)
     param_dirs = [d for d in (folder / "zero").iterdir() if (d / "fp32.pt").is_file()]
     step = _adam_step(state, param_dirs)
     state.setdefault("ds_version", deepspeed.__version__)
@@ -249,7 +256,7 @@ def _loadable_by_every_stage(folder: Path) -> None:
             torch.save(step, param_dir / "step.pt")
         for name in ("fp32", "exp_avg", "exp_avg_sq"):
             path = param_dir / f"{name}.pt"
-            tensor = torch.load(path, weights_only=False) if path.is_file() else None
+            tensor = load_torch_file(path) if path.is_file() else None
             if torch.is_tensor(tensor):
                 torch.save({PARAM: tensor, CAT_DIM: 0}, path)
 
@@ -258,7 +265,7 @@ def _adam_step(state: dict, param_dirs: list[Path]) -> Any:
     """The optimizer's step count, from whichever place the saving stage put it."""
     if "optimizer_state_dict" in state:
         return state["optimizer_state_dict"]["state"][0]["step"]
-    steps = [torch.load(d / "step.pt", weights_only=False) for d in param_dirs if (d / "step.pt").is_file()]
+    steps = [load_torch_file(d / "step.pt") for d in param_dirs if (d / "step.pt").is_file()]
     assert steps, "ds_to_universal wrote no step.pt for a ZeRO 1-2 checkpoint"
     return steps[0]
 

@@ -1,8 +1,8 @@
 """Documented dataclass fields: `doc(default, text)` keeps the help text beside the default."""
 from __future__ import annotations
 
-from dataclasses import MISSING, Field, field
-from typing import Any, Callable
+from dataclasses import Field, field
+from typing import Any
 
 
 def doc(default: Any, text: str) -> Any:
@@ -14,10 +14,3 @@ def doc(default: Any, text: str) -> Any:
 
 def field_doc(f: Field) -> str:
     return f.metadata.get("doc", "")
-
-
-def field_default(f: Field) -> Any:
-    if f.default is not MISSING:
-        return f.default
-    factory: Callable[[], Any] = f.default_factory  # type: ignore[assignment]
-    return factory()

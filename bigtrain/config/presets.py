@@ -22,11 +22,6 @@ MEMORY_LEAN_ZERO3 = {"max_live_parameters": 100_000_000, "max_reuse_distance": 0
                      "sub_group_size": 100_000_000}
 
 
-def default() -> RunConfig:
-    """The demo: a small GPT-2 on the built-in corpus, a few minutes on a 2-core CPU."""
-    return RunConfig()
-
-
 def _ds_base() -> RunConfig:
     """A GPT-2 small bf16 run with activation checkpointing: the shape the checked-in files are written for."""
     return RunConfig(precision="bf16", batch=BatchConfig(micro_batch=4, grad_accum=1),

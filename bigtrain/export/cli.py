@@ -18,6 +18,9 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     p.add_argument("--tag", help="checkpoint to export, e.g. step_000120 or 120 (default: newest complete)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.add_argument("--tokenizer", help="tokenizer dir or name to save beside the model (default: the run's)")
+    p.add_argument("--trust-checkpoint", "--trust_checkpoint", dest="trust_checkpoint", action="store_true",
+                   help="unpickle any type in the checkpoint's files (runs code from them); only for checkpoints "
+                        "you trust. Without it a file needing more than DeepSpeed's types is refused")
     p.set_defaults(func=cmd_export)
     return p
 
@@ -25,7 +28,8 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
 def cmd_export(args: argparse.Namespace) -> int:
     from bigtrain.export.exporter import export_checkpoint
 
-    result = export_checkpoint(args.ckpt_dir, args.out, tag=args.tag, force=args.force, tokenizer=args.tokenizer)
+    result = export_checkpoint(args.ckpt_dir, args.out, tag=args.tag, force=args.force, tokenizer=args.tokenizer,
+                               trust_checkpoint=args.trust_checkpoint)
     print(f"exported {result.checkpoint} ({result.layout}, {result.num_params / 1e6:.2f}M parameters) "
           f"to {result.out} ({result.format}{', with tokenizer' if result.tokenizer else ''})")
     for note in result.notes:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bigtrain import models
+from bigtrain.checkpoint.safe_load import checkpoint_loading
 from bigtrain.export.locate import Located, locate_checkpoint
 from bigtrain.export.weights import consolidate
 from bigtrain.export.write import (
@@ -40,20 +41,22 @@ class ExportResult:
 
 
 def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None, force: bool = False,
-                      tokenizer: str | None = None) -> ExportResult:
+                      tokenizer: str | None = None, trust_checkpoint: bool = False) -> ExportResult:
     """Export the newest complete checkpoint under `path` (or `tag`) to the directory `out`.
 
     `tokenizer` overrides the run's own (its trained tokenizer dir, or data.tokenizer).
-    ValueError for a user's mistake: see `locate_checkpoint` and `check_out_dir`.
+    ValueError for a user's mistake: see `locate_checkpoint` and `check_out_dir`, and a file that
+    needs a type outside the allow-list unless `trust_checkpoint` (bigtrain.checkpoint.safe_load).
     """
     found = locate_checkpoint(path, tag)
     out = Path(out).expanduser()
     check_out_dir(out, force, protected=found.tag_dir)
-    mb = found.state["model_build"]
-    spec = models.build(mb["family"], mb["size"], **mb.get("overrides", {}))
+    mb = found.state.model_build
+    spec = models.build(mb.family, mb.size, **mb.overrides)
     tok_source = _tokenizer_source(found, tokenizer) if spec.modality == "text" else None
     tok = load_tokenizer(tok_source) if tok_source else None  # before the slow part: fail early
-    consolidated = consolidate(found.tag_dir, spec, int(found.state.get("pipeline_stages", 1)))
+    with checkpoint_loading(found.tag_dir, trust_checkpoint):
+        consolidated = consolidate(found.tag_dir, spec, found.state.pipeline_stages)
     hf = spec.family == "gpt2"
     with staging_dir(out) as tmp:
         if hf:
@@ -75,13 +78,12 @@ def _tokenizer_source(found: Located, override: str | None) -> str | None:
     """--tokenizer, else the tokenizer the run trained (saved beside it), else the one it named."""
     if override:
         return override
-    trained = found.state.get("tokenizer_dir")
+    trained = found.state.tokenizer_dir  # stored relative to the run: found where the run is now
     if trained:
-        if not Path(trained).is_dir():
-            raise ValueError(f"the run's tokenizer directory {trained} is gone (moved the run?); "
-                             "pass --tokenizer DIR")
-        return trained
-    named = ((found.state.get("run_config") or {}).get("data") or {}).get("tokenizer")
+        if not trained.is_dir():
+            raise ValueError(f"the run's tokenizer directory {trained} is gone; pass --tokenizer DIR")
+        return str(trained)
+    named = (found.state.run_config.get("data") or {}).get("tokenizer")
     if not named:
         log.warning("export: the run recorded no tokenizer; pass --tokenizer DIR to include one")
     return named or None
@@ -89,8 +91,8 @@ def _tokenizer_source(found: Located, override: str | None) -> str | None:
 
 def _recipe(found: Located, result: ExportResult) -> dict:
     """bigtrain_model.json: how to rebuild the model, and where the weights came from."""
-    return {"format": result.format, "model_build": found.state["model_build"],
-            "source": {"checkpoint": str(found.tag_dir), "step": found.state.get("step"),
-                       "layout": result.layout, "world_size": found.state.get("world_size"),
-                       "pipeline_stages": found.state.get("pipeline_stages", 1)},
+    return {"format": result.format, "model_build": found.state.model_build.to_json(),
+            "source": {"checkpoint": str(found.tag_dir), "step": found.state.step,
+                       "layout": result.layout, "world_size": found.state.world_size,
+                       "pipeline_stages": found.state.pipeline_stages},
             "num_params": result.num_params, "tokenizer": result.tokenizer, "notes": result.notes}

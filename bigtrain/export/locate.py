@@ -5,10 +5,10 @@ directory with its completion marker (`bigtrain.json`), never a half-written sav
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from bigtrain.checkpoint.state import CheckpointState, read_state
 from bigtrain.checkpoint.store import MARKER, TAG_RE, check_complete, find_resumable, tag_for
 
 WHERE = "give a run's --out directory, its checkpoints/ directory, or one step_NNNNNN directory"
@@ -20,7 +20,7 @@ class Located:
 
     ckpt_dir: Path
     tag: str
-    state: dict
+    state: CheckpointState
 
     @property
     def tag_dir(self) -> Path:
@@ -31,7 +31,8 @@ def locate_checkpoint(path: str | Path, tag: str | None = None) -> Located:
     """Resolve `path` (+ optional `tag`, "step_000120" or "120") to one complete checkpoint.
 
     ValueError with one line naming the problem: a missing directory, no complete
-    checkpoint, an incomplete tag, or a marker without what export needs.
+    checkpoint, an incomplete tag, a marker of a layout version this bigtrain does not read,
+    or a marker without what export needs.
     """
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -70,12 +71,11 @@ def _complete(ckpt_dir: Path, tag: str) -> Located:
     problem = check_complete(tag_dir)
     if problem is not None:
         raise ValueError(f"checkpoint {tag_dir} is not complete: {problem}; export an earlier one (--tag)")
-    return _checked(Located(ckpt_dir, tag, json.loads((tag_dir / MARKER).read_text())))
+    return _checked(Located(ckpt_dir, tag, read_state(tag_dir)))
 
 
 def _checked(found: Located) -> Located:
-    build = found.state.get("model_build")
-    if not isinstance(build, dict) or not {"family", "size"} <= set(build):
+    if found.state.model_build is None:
         raise ValueError(f"{found.tag_dir / MARKER} has no model_build (family, size, overrides): it was written "
                          "by an older bigtrain; export needs it to rebuild the model")
     return found

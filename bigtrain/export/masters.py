@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from bigtrain.checkpoint.safe_load import load_torch_file
 from bigtrain.models import ModelSpec
 from bigtrain.models.pipeline_form import first_tied_layers
 
@@ -32,8 +33,7 @@ def optim_files(tag_dir: Path, mp_rank: int) -> list[Path]:
 
 def zero_masters(tag_dir: Path, mp_rank: int) -> dict[str, torch.Tensor]:
     """{parameter name as the engine's module named it: fp32 master} for one mp rank."""
-    model = torch.load(tag_dir / f"mp_rank_{mp_rank:02d}_model_states.pt", map_location="cpu", mmap=True,
-                       weights_only=False)
+    model = load_torch_file(tag_dir / f"mp_rank_{mp_rank:02d}_model_states.pt", map_location="cpu", mmap=True)
     shapes = model["param_shapes"]
     groups, paddings = _flat_groups(optim_files(tag_dir, mp_rank))
     if len(groups) != len(shapes):
@@ -50,7 +50,7 @@ def _flat_groups(files: list[Path]) -> tuple[list[torch.Tensor], list | None]:
     states = []
     for path in files:
         # mmap: only the fp32 partitions are read, not Adam's moments.
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)["optimizer_state_dict"]
+        state = load_torch_file(path, map_location="cpu", mmap=True)["optimizer_state_dict"]
         if int(state.get("zero_stage", 1)) > 2:
             raise ValueError(f"{path.name} is a ZeRO-3 file; its partitions are per parameter")
         states.append(state)

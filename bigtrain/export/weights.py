@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from bigtrain.checkpoint.safe_load import load_torch_file
 from bigtrain.export.masters import pipeline_masters, zero_masters
 from bigtrain.models import ModelSpec, module_state_from_pipeline
 from bigtrain.models.pipeline_form import first_tied_layers
@@ -77,7 +78,7 @@ def _zero(tag_dir: Path, layout: str) -> Consolidated:
 
 def _module_with_masters(tag_dir: Path) -> dict[str, torch.Tensor]:
     """The saved module (buffers, 16-bit weights) with every trained parameter replaced by its fp32 master."""
-    saved = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True, weights_only=False)
+    saved = load_torch_file(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True)
     tensors = dict(saved["module"])
     masters = zero_masters(tag_dir, mp_rank=0)
     strays = sorted(set(masters) - set(tensors))
@@ -89,7 +90,7 @@ def _module_with_masters(tag_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _plain(tag_dir: Path) -> Consolidated:
-    saved = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True, weights_only=False)
+    saved = load_torch_file(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True)
     module = saved.get("module")
     if not isinstance(module, dict) or not module:
         raise ValueError(f"{tag_dir / 'mp_rank_00_model_states.pt'} holds no module weights; "
@@ -121,7 +122,7 @@ def pipeline_layer_states(tag_dir: Path, spec: ModelSpec) -> dict[int, dict[str,
         if not path.is_file():
             raise ValueError(f"{tag_dir}: {path.name} is missing; the pipeline checkpoint does not match "
                              f"{spec.family}/{spec.size} ({len(defs)} layers)")
-        states[idx] = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        states[idx] = load_torch_file(path, map_location="cpu", mmap=True)
     return states
 
 

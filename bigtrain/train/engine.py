@@ -63,10 +63,6 @@ class Engine:
     def grad_accum(self) -> int:
         return self.ds.gradient_accumulation_steps()
 
-    @property
-    def global_step(self) -> int:
-        return self.ds.global_steps
-
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 

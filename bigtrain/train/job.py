@@ -1,7 +1,6 @@
 """One training job end to end: config -> data -> model -> engine -> (resume) -> loop -> summary."""
 from __future__ import annotations
 
-import json
 import logging
 import random
 import sys
@@ -12,6 +11,7 @@ import numpy as np
 import torch
 
 from bigtrain.checkpoint import store as checkpoint
+from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 
 from bigtrain import models
 from bigtrain.config.run_config import RunConfig
@@ -23,7 +23,7 @@ from bigtrain.ds.resolve import generated_or_user
 from bigtrain.ds.runtime import fit_to_device
 from bigtrain.train.engine import Engine, EngineOptions
 from bigtrain.train.inputs import TrainingData, build_training_data, model_overrides
-from bigtrain.train.report import Reporter
+from bigtrain.train.report import Reporter, write_summary
 from bigtrain.train.loop import LoopSettings, train_loop
 from bigtrain.metrics.logs import attach_log_file
 from bigtrain.metrics.plot import write_loss_plot
@@ -34,16 +34,17 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = False,
-            stop_after: int | None = None) -> int:
+            stop_after: int | None = None, trust_checkpoint: bool = False) -> int:
     """Exit code: 0 done, 2 a user's mistake (one line on stderr). Any other exception on a multi-rank
-    job ends this rank with exit 1 and a line naming the dead peer, or this rank if it is the origin."""
+    job ends this rank with exit 1 and a line naming the dead peer, or this rank if it is the origin.
+    `trust_checkpoint` (--trust-checkpoint) lets --resume unpickle any type (bigtrain.checkpoint.safe_load)."""
     world = init_distributed()
     setup_logging(world)
     watch = PeerWatch.start(world)  # a dead peer ends this rank with a line naming it, never a hang
     if world.is_main and world.size > 1:
         log.info("%s", watch.describe())
     try:
-        train(run, world, ds_config_path, resume, stop_after)
+        train(run, world, ds_config_path, resume, stop_after, trust_checkpoint)
     except (LintError, ValueError) as err:
         if not users_mistake(err):
             if world.size > 1:
@@ -90,7 +91,8 @@ def slow_vocab_hint(spec: models.ModelSpec) -> str | None:
             "GPUs; --set model.overrides.vocab_multiple=64 pads it (docs/benchmarks.md, On a GPU)")
 
 
-def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool, stop_after: int | None) -> dict:
+def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool, stop_after: int | None,
+          trust_checkpoint: bool = False) -> dict:
     out = Path(run.train.out_dir)
     log_file = attach_log_file(out, world.rank)  # DeepSpeed's log and the warnings (held since start-up) go here
     if world.is_main:
@@ -112,7 +114,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
     ckpt_dir = Path(run.checkpoint.dir or out / "checkpoints")
     # Before the engine: loading a checkpoint saved at another shape switches DeepSpeed's config.
     plan = plan_resume(ckpt_dir, Shape.of_job(world.size, ds_config, run.pipeline.stages), world,
-                       ds_config["train_batch_size"]) if resume else None
+                       ds_config["train_batch_size"], trust_checkpoint) if resume else None
     data = build_training_data(run.data, run.model, out, world, run.train.seed)
     if world.is_main:
         log.info("data: %s", data.bundle.description)
@@ -126,12 +128,12 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
         activation_checkpointing=run.activation_checkpointing.enabled,
         checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed))
     data.set_data_parallel(engine.dp_rank, engine.dp_size)
-    saved = resume_from(engine, plan, world, data, run.train.seed) if plan else {}
-    start_step = int(saved.get("step", 0))
+    saved = resume_from(engine, plan, world, data, run.train.seed, trust_checkpoint) if plan else None
+    start_step = saved.step if saved else 0
     if world.is_main:
         log.info("model %s/%s: %.2fM parameters; %s", spec.family, spec.size, spec.num_params / 1e6,
                  _batch_line(ds_config, engine, world))
-    reporter = Reporter(run, spec, ds_config, engine, world, out, prior_losses=saved.get("losses"))
+    reporter = Reporter(run, spec, ds_config, engine, world, out, prior_losses=saved.losses if saved else None)
     result = train_loop(engine, world, LoopSettings(
         steps=run.train.steps, eval_interval=run.train.eval_interval, eval_batches=run.train.eval_batches,
         ckpt_dir=ckpt_dir, ckpt_interval=run.checkpoint.interval, keep_last=run.checkpoint.keep_last,
@@ -139,8 +141,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
         start_step, lambda step: checkpoint_state(run, ds_config, world, data, step, reporter.losses, model_build), reporter)
     summary = reporter.summary(result, run_config=to_dict(run), ds_config=ds_config)
     if world.is_main:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        log.info("wrote %s", out / "summary.json")
+        log.info("wrote %s", write_summary(out, summary))
         write_loss_plot(summary, out / "loss.png")
     if not result.stopped_by and run.train.sample_tokens and data.tokenizer is not None:
         from bigtrain.train.sample import print_sample
@@ -148,28 +149,30 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
     return summary
 
 
-def resume_from(engine: Engine, plan: ResumePlan, world: World, data: TrainingData, seed: int) -> dict:
+def resume_from(engine: Engine, plan: ResumePlan, world: World, data: TrainingData, seed: int,
+                trust: bool = False) -> CheckpointState:
     """Load the planned checkpoint (universal when the shape changed); returns its saved state.
 
     The state (step, losses, data position) comes from the bigtrain.json marker of the
     checkpoint found; the sampler continues the same global sample order at another
     data-parallel size.
     """
-    checkpoint.load(engine.ds, plan.ckpt_dir, plan.load_tag, world.rank)
-    rng = restore_rng(plan, world.rank, seed)
-    data.load_state_dict(plan.state["data"])
+    checkpoint.load(engine.ds, plan.ckpt_dir, plan.load_tag, trust=trust)
+    rng = restore_rng(plan, world.rank, seed, trust)
+    data.load_state_dict(plan.state.data)
     if world.is_main:
-        log.info("resumed from %s at step %d (RNG %s)", plan.ckpt_dir / plan.load_tag, plan.state["step"], rng)
+        log.info("resumed from %s at step %d (RNG %s)", plan.ckpt_dir / plan.load_tag, plan.state.step, rng)
     return plan.state
 
 
 def checkpoint_state(run: RunConfig, ds_config: dict, world: World, data: TrainingData, step: int,
-                     losses: list[float], model_build: dict) -> dict:
+                     losses: list[float], model_build: dict) -> CheckpointState:
     """What resume and export need: the step, the data position, the loss history, and how to rebuild the model."""
-    return {"step": step, "world_size": world.size, "data": data.state_dict(), "losses": list(losses),
-            "model_build": model_build, "pipeline_stages": run.pipeline.stages,
-            "run_config": to_dict(run),
-            "ds_config": ds_config, "tokenizer_dir": str(data.tokenizer_dir) if data.tokenizer_dir else None}
+    tokenizer = data.tokenizer_dir.resolve() if data.tokenizer_dir else None
+    return CheckpointState(step=step, world_size=world.size, pipeline_stages=run.pipeline.stages,
+                           data=data.state_dict(), losses=list(losses), model_build=ModelBuild(**model_build),
+                           run_config=to_dict(run), ds_config=ds_config,
+                           run_dir=Path(run.train.out_dir).resolve(), tokenizer_dir=tokenizer)
 
 
 def seed_everything(seed: int) -> None:

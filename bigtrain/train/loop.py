@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bigtrain.checkpoint import store as checkpoint
+from bigtrain.checkpoint.state import CheckpointState
 from bigtrain.distributed.world import World, reduce_step
 from bigtrain.train.engine import Engine
 from bigtrain.train.report import notify
@@ -53,7 +54,7 @@ class LoopResult:
 
 def train_loop(engine: Engine, world: World, settings: LoopSettings, train_batches: Iterator[dict],
                eval_batches: Callable[[int], list[dict]], start_step: int,
-               checkpoint_state: Callable[[int], dict], reporter: Any) -> LoopResult:
+               checkpoint_state: Callable[[int], CheckpointState], reporter: Any) -> LoopResult:
     """Run steps start_step+1 .. settings.steps. `checkpoint_state(step)` gives what resume needs."""
     stop = StopFlag()
     result = LoopResult(start_step, [], [], "")

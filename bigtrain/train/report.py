@@ -1,8 +1,10 @@
 """What a run tells its user: the per-step log line, progress bar, monitors and summary.json."""
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import statistics
 import time
 from dataclasses import asdict
@@ -34,6 +36,16 @@ def add_listener(listener: Listener) -> Callable[[], None]:
 def notify(event: str, step: int, values: dict) -> None:
     for listener in list(_listeners):
         listener(event, step, values)
+
+
+def write_summary(out: Path, summary: dict) -> Path:
+    """OUT/summary.json, atomically: a reader (a sweep, a resumed job, a kill mid-write) sees the old
+    file or the new one, never half of one."""
+    path = Path(out) / "summary.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    os.replace(tmp, path)
+    return path
 
 
 class Reporter:

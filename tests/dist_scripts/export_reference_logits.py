@@ -11,7 +11,6 @@ the load), "pipeline"} to OUT.pt. Several checkpoints in one launch save the sta
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from bigtrain import checkpoint, models  # noqa: E402
+from bigtrain import models  # noqa: E402
+from bigtrain.checkpoint import store as checkpoint  # noqa: E402
+from bigtrain.checkpoint.state import CheckpointState, read_state  # noqa: E402
 from bigtrain.distributed.world import init_distributed, shutdown  # noqa: E402
 from bigtrain.train.engine import Engine, EngineOptions  # noqa: E402
 
@@ -31,13 +32,13 @@ def fixed_input(vocab_size: int, batch: int, seq_len: int) -> torch.Tensor:
     return torch.randint(0, vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(123))
 
 
-def build_engine(state: dict) -> Engine:
-    mb = state["model_build"]
-    spec = models.build(mb["family"], mb["size"], **mb["overrides"])
-    run = state["run_config"]
-    ds_config = {k: v for k, v in state["ds_config"].items() if k not in MONITORS}
+def build_engine(state: CheckpointState) -> Engine:
+    mb = state.model_build
+    spec = models.build(mb.family, mb.size, **mb.overrides)
+    run = state.run_config
+    ds_config = {k: v for k, v in state.ds_config.items() if k not in MONITORS}
     return Engine(spec, ds_config, EngineOptions(
-        pipeline_stages=state["pipeline_stages"], partition_method=run["pipeline"]["partition_method"],
+        pipeline_stages=state.pipeline_stages, partition_method=run["pipeline"]["partition_method"],
         activation_checkpointing=run["activation_checkpointing"]["enabled"],
         checkpoint_every_n_layers=run["activation_checkpointing"]["every_n_layers"], seed=run["train"]["seed"]))
 
@@ -64,11 +65,11 @@ def main() -> None:
 
 def reference(tag_dir: Path, out: Path, rank: int) -> None:
     """Logits of the model in `tag_dir` before and after loading it, saved by the rank that has them."""
-    state = json.loads((tag_dir / checkpoint.MARKER).read_text())
+    state = read_state(tag_dir)
     engine = build_engine(state)
     ids = fixed_input(engine.spec.config.vocab_size, engine.micro_batch, engine.spec.extra["seq_len"])
     fresh = logits_of(engine, ids)  # before loading: shows the load (and so the comparison) is not vacuous
-    checkpoint.load(engine.ds, tag_dir.parent, tag_dir.name, rank)
+    checkpoint.load(engine.ds, tag_dir.parent, tag_dir.name)
     logits = logits_of(engine, ids)
     # Non-pipeline ranks all hold the same logits; rank 0 writes. With a pipeline, the last stage does.
     writer = (engine.ds.is_last_stage() and engine.dp_rank == 0) if engine.is_pipeline else rank == 0
