@@ -241,6 +241,7 @@ def main() -> None:
                    help="which runners (prepare-N, old, nanogpt-N, first-step)")
     p.add_argument("--one-proc-max-gb", type=float, default=1.0, help="prepare-1 only up to this size (it is slow)")
     p.add_argument("--old-max-gb", type=float, default=1.0, help="the old path holds the corpus in RAM: sizes up to")
+    p.add_argument("--nanogpt-max-gb", type=float, default=1.0, help="nanogpt-N only up to this size")
     p.add_argument("--old-commit", default="a72be70", help="bigtrain commit whose bigtrain/data is the old path")
     p.add_argument("--clean", action="store_true", help="delete the corpora and outputs at the end")
     args = p.parse_args()
@@ -286,7 +287,7 @@ def main() -> None:
                     shutil.rmtree(out, ignore_errors=True)
             elif runner == "old" and size <= args.old_max_gb:
                 record(runner, size, run_old(corpora[size], tok, work, args.old_commit))
-            elif runner.startswith("nanogpt-"):
+            elif runner.startswith("nanogpt-") and size <= args.nanogpt_max_gb:
                 record(runner, size, run_nanogpt(corpora[size], tok, work, int(runner.split("-")[1])))
     if "first-step" in runners and (work / f"prepared-{sizes[-1]:g}GB" / "manifest.json").is_file():
         result = run_first_step(work / f"prepared-{sizes[-1]:g}GB", work)

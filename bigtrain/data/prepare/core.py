@@ -42,6 +42,9 @@ def default_num_proc() -> int:
 def text_source(source: str | Source, split: str = "train", revision: str | None = None,
                 streaming: bool = False) -> Source:
     """A source string (or Source) that prepare can read, with the hub options applied."""
+    if isinstance(source, str) and (Path(source).expanduser() / PLAN_FILE).is_file():
+        raise ValueError(f"data.source={source!r} is a `bigtrain prepare` output, not text to prepare; train on it "
+                         f"with --data {source}")
     src = parse_source(source, "text") if isinstance(source, str) else source
     if src.kind not in ("builtin", "files", "hub"):
         raise ValueError(f"data.source={src.text!r}: only text sources (files, 'builtin', 'hf:NAME') can be "
@@ -106,7 +109,7 @@ def _finished(out: Path, ident: dict, src: Source) -> bool:
     """True when out holds this corpus already; ValueError when it holds another one."""
     if not (out / MANIFEST).is_file():
         return False
-    made_from = PreparedCorpus(out).manifest["identity"]
+    made_from = _read_json(out / MANIFEST).get("identity", {})
     if made_from == ident:
         return True
     changed = [k for k in ident if ident[k] != made_from.get(k)]
