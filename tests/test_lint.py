@@ -1,121 +1,223 @@
-"""`bigtrain lint`: each bad input exits non-zero with one line naming the key and the fix."""
+"""`bigtrain lint`: the mistakes users make, each one line naming the key, the value and the fix.
+
+Every case says what DeepSpeed 0.19.8 itself does with the mistake (refuses it at parse or
+`initialize`, or silently ignores a setting); tests/test_public_configs.py holds lint to
+DeepSpeed's verdicts on other people's configs.
+"""
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
 from bigtrain.cli import main
-from bigtrain.config.run_config import RunConfig
-from bigtrain.ds.lint import DeviceCaps
-from bigtrain.ds.resolve import resolve_ds_dict
+from bigtrain.ds.lint import DeviceCaps, errors, lint_problems, warnings
 
+REPO = Path(__file__).resolve().parents[1]
+GPU = DeviceCaps("cuda", fp16=True, bf16=True, local=False)
+CPU_NO_FP16 = DeviceCaps("cpu", fp16=False, bf16=True)
 GOOD = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "bf16": {"enabled": True},
         "zero_optimization": {"stage": 2}}
 
 
-def lint(tmp_path, capsys, config, *args):
-    path = tmp_path / "ds.json"
-    path.write_text(config if isinstance(config, str) else json.dumps(config))
-    code = main(["lint", str(path), *args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def with_(**changes):
+    """GOOD with `a__b=value` set at a.b (None deletes the key)."""
     config = json.loads(json.dumps(GOOD))
     for dotted, value in changes.items():
         node = config
         *parents, last = dotted.split("__")
         for part in parents:
             node = node.setdefault(part, {})
-        node[last] = value
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
     return config
 
 
-BAD = [
-    ("", [], "the file is empty"),
-    ("{not json", [], "not valid JSON"),
-    ("[1, 2]", [], "top level must be a JSON object"),
-    (with_(train_batch_sise=16), [], "unknown key 'train_batch_sise': did you mean 'train_batch_size'?"),
-    (with_(zero_optimization__stage3_prefetch_bucket_sz=5), [],
+def lines(config, device=GPU, world_size=None):
+    problems = lint_problems(config, device, world_size)
+    return [str(p) for p in errors(problems)], [str(p) for p in warnings(problems)]
+
+
+# (config, the line expected among the errors) - each is something DeepSpeed refuses, or a setting it would drop.
+MISTAKES = [
+    (with_(optimizer__type="AdamWW"),  # DeepSpeed: "AdamWW is not a supported DeepSpeed Optimizer"
+     'optimizer.type="AdamWW": DeepSpeed has no optimizer of that name; did you mean \'AdamW\'?'),
+    (with_(optimizer={"type": "sgd", "params": {"lr": 0.1}}),  # torch names match exactly: "sgd" is refused
+     'optimizer.type="sgd": DeepSpeed matches torch.optim names exactly: use \'SGD\''),
+    (with_(optimizer={"type": "OneBitAdam", "params": {"lr": 1e-3, "freeze_step": 100}}),
+     'optimizer.type="OneBitAdam": the 1-bit optimizers are not in DeepSpeed 0.19 (removed)'),
+    (with_(scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": -5}}),
+     'scheduler.params: WarmupLR refuses {"warmup_num_steps": -5}: warmup_num_steps must be a positive integer, '
+     'got -5'),
+    (with_(scheduler={"type": "WarmupCosine", "params": {}}),
+     'scheduler.type="WarmupCosine": DeepSpeed has no scheduler of that name; did you mean \'WarmupCosineLR\'?'),
+    (with_(scheduler={"type": "WarmupLR", "params": {"warmup_max_lr": "auto", "warmup_min": 0}}),
+     "unknown key 'scheduler.params.warmup_min': WarmupLR takes no 'warmup_min'; did you mean 'warmup_min_lr'?"),
+    (with_(train_batch_size="32"),  # DeepSpeed: TypeError '>' not supported between 'str' and 'int'
+     'train_batch_size="32": must be a positive integer (a JSON number, not a string: \'train_batch_size\': 32)'),
+    (with_(prescale_gradients="false"),  # DeepSpeed would read the string "false" as true
+     'prescale_gradients="false": must be true or false (a JSON boolean) without quotes'),
+    (with_(max_grad_norm=1.0),  # ignored by DeepSpeed: clipping silently off
+     "unknown key 'max_grad_norm': DeepSpeed does not read it; did you mean gradient_clipping"),
+    (with_(fp16_opt_level="O2"),
+     "unknown key 'fp16_opt_level': DeepSpeed does not read it; did you mean the fp16 or bf16 section"),
+    (with_(learning_rate=3e-4), "unknown key 'learning_rate': DeepSpeed does not read it; did you mean "
+                                "optimizer.params.lr?"),
+    (with_(zero_optimization=None, zero_optimisation={"stage": 3}),  # ZeRO silently off in DeepSpeed
+     "unknown key 'zero_optimisation': did you mean 'zero_optimization'?"),
+    (with_(zero_optimization__offload_optimizer={"device": "gpu"}),  # a pydantic error, one line per field
+     'zero_optimization.offload_optimizer.device="gpu": Input should be \'none\', \'cpu\' or \'nvme\''),
+    (with_(zero_optimization__stage3_prefetch_bucket_sz=5),
      "unknown key 'zero_optimization.stage3_prefetch_bucket_sz': did you mean 'stage3_prefetch_bucket_size'?"),
-    (with_(zero_optimization__offload_optimizer={"device": "cpu", "pinned": True}), [],
-     "unknown key 'zero_optimization.offload_optimizer.pinned'"),
-    (with_(optimizer__params__learning_rate=1e-3), [], "unknown key 'optimizer.params.learning_rate'"),
-    (with_(bf16__enable=True), [], "unknown key 'bf16.enable': did you mean 'enabled'?"),
-    (with_(), ["--world-size", "4"], "train_batch_size=16 != train_micro_batch_size_per_gpu 4 x "
-                                     "gradient_accumulation_steps 2 x data-parallel size 4 (= 32)"),
-    (with_(pipeline={"stages": 2}), ["--world-size", "4"], "zero_optimization.stage=2 with 2 pipeline stages"),
-    (with_(zero_optimization__offload_param={"device": "cpu"}), [],
-     "zero_optimization.offload_param needs stage 3 (got stage 2)"),
-    (with_(zero_optimization__offload_optimizer={"device": "nvme", "nvme_path": "/tmp"}), [],
-     "zero_optimization.offload_optimizer.device=nvme needs stage 3"),
-    (with_(zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/no/such/nvme"}}), [],
-     "zero_optimization.offload_param.nvme_path='/no/such/nvme' does not exist"),
-    (with_(fp16={"enabled": True}), [], "fp16.enabled and bf16.enabled are both true"),
-    (with_(train_micro_batch_size_per_gpu=0), [], "train_micro_batch_size_per_gpu=0: must be a positive integer"),
-    (with_(gradient_accumulation_steps=-2), [], "gradient_accumulation_steps=-2: must be a positive integer"),
-    (with_(scheduler={"type": "WarmupCosine", "params": {}}), [], "scheduler.type='WarmupCosine' is not a DeepSpeed scheduler"),
-    (with_(scheduler={"type": "WarmupLR", "params": {"warmup_max_lr": "auto", "warmup_min": 0}}), [],
-     "unknown key 'scheduler.params.warmup_min': did you mean 'warmup_min_lr'?"),
-    (with_(gradient_clipping="auto", zero_optimization__zero_hpz_partition_size="auto"), [],
-     "zero_optimization.zero_hpz_partition_size=\"auto\": bigtrain cannot derive this key"),
+    (with_(bf16__enable=True), "unknown key 'bf16.enable': did you mean 'enabled'?"),
+    (with_(optimizer__params__learning_rate=1e-3),
+     "unknown key 'optimizer.params.learning_rate': FusedAdam takes no 'learning_rate'; did you mean 'lr'?"),
+    (with_(optimizer__params__max_grad_norm=1.0),  # DeepSpeed raises at initialize
+     'optimizer.params.max_grad_norm: DeepSpeed refuses it as an optimizer parameter: use the top-level '
+     '"gradient_clipping" instead'),
+    (with_(sparse_attention={"mode": "fixed"}), "sparse_attention: DeepSpeed refuses this key: DeepSpeed Sparse "
+                                                "Attention has been removed"),
+    (with_(train_batch_size=10, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=1),
+     "train_batch_size=10 is not a multiple of train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 1"),
+    (with_(steps_per_print="auto"), 'steps_per_print="auto": DeepSpeed does not fill "auto" here'),
+    (with_(optimizer={"type": "SGD", "params": {"lr": 0.1}}),  # "You are using an untested ZeRO Optimizer"
+     'optimizer.type="SGD" with zero_optimization.stage=2: DeepSpeed refuses an optimizer it has not tested'),
+    (with_(pipeline={"stages": 2}), "zero_optimization.stage=2 with 2 pipeline stages: DeepSpeed pipelines "
+                                    "support ZeRO 0-1 only"),
+    (with_(fp16={"enabled": True}), "fp16.enabled=true with bf16.enabled=true: DeepSpeed runs one"),
+    (with_(train_micro_batch_size_per_gpu=0), "train_micro_batch_size_per_gpu=0: must be a positive integer"),
 ]
 
 
-@pytest.mark.parametrize("config, args, message", BAD, ids=[m[:40] for _, _, m in BAD])
-def test_bad_input_is_one_clear_line(tmp_path, capsys, config, args, message):
-    code, out, err = lint(tmp_path, capsys, config, *args)
-    assert code == 2 and out == ""
-    lines = [line for line in err.splitlines() if line.startswith("bigtrain lint: ")]
-    assert any(message in line for line in lines), err
-    assert "Traceback" not in err
+@pytest.mark.parametrize("config, expected", MISTAKES, ids=[m[1][:45] for m in MISTAKES])
+def test_mistake_is_one_line_naming_key_and_fix(config, expected):
+    errs, _ = lines(config)
+    assert any(expected in line for line in errs), errs
+    assert all("\n" not in line and "validation error for" not in line for line in errs)
 
 
-def test_missing_file(tmp_path, capsys):
-    assert main(["lint", str(tmp_path / "nope.json")]) == 2
-    assert "no such file" in capsys.readouterr().err
+def test_good_config_is_clean():
+    assert lines(GOOD) == ([], [])
 
 
-def test_device_dependent_checks():
-    cpu_without_fp16 = DeviceCaps("cpu", fp16=False, bf16=True)
-    fp16 = {**GOOD, "bf16": {"enabled": False}, "fp16": {"enabled": True}}
-    with pytest.raises(ValueError, match="no fp16 support"):
-        resolve_ds_dict(fp16, RunConfig(), None, device=cpu_without_fp16)
-    for optimizer in ("Lamb", "OneBitAdam"):
-        lamb = {**GOOD, "optimizer": {"type": optimizer, "params": {"lr": 1e-3}}}
-        with pytest.raises(ValueError, match=f"optimizer.type='{optimizer}' has no CPU kernel"):
-            resolve_ds_dict(lamb, RunConfig(), None, device=DeviceCaps("cpu", True, True))
-        resolve_ds_dict(lamb, RunConfig(), None, device=DeviceCaps("cuda", True, True))  # fine on a GPU
+def test_every_problem_in_one_pass():
+    config = with_(zero_optimisation={"stage": 1}, train_batch_size="32", optimizer__type="AdamWW",
+                   _comment="tuned on 8 x A100", bf16__enable=True)
+    errs, warns = lines(config)
+    for key in ("zero_optimisation", "train_batch_size", "optimizer.type", "bf16.enable"):
+        assert sum(key in line for line in errs) == 1, (key, errs)
+    assert warns == ["warning: key '_comment' is not read by DeepSpeed and will be ignored (fine for a comment or "
+                     "a tool's own setting)"]
 
 
-def test_hf_style_auto_values_are_resolved(tmp_path, capsys):
+def test_keys_deepspeed_ignores_are_warnings_not_errors():
+    errs, warns = lines(with_(_comment="see README", my_tool={"run_name": "x"}))
+    assert errs == [] and len(warns) == 2
+    errs, warns = lines(with_(zero_optimization={"stage": 0, "offload_param": {"device": "cpu"}}))
+    assert errs == []  # DeepSpeed ignores offload_param below stage 3: said, not refused
+    assert warns == ["warning: zero_optimization.offload_param needs stage 3 (got stage 0): only ZeRO-3 partitions "
+                     "the parameters, so only it offloads them; set zero_optimization.stage to 3 or "
+                     "zero_optimization.offload_param.device to none (DeepSpeed ignores it at this stage)"]
+
+
+def test_auto_where_hf_or_deepspeed_fills_it():
     hf = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-          "gradient_clipping": "auto", "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+          "gradient_clipping": "auto", "bf16": {"enabled": "auto"}, "bfloat16": {"enabled": "auto"},
           "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
                                                      "weight_decay": "auto"}},
           "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
                                                              "warmup_num_steps": "auto", "total_num_steps": "auto"}},
           "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                                "stage3_param_persistence_threshold": "auto"}}
-    code, out, err = lint(tmp_path, capsys, hf, "--world-size", "4", "--set", "batch.micro_batch=2",
-                          "--set", "optimizer.lr=3e-4", "--set", "train.steps=50", "--set", "precision=bf16")
-    assert code == 0, err
-    resolved = json.loads(out)
-    assert (resolved["train_batch_size"], resolved["train_micro_batch_size_per_gpu"],
-            resolved["gradient_accumulation_steps"]) == (8, 2, 1)
-    assert resolved["optimizer"]["params"]["lr"] == 3e-4 and resolved["bf16"]["enabled"] is True
-    assert resolved["fp16"]["enabled"] is False and resolved["scheduler"]["params"]["total_num_steps"] == 50
-    assert resolved["zero_optimization"]["reduce_bucket_size"] == RunConfig().zero.reduce_bucket_size
-    assert "auto" not in out
+                                "stage3_gather_16bit_weights_on_model_save": "auto",
+                                "offload_param": {"device": "cpu", "buffer_size": "auto"}}}
+    assert lines(hf) == ([], [])
 
 
-def test_good_file_prints_resolved_json_via_console_script(tmp_path):
+def test_device_decides_fp16_lamb_and_nvme():
+    fp16 = with_(bf16={"enabled": False}, fp16={"enabled": True})
+    assert any("fp16.enabled=true but this cpu has no fp16 support" in line for line in lines(fp16, CPU_NO_FP16)[0])
+    assert lines(fp16, GPU)[0] == []
+    lamb = with_(optimizer={"type": "Lamb", "params": {"lr": 1e-3}}, zero_allow_untested_optimizer=True)
+    assert any('optimizer.type="Lamb" has no CPU kernel' in line for line in lines(lamb, CPU_NO_FP16)[0])
+    assert lines(lamb, GPU)[0] == []
+    nvme = with_(zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/no/such/nvme"}})
+    assert any("NVMe offload (async I/O) is a GPU-host feature" in line for line in lines(nvme, CPU_NO_FP16)[0])
+    assert lines(nvme, GPU)[0] == []  # the path is the GPU host's, not this machine's
+    here = DeviceCaps("cuda", True, True, local=True)
+    assert any("nvme_path=\"/no/such/nvme\" does not exist on this host" in line for line in lines(nvme, here)[0])
+
+
+def test_batch_triple_at_a_world_size():
+    assert lines(GOOD, world_size=2)[0] == []
+    errs = lines(GOOD, world_size=4)[0]
+    assert errs and errs[0].startswith("train_batch_size=16 != train_micro_batch_size_per_gpu 4 x "
+                                       "gradient_accumulation_steps 2 x data-parallel size 4")
+
+
+# --- through the command line ---------------------------------------------------------------------
+
+def run_cli(tmp_path, capsys, text, *args):
     path = tmp_path / "ds.json"
-    path.write_text(json.dumps(GOOD))
-    proc = subprocess.run([sys.executable, "-m", "bigtrain.cli", "lint", str(path), "--world-size", "2"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["train_batch_size"] == 16
+    path.write_text(text if isinstance(text, str) else json.dumps(text))
+    code = main(["lint", str(path), *args])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "the file is empty"),
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "top level must be a JSON object"),
+    ('{"train_batch_size": 8, "zero_optimization": {"stage": 1, "stage": 2}, "train_batch_size": 8}',
+     "key 'stage' appears more than once; DeepSpeed refuses duplicate keys"),
+])
+def test_cli_unreadable_file_is_one_line(tmp_path, capsys, text, message):
+    code, out, err = run_cli(tmp_path, capsys, text, "--world-size", "1")
+    assert code == 2 and out == ""
+    assert any(line.startswith("bigtrain lint: ") and message in line for line in err.splitlines()), err
+    if "more than once" in message:  # both duplicates named, each with its place
+        assert "bigtrain lint: zero_optimization: key 'stage'" in err and "(top level): key 'train_batch_size'" in err
+
+
+def test_cli_reports_every_mistake(tmp_path, capsys):
+    config = with_(zero_optimization=None, zero_optimisation={"stage": 1}, train_batch_size="32",
+                   bf16__enable=True, fp16={"enabled": True, "loss_scale_windw": 100})
+    code, out, err = run_cli(tmp_path, capsys, config, "--world-size", "2", "--device", "cuda")
+    assert code == 2 and out == ""
+    problems = [line for line in err.splitlines() if line.startswith("bigtrain lint: ")]
+    for key in ("'zero_optimisation'", "train_batch_size=\"32\"", "'bf16.enable'", "'fp16.loss_scale_windw'"):
+        assert sum(key in line for line in problems) == 1, (key, err)
+
+
+def test_cli_prints_warnings_with_the_resolved_config(tmp_path, capsys):
+    code, out, err = run_cli(tmp_path, capsys, with_(_comment="from a colleague"), "--world-size", "2")
+    assert code == 0, err
+    assert "warning: key '_comment' is not read by DeepSpeed and will be ignored" in err
+    assert json.loads(out)["train_batch_size"] == 16
+
+
+def test_cli_world_size_defaults_to_this_machines_devices(tmp_path, capsys):
+    from deepspeed.accelerator import get_accelerator
+    count = get_accelerator().device_count()
+    config = {k: v for k, v in GOOD.items() if k != "train_batch_size"}
+    code, out, err = run_cli(tmp_path, capsys, config, "--device", "cuda")
+    assert code == 0, err
+    assert f"no --world-size: checking for {count} rank(s), this machine's" in err
+    assert json.loads(out)["train_batch_size"] == 4 * 2 * count
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "ds_configs").glob("*.json")))
+def test_shipped_configs_lint_clean_at_any_world_size(tmp_path, capsys, name):
+    """Fitted to the world size as the runner fits them; `--device cuda` so NVMe/fp16 are judged for a GPU host."""
+    stages = json.loads((REPO / "ds_configs" / name).read_text()).get("pipeline", {}).get("stages", 1)
+    for world in (stages, 2 * stages, 3 * stages, 8):
+        code = main(["lint", str(REPO / "ds_configs" / name), "--world-size", str(world), "--device", "cuda"])
+        out, err = capsys.readouterr()
+        assert code == 0, (world, err)
+        assert "warning" not in err, err
+        config = json.loads(out)
+        assert config["train_batch_size"] == config["train_micro_batch_size_per_gpu"] * \
+            config["gradient_accumulation_steps"] * world // stages

@@ -1,216 +1,328 @@
-"""Lint a DeepSpeed config before any rank trains: one line per problem, naming the key and the fix."""
+"""Lint a DeepSpeed config the way DeepSpeed 0.19's parser and `deepspeed.initialize` judge it.
+
+Every problem in one pass, one line each naming the key path, the value and the fix; never a
+traceback. `lint_problems` is the entry point (`bigtrain.ds.resolve` calls it on the dict the
+engine will get); it returns errors (DeepSpeed would refuse the config, or bigtrain would not run
+it) and warnings (DeepSpeed would run it but ignore something). What DeepSpeed reads comes from
+`bigtrain.ds.schema`, which asks the installed DeepSpeed, so an upgrade does not leave this stale.
+
+Policy for keys DeepSpeed does not read: inside a section DeepSpeed validates with a pydantic
+model it is an error (DeepSpeed refuses it); elsewhere DeepSpeed ignores it, so it is a warning
+(`_comment`, a tool's own notes) unless it is a near miss of a key DeepSpeed reads
+(`zero_optimisation`) or a name other tools use for a DeepSpeed setting (`max_grad_norm`): then it
+is an error with the key meant, because the setting would be silently dropped.
+"""
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bigtrain.config.load import unknown_key_message
-from bigtrain.ds.schema import (DICT_SECTIONS, TOP_LEVEL, model_keys, optimizer_param_keys, pydantic_sections,
-                                scheduler_param_keys)
+from bigtrain.ds import schema
+from bigtrain.ds.lint_checks import (BATCH_KEYS, FOREIGN_PARAMS, DeviceCaps, Problem, batch_problems, device_problems,
+                                     layout_lint, optimizer_problems, parallel_problems, parser_problems,
+                                     scheduler_problems)
 
-NO_CPU_KERNEL = {"lamb", "onebitadam", "zerooneadam", "onebitlamb"}
-BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+__all__ = ["BATCH_KEYS", "DeviceCaps", "LintError", "Problem", "lint_problems", "errors", "warnings",
+           "read_ds_json", "unknown_keys", "key_warnings", "semantic_problems", "validate_with_deepspeed"]
+
+# Names other tools (HF TrainingArguments, Megatron, Lightning, Apex) use for a DeepSpeed setting.
+FOREIGN = {
+    "max_grad_norm": "gradient_clipping (a number, e.g. \"gradient_clipping\": 1.0)",
+    "clip_grad": "gradient_clipping", "grad_clip": "gradient_clipping",
+    "fp16_opt_level": "the fp16 or bf16 section ({\"bf16\": {\"enabled\": true}}); Apex opt levels are gone",
+    "mixed_precision": "the fp16 or bf16 section ({\"bf16\": {\"enabled\": true}})",
+    "amp_level": "the fp16 or bf16 section", "half_precision": "the fp16 or bf16 section",
+    "learning_rate": "optimizer.params.lr", "lr": "optimizer.params.lr",
+    "weight_decay": "optimizer.params.weight_decay", "adam_epsilon": "optimizer.params.eps",
+    "adam_beta1": "optimizer.params.betas", "adam_beta2": "optimizer.params.betas",
+    "warmup_steps": "scheduler.params.warmup_num_steps", "num_warmup_steps": "scheduler.params.warmup_num_steps",
+    "max_steps": "scheduler.params.total_num_steps",
+    "per_device_train_batch_size": "train_micro_batch_size_per_gpu", "micro_batch_size": "train_micro_batch_size_per_gpu",
+    "batch_size": "train_micro_batch_size_per_gpu (per rank) or train_batch_size (global)",
+    "global_batch_size": "train_batch_size",
+    "gradient_accumulation": "gradient_accumulation_steps", "grad_accum": "gradient_accumulation_steps",
+    "zero_stage": "zero_optimization.stage", "stage": "zero_optimization.stage", "zero": "zero_optimization",
+    "offload_optimizer": "zero_optimization.offload_optimizer", "offload_param": "zero_optimization.offload_param",
+    "gradient_checkpointing": "activation_checkpointing", "logging_steps": "steps_per_print",
+    "torch_compile": "compile",
+}
 
 
 class LintError(ValueError):
     """One or more problems in a DeepSpeed config; `problems` holds one line each."""
 
-    def __init__(self, problems: list[str]):
-        super().__init__("\n".join(problems))
-        self.problems = problems
+    def __init__(self, problems: list):
+        lines = [str(p) for p in problems]
+        super().__init__("\n".join(lines))
+        self.problems = lines
 
 
-@dataclass(frozen=True)
-class DeviceCaps:
-    name: str  # "cpu", "cuda", ...
-    fp16: bool
-    bf16: bool
-
-    @staticmethod
-    def detect() -> "DeviceCaps":
-        from deepspeed.accelerator import get_accelerator
-        acc = get_accelerator()
-        return DeviceCaps(acc.device_name(), bool(acc.is_fp16_supported()), bool(acc.is_bf16_supported()))
+def errors(problems: list[Problem]) -> list[Problem]:
+    return [p for p in problems if p.level == "error"]
 
 
-def read_ds_json(path: str | Path) -> dict:
+def warnings(problems: list[Problem]) -> list[Problem]:
+    return [p for p in problems if p.level == "warning"]
+
+
+def lint_problems(config: Any, device: DeviceCaps, world_size: int | None = None,
+                  pipeline_stages: int | None = None) -> list[Problem]:
+    """Everything wrong with `config` for `world_size` ranks on `device`, errors and warnings.
+
+    HF-style "auto" is accepted where the Hugging Face integration or bigtrain fills it
+    (`schema.hf_auto_keys`) and wherever DeepSpeed's pydantic models drop it. Without a world size
+    a complete batch triple is checked at the data-parallel size it was written for.
+    """
+    if not isinstance(config, dict):
+        return [Problem("", f"the top level must be a JSON object, got {type(config).__name__}")]
+    problems = key_problems(config)
+    problems += batch_problems(config, world_size, pipeline_stages)
+    problems += layout_lint(config, pipeline_stages) + parallel_problems(config, world_size)
+    problems += device_problems(config, device)
+    problems += optimizer_problems(config, device)
+    problems += scheduler_problems(config)
+    if not errors(problems):
+        problems += parser_problems(config, world_size, pipeline_stages)
+    return problems
+
+
+# --- keys and value types ----------------------------------------------------------------------
+
+def key_problems(config: dict) -> list[Problem]:
+    """Unknown, removed, near-miss and foreign keys at every level, and values of the wrong type."""
+    known, removed = schema.top_level(), schema.removed_keys(())
+    problems = []
+    for key, value in config.items():
+        if key in removed:
+            problems.append(Problem(key, f"DeepSpeed refuses this key: {removed[key]}"))
+        elif key not in known:
+            problems.append(_unknown((), key, set(known), ignored=True, foreign=FOREIGN))
+        else:
+            problems += _value_problems((key,), value, known[key])
+    return problems
+
+
+def _value_problems(path: tuple[str, ...], value: Any, default: Any) -> list[Problem]:
+    dotted = ".".join(path)
+    if value == "auto":
+        if dotted in schema.hf_auto_keys():
+            return []
+        return [Problem(dotted, f"={_show(value)}: DeepSpeed does not fill \"auto\" here and the HF integration "
+                                "fills it only at its own keys; give a value")]
+    if path in (("optimizer",), ("scheduler",)):
+        return [] if isinstance(value, dict) else [Problem(dotted, f"={_show(value)}: must be an object like "
+                                                                   "{\"type\": ..., \"params\": {...}}")]
+    if not isinstance(value, dict):
+        return _type_problems(dotted, value, default)
+    found = schema.probe(path)
+    if found.model is not None:
+        return _model_problems(path, value, found.model)
+    if isinstance(default, (bool, int, float, str, list)) and default is not schema.NO_DEFAULT:
+        return _type_problems(dotted, value, default)
+    if found.iterated:  # DeepSpeed takes the dict whole; check only against the keys its readers name
+        known = schema.open_section_known(path)
+        return [_unknown(path, k, known, ignored=True) for k in value if k not in known] if known else []
+    keys = schema.section_keys(path) or {}
+    if not keys:
+        return []  # DeepSpeed reads nothing here (a value it passes on whole, e.g. optimizer.params)
+    problems = []
+    for key, sub in value.items():
+        if key not in keys:
+            problems.append(_unknown(path, key, set(keys), ignored=True))
+        else:
+            problems += _value_problems(path + (key,), sub, keys[key])
+    return problems
+
+
+def _type_problems(dotted: str, value: Any, default: Any) -> list[Problem]:
+    """A scalar against the type of the default DeepSpeed reads it with (none known: no check)."""
+    if default is schema.NO_DEFAULT or default is None or dotted in BATCH_KEYS:
+        return []
+    want = {bool: "true or false (a JSON boolean)", int: "a number", float: "a number", str: "a string",
+            list: "a list", dict: "an object"}.get(type(default))
+    if want is None:
+        return []
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, (int, float)):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, type(default))
+    if ok:
+        return []
+    hint = " without quotes" if isinstance(value, str) else ""
+    return [Problem(dotted, f"={_show(value)}: must be {want}{hint} (DeepSpeed's default is {_show(default)})")]
+
+
+def _model_problems(path: tuple[str, ...], value: dict, model: Any) -> list[Problem]:
+    """Validate a section with DeepSpeed's own pydantic model; one line per field error."""
+    from pydantic import ValidationError
+    removed = schema.removed_keys(path)
+    problems = [Problem(".".join(path + (k,)), f"DeepSpeed refuses this key: {removed[k]}") for k in value
+                if k in removed]
+    body = {k: v for k, v in value.items() if k not in removed}
+    try:
+        model(**body)
+    except ValidationError as err:
+        problems += [_field_problem(path, model, e) for e in err.errors()]
+    except Exception as err:  # noqa: BLE001 - DeepSpeed's validators assert and raise ValueError
+        problems.append(Problem(".".join(path), f"DeepSpeed's {model.__name__} refuses it: {_first_line(err)}"))
+    return problems
+
+
+def _field_problem(path: tuple[str, ...], model: Any, error: dict) -> Problem:
+    loc = tuple(str(p) for p in error.get("loc", ()))
+    dotted = ".".join(path + loc)
+    if error.get("type") == "extra_forbidden":
+        owner = model
+        for part in loc[:-1]:
+            owner = schema.model_fields(owner).get(part) if owner is not None else None
+        allowed = set(schema.model_fields(owner)) if owner is not None else set()
+        return _unknown(path + loc[:-1], loc[-1], allowed, ignored=False, foreign=FOREIGN_PARAMS)
+    value = error.get("input")
+    message = error.get("msg", "invalid").rstrip(".")
+    return Problem(dotted, f"={_show(value)}: {message} (DeepSpeed's {model.__name__})")
+
+
+# --- unknown keys ------------------------------------------------------------------------------------
+
+def _unknown(parent: tuple[str, ...], key: str, allowed: set[str], ignored: bool,
+             foreign: dict[str, str] | None = None) -> Problem:
+    """An unknown key: an error with the key meant, or (ignored by DeepSpeed, no near miss) a warning."""
+    dotted = ".".join(parent + (key,))
+    if foreign and key in foreign:
+        return Problem(dotted, f"unknown key {dotted!r}: DeepSpeed does not read it; did you mean {foreign[key]}?")
+    near = _near_miss(key, allowed)
+    if near:
+        return Problem(dotted, f"unknown key {dotted!r}: did you mean {near!r}?")
+    if ignored:
+        return Problem(dotted, f"key {dotted!r} is not read by DeepSpeed and will be ignored (fine for a comment "
+                               "or a tool's own setting)", level="warning")
+    import difflib
+    close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return Problem(dotted, f"unknown key {dotted!r}: {hint}allowed: {', '.join(sorted(allowed))}")
+
+
+def _near_miss(key: str, allowed: set[str]) -> str | None:
+    """A key DeepSpeed reads that `key` looks like a typo of (case, separators, 1-2 letters)."""
+    def norm(s: str) -> str:
+        return s.lower().replace("-", "_").replace(" ", "_")
+    budget = max(1, len(key) // 8)
+    best = None
+    for name in sorted(allowed):
+        if norm(name) == norm(key):
+            return name
+        distance = _edit_distance(norm(key), norm(name))
+        if distance <= budget and (best is None or distance < best[0]):
+            best = (distance, name)
+    return best[1] if best else None
+
+
+def _edit_distance(a: str, b: str) -> int:
+    """Optimal string alignment distance (a swap of two letters counts once)."""
+    rows = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            rows[i][j] = min(rows[i - 1][j] + 1, rows[i][j - 1] + 1, rows[i - 1][j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                rows[i][j] = min(rows[i][j], rows[i - 2][j - 2] + 1)
+    return rows[-1][-1]
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (str, bool, int, float, type(None), list)) else repr(value)
+
+
+def _first_line(err: BaseException) -> str:
+    return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+
+
+# --- reading a file ----------------------------------------------------------------------------------
+
+def read_ds_json(path: str | Path, notes: list[str] | None = None) -> dict:
+    """The JSON object in `path`; LintError naming every duplicate key or the parse error.
+
+    A file that is not strict JSON but that DeepSpeed's own reader (hjson) takes is read like
+    DeepSpeed reads it, with a warning in `notes`.
+    """
     path = Path(path)
     if not path.is_file():
         raise LintError([f"{path}: no such file; pass a DeepSpeed JSON such as ds_configs/zero2.json"])
     text = path.read_text()
     if not text.strip():
         raise LintError([f"{path}: the file is empty; a DeepSpeed config is a JSON object like {{\"train_batch_size\": 8}}"])
+    duplicates: list[tuple[dict, str]] = []
+
+    def pairs(items: list) -> dict:
+        out: dict = {}
+        for key, value in items:
+            if key in out:
+                duplicates.append((out, key))
+            out[key] = value
+        return out
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as err:
-        raise LintError([f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"]) from None
+        data = _read_hjson(text, pairs)
+        if data is None:
+            raise LintError([f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"]) from None
+        if notes is not None:
+            notes.append(f"warning: {path} is not strict JSON ({err.msg} at line {err.lineno} column {err.colno}); "
+                         "DeepSpeed reads it as hjson, other tools may not")
     if not isinstance(data, dict):
         raise LintError([f"{path}: the top level must be a JSON object, got {type(data).__name__}"])
+    if duplicates:
+        raise LintError([f"{_path_of(data, parent) or '(top level)'}: key {key!r} appears more than once; DeepSpeed "
+                         "refuses duplicate keys: keep one" for parent, key in duplicates])
     return data
 
 
+def _read_hjson(text: str, pairs: Any) -> Any:
+    try:
+        import hjson
+        return json.loads(json.dumps(hjson.loads(text, object_pairs_hook=pairs)), object_pairs_hook=pairs)
+    except Exception:  # noqa: BLE001 - not readable by DeepSpeed either
+        return None
+
+
+def _path_of(node: Any, target: dict, prefix: str = "") -> str | None:
+    if node is target:
+        return prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found = _path_of(value, target, f"{prefix}.{key}" if prefix else key)
+            if found is not None:
+                return found
+    return None
+
+
+# --- the entry points bigtrain.ds.resolve and the tests use -----------------------------------------
+
 def unknown_keys(config: dict) -> list[str]:
-    """Every key DeepSpeed would not read, at any level, with a did-you-mean."""
-    problems = [unknown_key_message(k, k, sorted(TOP_LEVEL)) for k in config if k not in TOP_LEVEL]
-    models = pydantic_sections()
-    for section, value in config.items():
-        if not isinstance(value, dict):
-            continue
-        if section in models:
-            problems += _unknown_in_model(value, models[section], section)
-        elif section in DICT_SECTIONS:
-            problems += _unknown_in(value, DICT_SECTIONS[section], section)
-    problems += _unknown_params(config, "optimizer", optimizer_param_keys)
-    problems += _unknown_params(config, "scheduler", scheduler_param_keys)
-    return problems
+    """Error lines about keys and value types, batch sizes included: what is wrong with a raw user JSON
+    whatever fills it later ("auto" where HF fills it, and missing sections, are fine)."""
+    mistyped = [p for p in batch_problems(config, None, None) if "must be a positive integer" in p.message]
+    return [str(p) for p in errors(key_problems(config)) + mistyped]
 
 
-def _unknown_in(section: dict, allowed: set[str], path: str) -> list[str]:
-    return [unknown_key_message(f"{path}.{k}", k, sorted(allowed)) for k in section if k not in allowed]
-
-
-def _unknown_in_model(section: dict, model: Any, path: str) -> list[str]:
-    allowed = model_keys(model)
-    problems = _unknown_in(section, set(allowed), path)
-    for key, value in section.items():
-        nested = allowed.get(key)
-        if nested is not None and isinstance(value, dict):
-            problems += _unknown_in_model(value, nested, f"{path}.{key}")
-    return problems
-
-
-def _unknown_params(config: dict, section: str, keys_for: Any) -> list[str]:
-    body = config.get(section)
-    if not isinstance(body, dict) or not isinstance(body.get("params"), dict):
-        return []
-    type_name = str(body.get("type", ""))
-    allowed = keys_for(type_name)
-    if allowed is None:
-        if section == "scheduler":
-            from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
-            return [f"{section}.type={type_name!r} is not a DeepSpeed scheduler; use one of "
-                    f"{', '.join(VALID_LR_SCHEDULES)}"]
-        return []
-    return _unknown_in(body["params"], allowed, f"{section}.params")
+def key_warnings(config: dict) -> list[str]:
+    """Warning lines about keys DeepSpeed ignores."""
+    return [str(p) for p in warnings(key_problems(config))]
 
 
 def semantic_problems(config: dict, world_size: int | None, pipeline_stages: int | None,
                       device: DeviceCaps) -> list[str]:
-    """Combinations DeepSpeed rejects late (or never), checked on a config with no "auto" left."""
-    problems = _batch_problems(config, world_size, _pipeline_stages(config, pipeline_stages))
-    zero = config.get("zero_optimization") or {}
-    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-    stages = _pipeline_stages(config, pipeline_stages)
-    if stages > 1 and isinstance(stage, int) and stage >= 2:
-        problems.append(f"zero_optimization.stage={stage} with {stages} pipeline stages: DeepSpeed pipelines "
-                        "support ZeRO 0-1 only; set zero_optimization.stage to 1 or drop the pipeline")
-    problems += _offload_problems(zero if isinstance(zero, dict) else {}, stage)
-    problems += _precision_problems(config, device)
-    opt_type = str((config.get("optimizer") or {}).get("type", "")).lower()
-    if device.name == "cpu" and opt_type in NO_CPU_KERNEL:
-        problems.append(f"optimizer.type={config['optimizer']['type']!r} has no CPU kernel (GPU only); "
-                        "use AdamW on this machine, or run on a GPU host")
-    return problems
-
-
-def _pipeline_stages(config: dict, given: int | None) -> int:
-    if given is not None:
-        return given
-    stages = (config.get("pipeline") or {}).get("stages", 1)
-    return stages if isinstance(stages, int) else 1
-
-
-def _batch_problems(config: dict, world_size: int | None, stages: int) -> list[str]:
-    problems = []
-    for key in BATCH_KEYS:
-        value = config.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-            problems.append(f"{key}={value!r}: must be a positive integer")
-    if problems or world_size is None or not all(isinstance(config.get(k), int) for k in BATCH_KEYS):
-        return problems
-    if world_size % stages:
-        return [f"world size {world_size} is not divisible by {stages} pipeline stages"]
-    dp = world_size // stages
-    total, micro, accum = (config[k] for k in BATCH_KEYS)
-    if total != micro * accum * dp:
-        problems.append(
-            f"train_batch_size={total} != train_micro_batch_size_per_gpu {micro} x gradient_accumulation_steps "
-            f"{accum} x data-parallel size {dp} (= {micro * accum * dp}); set train_batch_size to "
-            f"{micro * accum * dp}, or set one of the three to \"auto\" and let bigtrain derive it")
-    return problems
-
-
-def _offload_problems(zero: dict, stage: Any) -> list[str]:
-    problems = []
-    for key in ("offload_param", "offload_optimizer"):
-        section = zero.get(key)
-        if not isinstance(section, dict) or section.get("device", "none") == "none":
-            continue
-        device = section.get("device")
-        if key == "offload_param" and stage != 3:
-            problems.append(f"zero_optimization.offload_param needs stage 3 (got stage {stage}); set "
-                            "zero_optimization.stage to 3 or remove offload_param")
-        if key == "offload_optimizer" and stage == 0:
-            problems.append("zero_optimization.offload_optimizer needs stage 1-3 (got stage 0); raise the stage")
-        if device == "nvme":
-            if stage != 3:
-                problems.append(f"zero_optimization.{key}.device=nvme needs stage 3 (ZeRO-Infinity), got "
-                                f"stage {stage}; set stage 3 or offload to cpu")
-            path = section.get("nvme_path")
-            if not path or not os.path.isdir(path):
-                problems.append(f"zero_optimization.{key}.nvme_path={path!r} does not exist on this host; "
-                                "point it at a directory on an NVMe drive")
-    return problems
-
-
-def _precision_problems(config: dict, device: DeviceCaps) -> list[str]:
-    fp16 = _enabled(config.get("fp16"))
-    bf16 = _enabled(config.get("bf16")) or _enabled(config.get("bfloat16"))
-    problems = []
-    if fp16 and bf16:
-        problems.append("fp16.enabled and bf16.enabled are both true; enable one (bf16 where the device has it)")
-    if fp16 and not device.fp16:
-        problems.append(f"fp16.enabled=true but this {device.name} device has no fp16 support; "
-                        "use bf16 or fp32 (set fp16.enabled to false)")
-    if bf16 and not device.bf16:
-        problems.append(f"bf16.enabled=true but this {device.name} device has no bf16 support; use fp16 or fp32")
-    return problems
-
-
-def _enabled(section: Any) -> bool:
-    return isinstance(section, dict) and section.get("enabled") is True
+    """Error lines about batch, layout, device, optimizer and scheduler."""
+    problems = batch_problems(config, world_size, pipeline_stages) + layout_lint(config, pipeline_stages)
+    problems += parallel_problems(config, world_size)
+    problems += device_problems(config, device) + optimizer_problems(config, device) + scheduler_problems(config)
+    return [str(p) for p in errors(problems)]
 
 
 def validate_with_deepspeed(config: dict, dp_size: int | None) -> list[str]:
-    """Last gate: DeepSpeed's own parser (pydantic value checks, batch assertions)."""
-    from unittest import mock
-
-    from deepspeed.runtime import config as ds_runtime_config
-    try:
-        # DeepSpeedConfig asks the (absent) process group for the rank and then falls back to
-        # world size 1; answering rank 0 makes it take the data-parallel size from our stand-in.
-        with mock.patch.object(ds_runtime_config.dist, "get_rank", return_value=0):
-            ds_runtime_config.DeepSpeedConfig(config, mpu=_FixedWorld(dp_size or 1))
-    except Exception as err:  # DeepSpeed raises assertions, ValidationError, ValueError...
-        first = str(err).strip().splitlines()
-        return [f"DeepSpeed rejects the config: {first[0] if first else type(err).__name__}"]
-    return []
-
-
-class _FixedWorld:
-    """A stand-in model-parallel unit so DeepSpeedConfig needs no process group to check the batch."""
-
-    def __init__(self, dp: int):
-        self.dp = dp
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.dp
-
-    def get_data_parallel_rank(self) -> int:
-        return 0
-
-    def get_model_parallel_world_size(self) -> int:
-        return 1
+    """Error lines from DeepSpeed's own config parser at data-parallel size `dp_size`."""
+    return [str(p) for p in errors(parser_problems(config, dp_size, 1))]
