@@ -52,8 +52,8 @@ class DataConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: Literal["adamw", "adam", "sgd", "lamb", "onebitadam", "zerooneadam", "onebitlamb"] = doc(
-        "adamw", "Optimizer; Lamb and the 1-bit optimizers need a GPU.")
+    name: Literal["adamw", "adam", "sgd", "lamb"] = doc(
+        "adamw", "Optimizer; Lamb needs a GPU (the 1-bit optimizers are not in DeepSpeed 0.19).")
     lr: float = doc(6e-4, "Peak learning rate.")
     betas: tuple[float, float] = doc((0.9, 0.95), "Adam betas.")
     eps: float = doc(1e-8, "Adam epsilon.")

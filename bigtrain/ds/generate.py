@@ -6,8 +6,7 @@ from bigtrain.config.run_config import (ActivationCheckpointConfig, OffloadConfi
                              ScheduleConfig, ZeroConfig)
 
 # DeepSpeed's optimizer type names, by our config name.
-OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lamb": "Lamb",
-                   "onebitadam": "OneBitAdam", "zerooneadam": "ZeroOneAdam", "onebitlamb": "OneBitLamb"}
+OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lamb": "Lamb"}
 
 
 def build_ds_config(run: RunConfig, world_size: int) -> dict:
@@ -29,7 +28,7 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
     if run.activation_checkpointing.enabled:  # the section's presence is what switches it on
         config["activation_checkpointing"] = activation_section(run.activation_checkpointing)
     if "nvme" in (run.offload.optimizer, run.offload.param):
-        config["aio"] = {"block_size": 1048576, "queue_depth": 8, "thread_count": 1,
+        config["aio"] = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
                          "single_submit": False, "overlap_events": True}
     if run.pipeline.stages > 1:
         config["pipeline"] = {
