@@ -30,6 +30,8 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
     if "nvme" in (run.offload.optimizer, run.offload.param):
         config["aio"] = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
                          "single_submit": False, "overlap_events": True}
+    if run.optimizer.name in ("sgd", "lamb") and run.zero.stage >= 1:  # not on DeepSpeed's ZeRO-tested list
+        config["zero_allow_untested_optimizer"] = True
     if run.pipeline.stages > 1:
         config["pipeline"] = {
             "stages": run.pipeline.stages,
