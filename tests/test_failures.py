@@ -166,6 +166,7 @@ def _save_while_peer_dies(rank: int, port: int, ckpt: str, result: "mp.Queue") -
         result.put((str(err).splitlines()[0][:200], time.monotonic() - start))
 
 
+@pytest.mark.dist  # spawns two ranks (gloo)
 def test_a_peer_dying_inside_a_save_leaves_no_marker(tmp_path):
     ctx = mp.get_context("spawn")
     result = ctx.Queue()

@@ -185,6 +185,7 @@ def _wait_in_a_collective(rank: int, port: int, result: "mp.Queue") -> None:
     result.put(("returned", rank, 0))
 
 
+@pytest.mark.dist  # spawns two ranks (gloo)
 def test_sigterm_reaches_a_rank_inside_a_collective(tmp_path):
     ctx = mp.get_context("spawn")
     result = ctx.Queue()
