@@ -24,17 +24,31 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 echo "setup: installing bigtrain and its dependencies"
 "${PIP[@]}" -e ".[test,ray]"  # the test suite runs the Ray verbs too (tests/test_ray.py)
-# DeepSpeed JIT-builds its CPU ops at first use: the shared-memory all-reduce (every multi-rank CPU
-# job, ~1 min on 2 cores) and CPU Adam (optimizer offload). Build them once here, into the same
-# torch_extensions cache the ranks load from, instead of inside the first run (or two ranks at once).
-echo "setup: building DeepSpeed's CPU ops (shared-memory all-reduce, CPU Adam); already built ones only load"
+# A C++ compiler: DeepSpeed's CPU ops below and torch.compile's CPU backend (inductor, `train.compile=true`
+# on a CPU) compile C++ at run time. Installed where apt-get can (as root), else one line saying what to do.
+if ! command -v g++ >/dev/null 2>&1 && ! command -v c++ >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: no C++ compiler found, installing g++ (apt-get)"
+    apt-get update -qq && apt-get install -y -qq g++ >/dev/null
+  else
+    echo "setup: no C++ compiler (g++) found: install one (e.g. apt-get install g++) for DeepSpeed's CPU ops" \
+         "and torch.compile on CPU; training with train.compile=false and torch's Adam works without it" >&2
+  fi
+fi
+# DeepSpeed JIT-builds its CPU ops at first use. The shared-memory all-reduce is used by every
+# multi-rank CPU job (~1 min to build on 2 cores): build it once here, into the torch_extensions
+# cache the ranks load from, instead of inside the first run. CPU Adam (optimizer offload only,
+# ~3 min of CPU) is built too when BIGTRAIN_PREBUILD_CPU_ADAM=1.
+echo "setup: building DeepSpeed's shared-memory all-reduce op (once; later runs only load it)"
 OPS_LOG=.venv/deepspeed_ops_build.log
 if ! .venv/bin/python - >"$OPS_LOG" 2>&1 <<'PY'
 from deepspeed.accelerator import get_accelerator
 
 accelerator = get_accelerator()
 if accelerator.device_name() == "cpu":  # GPU hosts build their CUDA ops at first use, as DeepSpeed does
-    for name in ("ShareMemCommBuilder", "CPUAdamBuilder"):
+    import os
+    names = ["ShareMemCommBuilder"] + (["CPUAdamBuilder"] if os.environ.get("BIGTRAIN_PREBUILD_CPU_ADAM") == "1" else [])
+    for name in names:
         builder = accelerator.create_op_builder(name)
         if builder is not None and builder.is_compatible(verbose=False):
             builder.load(verbose=False)
@@ -43,4 +57,4 @@ PY
 then
   echo "setup: building DeepSpeed's CPU ops failed (see $OPS_LOG); the first run will build them" >&2
 fi
-echo "setup: done ($(.venv/bin/python -c 'import torch, deepspeed; print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}")' 2>/dev/null))"
+echo "setup: done: $(.venv/bin/bigtrain --version)"
