@@ -58,6 +58,16 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     return load_run_config(args.config, overrides + list(args.set))
 
 
+def config_sources(args: argparse.Namespace) -> dict[str, str]:
+    """The run-config fields given by --config or by --set/flags: an explicit --set wins over a
+    DeepSpeed JSON, the JSON over --config (bigtrain.ds.resolve)."""
+    from bigtrain.config.load import field_sources
+    flags = {"model.family": args.model, "model.size": args.size, "data.source": args.data,
+             "train.steps": args.steps, "train.out_dir": args.out, "train.seed": args.seed,
+             "train.peak_tflops": args.peak_tflops}
+    return field_sources(args.config, [f"{k}=" for k, v in flags.items() if v is not None] + list(args.set))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from bigtrain.metrics.logs import route_library_logs
@@ -69,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from bigtrain.train.job import run_job
     return run_job(run, ds_config_path=args.deepspeed_config, resume=args.resume, stop_after=args.stop_after,
-                   trust_checkpoint=args.trust_checkpoint)
+                   trust_checkpoint=args.trust_checkpoint, sources=config_sources(args))
 
 
 def exit_now(code: int) -> None:

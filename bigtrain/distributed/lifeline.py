@@ -176,11 +176,13 @@ def launcher_ancestors() -> list[Ancestor]:
     import psutil
     found = []
     try:
-        for proc in psutil.Process().parents()[:3]:
+        for proc in psutil.Process().parents()[:2]:
             cmdline = " ".join(proc.cmdline())
             if not any(name in cmdline for name in LAUNCHERS):
                 break
             found.append(Ancestor(proc.pid, proc.create_time(), _describe(cmdline)))
+            if "deepspeed.launcher.launch" not in cmdline:
+                break  # the runner (or torchrun): what started it is the user's, not the job's
     except psutil.Error:
         return found
     return found

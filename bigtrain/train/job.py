@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import random
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +15,12 @@ from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 from bigtrain import models
 from bigtrain.config.run_config import RunConfig
 from bigtrain.config.load import to_dict
-from bigtrain.distributed.device import default_precision, fix_cuda_arch_list
-from bigtrain.distributed.world import PeerWatch, World, init_distributed, return_freed_memory, shutdown
+from bigtrain.distributed.device import fix_cuda_arch_list
+from bigtrain.distributed.lifeline import Lifeline
+from bigtrain.distributed.world import (PeerWatch, World, collective_timeout_s, init_distributed, return_freed_memory,
+                                        shutdown)
 from bigtrain.ds.lint import LintError
-from bigtrain.ds.resolve import generated_or_user
-from bigtrain.ds.runtime import fit_to_device
+from bigtrain.ds.resolve import resolve
 from bigtrain.train.engine import Engine, EngineOptions
 from bigtrain.train.inputs import TrainingData, build_training_data, model_overrides
 from bigtrain.train.report import Reporter, write_summary
@@ -34,17 +34,22 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = False,
-            stop_after: int | None = None, trust_checkpoint: bool = False) -> int:
+            stop_after: int | None = None, trust_checkpoint: bool = False,
+            sources: dict[str, str] | None = None) -> int:
     """Exit code: 0 done, 2 a user's mistake (one line on stderr). Any other exception on a multi-rank
     job ends this rank with exit 1 and a line naming the dead peer, or this rank if it is the origin.
-    `trust_checkpoint` (--trust-checkpoint) lets --resume unpickle any type (bigtrain.checkpoint.safe_load)."""
+    `trust_checkpoint` (--trust-checkpoint) lets --resume unpickle any type (bigtrain.checkpoint.safe_load).
+    `sources`: the run-config fields the user gave, and where (`config.load.field_sources`), for the
+    precedence between them and a DeepSpeed JSON. Never hangs: SIGTERM/SIGINT or the launcher's death
+    stop the job within a bound, and so does an end-of-run step that waits too long (`Lifeline`)."""
     world = init_distributed()
     setup_logging(world)
+    lifeline = Lifeline.start(world.rank)
     watch = PeerWatch.start(world)  # a dead peer ends this rank with a line naming it, never a hang
     if world.is_main and world.size > 1:
         log.info("%s", watch.describe())
     try:
-        train(run, world, ds_config_path, resume, stop_after, trust_checkpoint)
+        train(run, world, ds_config_path, resume, stop_after, trust_checkpoint, sources, lifeline)
     except (LintError, ValueError) as err:
         if not users_mistake(err):
             if world.size > 1:
@@ -60,8 +65,15 @@ def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = Fa
             watch.fail(err)
         raise
     watch.leave()  # before the last barrier: a peer past it may exit at once
-    shutdown()
+    with lifeline.bound("the last barrier before exit", end_of_run_bound_s(), "every rank to finish its run"):
+        shutdown()
+    lifeline.close()
     return 0
+
+
+def end_of_run_bound_s() -> float:
+    """How long an end-of-run step may take: the collective timeout, plus a minute for the work itself."""
+    return collective_timeout_s() + 60.0
 
 
 def offloads_to_host(ds_config: dict) -> bool:
@@ -92,7 +104,21 @@ def slow_vocab_hint(spec: models.ModelSpec) -> str | None:
 
 
 def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool, stop_after: int | None,
-          trust_checkpoint: bool = False) -> dict:
+          trust_checkpoint: bool = False, sources: dict[str, str] | None = None,
+          lifeline: Lifeline | None = None) -> dict:
+    """One job on an initialised process group; returns the summary. Without a `lifeline` (tests
+    running several jobs in one process) it makes its own for this job."""
+    own = lifeline is None
+    lifeline = lifeline or Lifeline.start(world.rank)
+    try:
+        return _train(run, world, ds_config_path, resume, stop_after, trust_checkpoint, sources, lifeline)
+    finally:
+        if own:
+            lifeline.close()
+
+
+def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool, stop_after: int | None,
+           trust_checkpoint: bool, sources: dict[str, str] | None, lifeline: Lifeline) -> dict:
     out = Path(run.train.out_dir)
     log_file = attach_log_file(out, world.rank)  # DeepSpeed's log and the warnings (held since start-up) go here
     if world.is_main:
@@ -100,21 +126,22 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
     arch_note = fix_cuda_arch_list()  # for ranks not started by `bigtrain train`
     if arch_note and world.is_main:
         log.warning("%s", arch_note)
-    if run.precision == "auto":
-        run = replace(run, precision=default_precision())
-    resolved = generated_or_user(run, world.size, ds_config_path)
-    run = resolved.run
+    ckpt_dir = Path(run.checkpoint.dir or out / "checkpoints")
+    found = checkpoint.find_resumable(ckpt_dir) if resume else None
+    resolved = resolve(run, ds_config_path, world.size, sources=sources, out_dir=str(out),
+                       resume_batch=found[1].ds_config.get("train_batch_size") if found else None)
+    run, ds_config = resolved.run, resolved.ds_config
     if world.is_main:
         for note in resolved.notes:
             log.info("%s", note)
-    ds_config = fit_to_device(resolved.ds_config, run, str(out))
     if offloads_to_host(ds_config) and return_freed_memory() and world.is_main:
         log.info("offload: malloc returns freed memory to the system (more fits; BIGTRAIN_MALLOC_TUNING=1 keeps it)")
     seed_everything(run.train.seed)
-    ckpt_dir = Path(run.checkpoint.dir or out / "checkpoints")
     # Before the engine: loading a checkpoint saved at another shape switches DeepSpeed's config.
     plan = plan_resume(ckpt_dir, Shape.of_job(world.size, ds_config, run.pipeline.stages), world,
-                       ds_config["train_batch_size"], trust_checkpoint) if resume else None
+                       None, trust_checkpoint) if resume else None
+    if plan and plan.universal:
+        ds_config = universal_ds_config(ds_config)  # recorded as it ran
     data = build_training_data(run.data, run.model, out, world, run.train.seed)
     if world.is_main:
         log.info("data: %s", data.bundle.description)
@@ -123,7 +150,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
     spec = models.build(model_build["family"], model_build["size"], **model_build["overrides"])
     if world.is_main and (hint := slow_vocab_hint(spec)):
         log.warning("%s", hint)
-    engine = Engine(spec, universal_ds_config(ds_config) if plan and plan.universal else ds_config, EngineOptions(
+    engine = Engine(spec, ds_config, EngineOptions(
         pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
         activation_checkpointing=run.activation_checkpointing.enabled,
         checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed))
@@ -138,14 +165,18 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
         steps=run.train.steps, eval_interval=run.train.eval_interval, eval_batches=run.train.eval_batches,
         ckpt_dir=ckpt_dir, ckpt_interval=run.checkpoint.interval, keep_last=run.checkpoint.keep_last,
         stop_after=stop_after), data.train_batches(engine.micro_batch), lambda n: list(data.eval_batches(engine.micro_batch, n)),
-        start_step, lambda step: checkpoint_state(run, ds_config, world, data, step, reporter.losses, model_build), reporter)
-    summary = reporter.summary(result, run_config=to_dict(run), ds_config=ds_config)
+        start_step, lambda step: checkpoint_state(run, ds_config, world, data, step, reporter.losses, model_build), reporter,
+        stop=lifeline)
+    with lifeline.bound("the run summary", end_of_run_bound_s(), "every rank's memory figures (an all-gather)"):
+        summary = reporter.summary(result, run_config=to_dict(run), ds_config=ds_config)
     if world.is_main:
         log.info("wrote %s", write_summary(out, summary))
         write_loss_plot(summary, out / "loss.png")
     if not result.stopped_by and run.train.sample_tokens and data.tokenizer is not None:
         from bigtrain.train.sample import print_sample
-        print_sample(engine, data.tokenizer, run.train.sample_tokens, world)
+        with lifeline.bound("the end-of-run sample", end_of_run_bound_s(),
+                            "every rank to run the sample's forward passes"):
+            print_sample(engine, data.tokenizer, run.train.sample_tokens, world)
     return summary
 
 
