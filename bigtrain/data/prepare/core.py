@@ -67,10 +67,9 @@ def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field
 
     `tokenizer` is a transformers tokenizer; it is saved into out/tokenizer. `num_proc` worker
     processes (default: every core) tokenize in parallel, one thread each; with 1 (or a corpus of
-    one piece) this process tokenizes. `seq_len` only
-    makes the summary report how many training blocks the corpus gives. `piece_bytes` (the unit of
-    work and of resume) and `batch_bytes` (text per tokenizer call: what bounds memory) rarely need
-    changing.
+    one piece) this process tokenizes. `seq_len` only makes the manifest say how many training
+    blocks the corpus gives. `piece_bytes` (the unit of work and of resume) and `batch_bytes`
+    (text per tokenizer call: what bounds memory) rarely need changing.
     """
     from bigtrain.data.tokenizer import eos_id
 
