@@ -9,6 +9,7 @@ Ray is an optional extra: nothing here imports it at module level.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -157,21 +158,27 @@ def trial_main(config: dict, job: dict) -> None:
     out = Path(job["trials_dir"]) / ray.tune.get_context().get_trial_name()
     args.set = [*args.set, f"{LR_KEY}={round_lr(config[LR_KEY])}", f"{BATCH_KEY}={int(config[BATCH_KEY])}",
                 f"train.out_dir={out}"]
+    run = run_config_from_args(args)
     last: dict[str, float] = {}
 
     def report(event: str, step: int, values: dict) -> None:
         if event == "log":
             last["loss"] = float(values["loss"])
-        elif event == "eval":
+        elif event == "eval" and step < run.train.steps:
             ray.tune.report({"step": step, "val_loss": float(values["val_loss"]), **last})
 
     remove = add_listener(report)
     try:
-        code = run_job(run_config_from_args(args), ds_config_path=args.deepspeed_config, resume=False)
+        code = run_job(run, ds_config_path=args.deepspeed_config, resume=False)
     finally:
         remove()
     if code != 0:
         raise RuntimeError(f"the trial's bigtrain job ended with exit code {code} (its log in {out} says why)")
+    # The last evaluation is reported once the job is complete: at max_t ASHA stops the trial at
+    # once, which would otherwise cut it off before summary.json and the final checkpoint.
+    summary = json.loads((out / "summary.json").read_text())
+    step, val_loss = summary["val_losses"][-1]
+    ray.tune.report({"step": step, "val_loss": val_loss, "loss": summary["final_loss"]})
 
 
 # --- CLI ---------------------------------------------------------------------------------------------
