@@ -134,13 +134,14 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
     _check_shape(s, text, seq_len)
     meta = hf_common.meta_module(cls, config)
     n_all = sum(p.numel() for p in meta.parameters())
+    resized = hf_dir.resized_tensors(s.pretrained, {k: tuple(v.shape) for k, v in meta.state_dict().items()})
     per_token = hf_common.flops_per_token(hf_common.matmul_params(meta), text.num_hidden_layers,
                                           hf_common.attention_width(text), seq_len)
     weights = hf_dir.has_weights(s.pretrained)
     causal = task == "causal_lm"
     return ModelSpec(
         family="hf", size=size, config=config,
-        construct=lambda: (hf_dir.load_pretrained(cls, s.pretrained, config, **_load_kwargs(s, task)) if weights
+        construct=lambda: (hf_dir.load_pretrained(cls, s.pretrained, config, resized, **_load_kwargs(s)) if weights
                            else hf_common.construct_hf(cls, config)),
         init_module=hf_common.hf_init_fn(cls, config),
         layers=lambda: _layers(config, task),
@@ -158,11 +159,8 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
     )
 
 
-def _load_kwargs(s: HFSettings, task: str) -> dict:
-    kwargs: dict[str, Any] = {"trust_remote_code": s.trust_remote_code} if s.trust_remote_code else {}
-    if task == "classify":
-        kwargs["ignore_mismatched_sizes"] = True  # a head of another width starts fresh (logged)
-    return kwargs
+def _load_kwargs(s: HFSettings) -> dict:
+    return {"trust_remote_code": True} if s.trust_remote_code else {}
 
 
 def modality(fields: dict[str, Any]) -> str:

@@ -95,22 +95,60 @@ def auto_class(task: str) -> type:
     return AutoModelForCausalLM if task == "causal_lm" else AutoModelForSequenceClassification
 
 
-def load_pretrained(model_cls: Any, path: str | Path, config: Any, **kwargs: Any) -> nn.Module:
+def load_pretrained(model_cls: Any, path: str | Path, config: Any, drop: tuple[str, ...] = (), **kwargs: Any) -> nn.Module:
     """`from_pretrained` in fp32 with `config`'s training switches. Under ZeRO-3 (an HfDeepSpeedConfig
     alive, see bigtrain.parallel.zero_init) transformers loads straight into the partitioned weights.
-    Modules whose weights the directory lacks (a new classifier head) are listed in
-    `module.bigtrain_uninitialized` for bigtrain's seeded init."""
-    model, info = model_cls.from_pretrained(str(path), config=config, local_files_only=True, dtype=torch.float32,
+    `drop`: checkpoint tensors to leave out (another shape than `config` builds, see `resized_tensors`).
+    Modules whose weights the directory lacks or that were dropped (a classifier head of another
+    width) are listed in `module.bigtrain_uninitialized` for bigtrain's seeded init."""
+    state = _state_without(Path(path), set(drop)) if drop else None
+    model, info = model_cls.from_pretrained(None if state is not None else str(path), config=config,
+                                            local_files_only=True, dtype=torch.float32,
                                             attn_implementation=config._attn_implementation,
-                                            output_loading_info=True, **kwargs)
-    missing = set(info.get("missing_keys") or []) | {k for k, *_ in info.get("mismatched_keys") or []}
+                                            output_loading_info=True, state_dict=state, **kwargs)
+    missing = set(info.get("missing_keys") or []) | set(drop)
     model.bigtrain_uninitialized = {name.rsplit(".", 1)[0] for name in missing}
     if missing:
-        log.info("%s: %d weights not in the checkpoint start from random (%s)", path, len(missing),
+        log.info("%s: %d weights not in the checkpoint (or resized) start from random (%s)", path, len(missing),
                  ", ".join(sorted(model.bigtrain_uninitialized)[:4]))
     if hasattr(model, "lm_head"):
         model.loss_type = "ForCausalLM"  # transformers 5 may leave it None (then the HF Trainer rescales the loss)
     return model
+
+
+def resized_tensors(path: str | Path, expected: dict[str, tuple[int, ...]]) -> tuple[str, ...]:
+    """Checkpoint tensors whose shape differs from `expected` (name -> shape of the model to build): a
+    classifier head of another width. They are dropped and start fresh: transformers' own
+    `ignore_mismatched_sizes` is not honoured when it loads under ZeRO-3. Shapes come from file headers."""
+    if not has_weights(path):
+        return ()
+    shapes = _shapes(_weight_index(Path(path)))
+    return tuple(sorted(k for k, shape in shapes.items() if k in expected and expected[k] != shape))
+
+
+def _state_without(path: Path, drop: set[str]) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors but `drop`. As transformers does under ZeRO-3, only rank 0 reads the
+    values; the other ranks hold meta tensors of the right shapes."""
+    shapes = _shapes(_weight_index(path))
+    keep = [k for k in shapes if k not in drop]
+    reader = torch.distributed.get_rank() == 0 if torch.distributed.is_initialized() else True
+    if reader:
+        return read_tensors(path, keep)
+    return {k: torch.empty(shapes[k], device="meta") for k in keep}
+
+
+def _shapes(index: dict[str, Path]) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(set(index.values())):
+        names = [n for n, f in index.items() if f == file]
+        if file.suffix == ".safetensors":
+            from safetensors import safe_open
+            with safe_open(str(file), "pt") as f:
+                shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in names})
+        else:
+            state = torch.load(file, map_location="meta", mmap=True, weights_only=True)
+            shapes.update({n: tuple(state[n].shape) for n in names})
+    return shapes
 
 
 def weights_note(path: str | Path) -> str | None:
