@@ -1,7 +1,8 @@
 """`export_checkpoint`: one training checkpoint -> a self-contained model directory, on CPU.
 
-GPT-2 becomes a Hugging Face directory (`AutoModelForCausalLM.from_pretrained(out)` and
-`AutoTokenizer.from_pretrained(out)` load it offline); other families become
+GPT-2, Llama and `hf` models become Hugging Face directories (`AutoModelForCausalLM` or
+`AutoModelForSequenceClassification.from_pretrained(out)` and `AutoTokenizer.from_pretrained(out)`
+load them offline; sharded safetensors above `max_shard_size`); other families become
 `model.safetensors` + `bigtrain_model.json` (see `load_exported`). A single process, no
 process group; the checkpoint is only read.
 """
@@ -14,12 +15,15 @@ from pathlib import Path
 from bigtrain import models
 from bigtrain.checkpoint.safe_load import checkpoint_loading
 from bigtrain.export.locate import Located, locate_checkpoint
+from bigtrain.export.verify import largest_logit_difference, reload_hf
 from bigtrain.export.weights import consolidate
 from bigtrain.export.write import (
+    MAX_SHARD_SIZE,
     check_out_dir,
+    load_exported,
     load_tokenizer,
     staging_dir,
-    write_hf_gpt2,
+    write_hf,
     write_recipe,
     write_safetensors,
 )
@@ -38,10 +42,13 @@ class ExportResult:
     num_params: int
     tokenizer: str | None
     notes: list[str] = field(default_factory=list)
+    max_logit_diff: float | None = None  # the export reloaded vs the model written, on a fixed batch (0 in fp32)
+    files: list[str] = field(default_factory=list)
 
 
 def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None, force: bool = False,
-                      tokenizer: str | None = None, trust_checkpoint: bool = False) -> ExportResult:
+                      tokenizer: str | None = None, trust_checkpoint: bool = False,
+                      max_shard_size: str | int = MAX_SHARD_SIZE) -> ExportResult:
     """Export the newest complete checkpoint under `path` (or `tag`) to the directory `out`.
 
     `tokenizer` overrides the run's own (its trained tokenizer dir, or data.tokenizer).
@@ -53,14 +60,14 @@ def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None,
     check_out_dir(out, force, protected=found.tag_dir)
     mb = found.state.model_build
     spec = models.build(mb.family, mb.size, **mb.overrides)
-    tok_source = _tokenizer_source(found, tokenizer) if spec.modality == "text" else None
+    tok_source = _tokenizer_source(found, tokenizer) if spec.modality in ("text", "classify") else None
     tok = load_tokenizer(tok_source) if tok_source else None  # before the slow part: fail early
     with checkpoint_loading(found.tag_dir, trust_checkpoint):
         consolidated = consolidate(found.tag_dir, spec, found.state.pipeline_stages)
-    hf = spec.family == "gpt2"
+    hf = spec.hf_class is not None
     with staging_dir(out) as tmp:
         if hf:
-            model = write_hf_gpt2(tmp, spec, consolidated.tensors, tok)
+            model = write_hf(tmp, spec, consolidated.tensors, tok, max_shard_size)
         else:
             model = write_safetensors(tmp, spec, consolidated.tensors)
         del consolidated.tensors  # the model holds the only copy now
@@ -71,6 +78,11 @@ def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None,
                               num_params=sum(p.numel() for p in model.parameters()), tokenizer=tok_source,
                               notes=consolidated.notes)
         write_recipe(tmp, _recipe(found, result))
+        # Self-check before the directory goes live: reload it as a user would, compare logits.
+        reloaded = reload_hf(tmp) if hf else load_exported(tmp)
+        result.max_logit_diff = largest_logit_difference(model, reloaded, spec)
+        result.files = sorted(p.name for p in tmp.iterdir())
+        write_recipe(tmp, {**_recipe(found, result), "verified_max_logit_diff": result.max_logit_diff})
     return result
 
 
