@@ -88,6 +88,9 @@ MISTAKES = [
                                     "support ZeRO 0-1 only"),
     (with_(fp16={"enabled": True}), "fp16.enabled=true with bf16.enabled=true: DeepSpeed runs one"),
     (with_(train_micro_batch_size_per_gpu=0), "train_micro_batch_size_per_gpu=0: must be a positive integer"),
+    (with_(bf16=True), 'bf16=true: must be an object, e.g. {"enabled": true}'),  # DeepSpeed: TypeError
+    (with_(tensor_parallel={"autotp_size": 2}), "tensor_parallel.autotp_size=2 needs a multiple of 2 ranks; "
+                                                "checked for 1 rank(s)"),
 ]
 
 

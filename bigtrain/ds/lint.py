@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from bigtrain.ds import schema
-from bigtrain.ds.lint_checks import (BATCH_KEYS, FOREIGN_PARAMS, DeviceCaps, Problem, batch_problems, device_problems,
-                                     layout_lint, optimizer_problems, parallel_problems, parser_problems,
-                                     scheduler_problems)
+from bigtrain.ds.lint_checks import (BATCH_KEYS, DeviceCaps, Problem, batch_problems, device_problems, layout_lint,
+                                     parallel_problems, parser_problems)
+from bigtrain.ds.lint_optim import FOREIGN_PARAMS, optimizer_problems, scheduler_problems
 
 __all__ = ["BATCH_KEYS", "DeviceCaps", "LintError", "Problem", "lint_problems", "errors", "warnings",
            "read_ds_json", "unknown_keys", "key_warnings", "semantic_problems", "validate_with_deepspeed"]
@@ -114,7 +114,9 @@ def _value_problems(path: tuple[str, ...], value: Any, default: Any) -> list[Pro
         return [] if isinstance(value, dict) else [Problem(dotted, f"={_show(value)}: must be an object like "
                                                                    "{\"type\": ..., \"params\": {...}}")]
     if not isinstance(value, dict):
-        return _type_problems(dotted, value, default)
+        if default in (None, schema.NO_DEFAULT) and path != ("zero_optimization",) and schema.probe(path).model:
+            return [Problem(dotted, f"={_show(value)}: must be an object, e.g. {{\"enabled\": true}}")]
+        return _type_problems(dotted, value, default)  # (a bool zero_optimization is DeepSpeed's legacy form)
     found = schema.probe(path)
     if found.model is not None:
         return _model_problems(path, value, found.model)
@@ -163,11 +165,25 @@ def _model_problems(path: tuple[str, ...], value: dict, model: Any) -> list[Prob
                 if k in removed]
     body = {k: v for k, v in value.items() if k not in removed}
     try:
-        model(**body)
+        built = model(**body)
     except ValidationError as err:
         problems += [_field_problem(path, model, e) for e in err.errors()]
     except Exception as err:  # noqa: BLE001 - DeepSpeed's validators assert and raise ValueError
         problems.append(Problem(".".join(path), f"DeepSpeed's {model.__name__} refuses it: {_first_line(err)}"))
+    else:
+        problems += _deprecated(path, body, built)
+    return problems
+
+
+def _deprecated(path: tuple[str, ...], body: dict, built: Any) -> list[Problem]:
+    """Fields DeepSpeed's model marks deprecated (it logs a warning and maps them to the new field)."""
+    problems = []
+    for name, info in type(built).model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("deprecated") and (name in body or (info.alias and info.alias in body)):
+            new = extra.get("new_param")
+            problems.append(Problem(".".join(path + (name,)), f"is deprecated in DeepSpeed{f'; use {new}' if new else ''}",
+                                    level="warning"))
     return problems
 
 

@@ -131,6 +131,31 @@ class _OneWorld:
         return 1
 
 
+class _FixedWorld(_OneWorld):
+    """An mpu stand-in: DeepSpeedConfig checks the batch triple at this data-parallel size."""
+
+    def __init__(self, dp: int):
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+def parser_refusal(config: dict, dp: int) -> str | None:
+    """DeepSpeed's DeepSpeedConfig on `config` at data-parallel size `dp`: its first complaint, or None."""
+    from unittest import mock
+
+    from deepspeed.runtime import config as ds_config
+    try:
+        # With no process group DeepSpeedConfig falls back to world size 1 before it asks the mpu;
+        # answering rank 0 makes it take the data-parallel size from the stand-in.
+        with mock.patch.object(ds_config.dist, "get_rank", return_value=0):
+            ds_config.DeepSpeedConfig(config, mpu=_FixedWorld(dp))
+    except BaseException as err:  # noqa: BLE001 - DeepSpeed asserts, raises ValueError/ValidationError
+        return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def probe(path: tuple[str, ...] = ()) -> Probe:
     """Run DeepSpeed's parser with a sentinel dict at `path`; what did it read there, with which model?"""
@@ -294,29 +319,29 @@ def scheduler_names() -> list[str]:
 def hf_auto_keys() -> frozenset[str]:
     """Dotted keys the HF Trainer (transformers) and accelerate fill when the JSON says "auto".
 
-    Read from their installed sources: every `fill_match("...")` / `fill_only("...")` in
-    HfTrainerDeepSpeedConfig, the DeepSpeed keys of accelerate's DeepSpeedPlugin mapping and the
-    keys accelerate fills in `_prepare_deepspeed`. DeepSpeed itself drops "auto" inside its pydantic
-    models (a field left at its default), which `lint` learns by validating with those models.
+    Read from their installed sources, not imported (seconds): every `fill_match("...")` /
+    `fill_only("...")` of transformers' HfTrainerDeepSpeedConfig, the DeepSpeed keys of accelerate's
+    DeepSpeedPlugin mapping and the keys accelerate fills in `_prepare_deepspeed`. DeepSpeed itself
+    drops "auto" inside its pydantic models (a field left at its default), which `lint` learns by
+    validating with those models.
     """
-    keys: set[str] = set()
-    try:
-        from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
-        keys |= set(re.findall(r'fill_(?:match|only)\(\s*"([\w.]+)"', inspect.getsource(HfTrainerDeepSpeedConfig)))
-    except Exception:  # noqa: BLE001 - transformers absent or changed: use the fallback below
-        pass
-    try:
-        from accelerate.accelerator import Accelerator
-        from accelerate.utils.dataclasses import DeepSpeedPlugin
-        plugin = inspect.getsource(DeepSpeedPlugin)
-        mapping = re.search(r"plugin_to_config_mapping = \{(.*?)\}", plugin, re.S)
-        if mapping:
-            keys |= set(re.findall(r':\s*"([\w.]+)"', mapping.group(1)))
-        prepare = inspect.getsource(Accelerator._prepare_deepspeed)
-        kwargs = re.search(r"config_kwargs = \{(.*?)\}", prepare, re.S)
-        if kwargs:
-            keys |= set(re.findall(r'"([\w.]+)":', kwargs.group(1)))
-        keys |= set(re.findall(r'config_kwargs\["([\w.]+)"\]', prepare))
-    except Exception:  # noqa: BLE001
-        pass
+    keys = set(re.findall(r'fill_(?:match|only)\(\s*"([\w.]+)"', _source("transformers", "integrations/deepspeed.py")))
+    mapping = re.search(r"plugin_to_config_mapping = \{(.*?)\}", _source("accelerate", "utils/dataclasses.py"), re.S)
+    if mapping:
+        keys |= set(re.findall(r':\s*"([\w.]+)"', mapping.group(1)))
+    prepare = _source("accelerate", "accelerator.py")
+    for block in re.findall(r"config_kwargs = \{(.*?)\}", prepare, re.S):
+        keys |= set(re.findall(r'"([\w.]+)":', block))
+    keys |= set(re.findall(r'config_kwargs\["([\w.]+)"\]', prepare))
     return frozenset(keys) if len(keys) >= 10 else HF_AUTO_FALLBACK
+
+
+def _source(package: str, relative: str) -> str:
+    """The text of one file of an installed package ("" when it is not there)."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    return path.read_text() if path.is_file() else ""
