@@ -181,17 +181,22 @@ def test_hf_auto_offload_and_batch_take_the_run_configs_values():
 
 
 def test_the_cross_field_rules_exist_once():
-    """The run config, the JSON lint, the benchmark cases and the estimator say the same rule in the same words."""
+    """The run config, the JSON lint, the benchmark cases and the estimator say each rule in the same words."""
     from bigtrain.bench.cases import Strategy
     from bigtrain.config.rules import DS_KEYS, Layout, layout_problems
+    from bigtrain.ds.lint import lint_problems
     from bigtrain.estimate.memory_model import Setup
-    rule = "needs stage 3 (got stage 1): only ZeRO-3 partitions the parameters"
-    with pytest.raises(ValueError, match=re.escape(f"offload.param=cpu {rule}")):
-        make_run(1, "cpu", "cpu", "bf16", 1, False)
-    with pytest.raises(ValueError, match=re.escape(f"offload.param=cpu {rule}")):
-        Strategy(zero=1, offload="all")
-    with pytest.raises(ValueError, match=re.escape(f"offload.param=cpu {rule}")):
-        Setup(world_size=2, zero_stage=1, offload_optimizer="cpu", offload_param="cpu")
-    config = {"zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}}}
-    assert f"zero_optimization.offload_param {rule}" in " ".join(semantic_problems(config, None, None, GPU))
-    assert layout_problems(Layout(1, "cpu", "cpu"), DS_KEYS)[0].startswith(f"zero_optimization.offload_param {rule}")
+    offload = "needs stage 3 (got stage 1): only ZeRO-3 partitions the parameters"
+    for build in (lambda: make_run(1, "cpu", "cpu", "bf16", 1, False), lambda: Strategy(zero=1, offload="all"),
+                  lambda: Setup(world_size=2, zero_stage=1, offload_optimizer="cpu", offload_param="cpu")):
+        with pytest.raises(ValueError, match=re.escape(f"offload.param=cpu {offload}")):
+            build()
+    pipeline = "with 2 pipeline stages: DeepSpeed pipelines support ZeRO 0-1 only"
+    for build in (lambda: make_run(2, "none", "none", "bf16", 2, False), lambda: Strategy(zero=2, pipeline=2)):
+        with pytest.raises(ValueError, match=re.escape(f"zero.stage=2 {pipeline}")):
+            build()
+    lines = [str(p) for p in lint_problems({"train_batch_size": 8, "pipeline": {"stages": 2}, "zero_optimization": {
+        "stage": 2, "offload_param": {"device": "cpu"}}}, GPU, 2)]
+    assert any(f"zero_optimization.stage=2 {pipeline}" in line for line in lines), lines
+    assert any(f"zero_optimization.offload_param needs stage 3 (got stage 2)" in line for line in lines), lines
+    assert layout_problems(Layout(1, "cpu", "cpu"), DS_KEYS)[0].startswith(f"zero_optimization.offload_param {offload}")

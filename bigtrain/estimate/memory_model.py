@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from bigtrain.config.rules import Layout, check_layout
+from bigtrain.config.rules import Layout, check_layout, layout_problems
 from bigtrain.config.run_config import RunConfig, ZeroConfig
 
 _ZERO = ZeroConfig()  # bucket defaults come from the run config, the one place settings live
@@ -288,8 +288,8 @@ def all_setups(base: Setup) -> list[Setup]:
     setups = []
     for stage in (0, 1, 2, 3):
         for opt, param in OFFLOADS:
-            if (stage == 0 and opt != "none") or (param != "none" and stage != 3) or (opt == "nvme" and stage != 3):
-                continue  # DeepSpeed: NVMe offload is ZeRO-Infinity, stage 3 only
+            if layout_problems(Layout(stage, opt, param)):
+                continue  # a combination DeepSpeed cannot run (bigtrain.config.rules)
             for ckpt in (False, True):
                 setups.append(replace(base, zero_stage=stage, offload_optimizer=opt, offload_param=param,
                                       checkpointing=ckpt))
