@@ -224,3 +224,34 @@ def test_shipped_configs_lint_clean_at_any_world_size(tmp_path, capsys, name):
         config = json.loads(out)
         assert config["train_batch_size"] == config["train_micro_batch_size_per_gpu"] * \
             config["gradient_accumulation_steps"] * world // stages
+
+
+def test_deprecated_fields_warn_and_a_client_optimizer_with_them_is_refused():
+    legacy = with_(zero_optimization={"stage": 2, "cpu_offload": True})
+    errs, warns = lines(legacy)
+    assert errs == [] and warns == ["warning: zero_optimization.cpu_offload: is deprecated in DeepSpeed; use "
+                                    "offload_optimizer"]
+    errs, _ = lines(with_(optimizer=None, zero_optimization={"stage": 2, "cpu_offload": True}))
+    assert errs == ['zero_optimization.cpu_offload=true (deprecated) with no optimizer section: a trainer\'s own '
+                    'optimizer is not swapped for DeepSpeedCPUAdam and DeepSpeed refuses it with ZeRO-Offload; '
+                    'write "offload_optimizer": {"device": "cpu"} instead']
+
+
+def test_schema_follows_the_installed_deepspeed(monkeypatch):
+    """A key a newer DeepSpeed reads is known without a bigtrain change: the schema asks the parser."""
+    from deepspeed.runtime import config as ds_config
+
+    from bigtrain.ds import schema
+    config = with_(log_every_n_tokens=1000)
+    assert "log_every_n_tokens" in lines(config)[1][0]  # unknown today: a warning
+    original = ds_config.get_log_level
+    monkeypatch.setattr(ds_config, "get_log_level",
+                        lambda d: (d.get("log_every_n_tokens", 0), original(d))[1])  # "DeepSpeed 0.20"
+    schema.probe.cache_clear()
+    schema.top_level.cache_clear()
+    try:
+        assert lines(config) == ([], [])
+    finally:
+        monkeypatch.undo()
+        schema.probe.cache_clear()
+        schema.top_level.cache_clear()
