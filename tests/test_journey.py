@@ -242,3 +242,23 @@ def test_a_rank_stops_when_its_launcher_is_gone():
     finally:
         launcher.kill()
         launcher.wait()
+
+
+BOUNDED = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from bigtrain.distributed.lifeline import Lifeline
+line = Lifeline.start(1)
+with line.bound("the end-of-run sample", 0.5, "every rank to run the sample's forward passes"):
+    time.sleep(30)  # a peer that never joins
+print("not reached", flush=True)
+"""
+
+
+def test_an_end_of_run_step_that_waits_too_long_ends_the_job_with_a_line():
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", BOUNDED.format(repo=str(REPO))], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1 and time.monotonic() - start < 10 and "not reached" not in proc.stdout
+    assert proc.stderr.startswith("bigtrain: rank 1: the end-of-run sample did not finish within 0.5 s (waiting for "
+                                  "every rank to run the sample's forward passes). Resume from"), proc.stderr

@@ -91,7 +91,7 @@ class Lifeline:
     def bound(self, phase: str, seconds: float, waits_for: str) -> Iterator[None]:
         """End the job with a line naming `phase` and `waits_for` when the block runs over `seconds`."""
         previous, self.phase = self.phase, phase
-        self._deadline = (time.monotonic() + seconds, f"{phase} did not finish within {seconds:.0f} s "
+        self._deadline = (time.monotonic() + seconds, f"{phase} did not finish within {_seconds(seconds)} s "
                                                       f"(waiting for {waits_for})")
         try:
             yield
@@ -194,3 +194,7 @@ def _describe(cmdline: str) -> str:
     if "torch" in cmdline:
         return "torchrun"
     return "the deepspeed runner"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"

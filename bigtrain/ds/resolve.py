@@ -63,7 +63,8 @@ def resolve(run: RunConfig, user_json: dict | str | Path | None = None, world_si
     `sources`: run-config field -> "--set" or "--config" (`config.load.field_sources`), what the
     user gave explicitly. `fit_world=False` (lint's strict mode) reports a complete triple written
     for another world size instead of fitting it. `resume_batch`: the global batch of the checkpoint
-    this job resumes from, kept unless batch.global_batch is given. `out_dir`: where DeepSpeed's monitors write (None: none).
+    this job resumes from, kept unless batch.global_batch is given. `out_dir`: where DeepSpeed's
+    monitors write (None: no monitors, as lint shows it).
     """
     device = device or DeviceCaps.detect()
     sources = dict(sources or {})
