@@ -17,10 +17,19 @@ Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 @dataclass
 class ModelConfig:
-    family: Literal["gpt2", "resnet", "encoder"] = doc("gpt2", "Model family.")
-    size: str = doc("mini", "Named size (see `bigtrain models`); 'custom' takes its shape from overrides.")
+    family: Literal["gpt2", "llama", "hf", "encoder", "transformer", "resnet"] = doc(
+        "gpt2", "Model family; 'hf' is any local Hugging Face directory (model.pretrained), 'transformer' = encoder.")
+    size: str | None = doc(None, "Named size (see `bigtrain models`); 'custom' takes its shape from overrides. "
+                           "Default: mini, or the shape of the model.pretrained directory.")
     overrides: dict = doc(dict, "Family config overrides, e.g. {n_layer: 4, n_embd: 256}.")
-    pretrained: str | None = doc(None, "Local directory with pretrained weights (GPT-2 only).")
+    pretrained: str | None = doc(None, "Local Hugging Face directory (config.json [+ weights, tokenizer]) to start "
+                                 "from (gpt2, llama, hf); its tokenizer is the default data.tokenizer.")
+
+    def __post_init__(self) -> None:
+        if self.family == "transformer":
+            self.family = "encoder"  # the mission's "Transformer" is the encoder classifier
+        if self.size is None:
+            self.size = "custom" if self.pretrained or self.family == "hf" else "mini"
 
 
 @dataclass
@@ -34,7 +43,8 @@ class DataConfig:
     text_field: str = doc("text", "Text column of jsonl/parquet data.")
     label_field: str = doc("label", "Label column for classification data.")
     image_size: int = doc(32, "Side of the square images fed to ResNet.")
-    num_classes: int = doc(10, "Classes for classification models.")
+    num_classes: int | None = doc(None, "Classes for classification models; None: as many as the labels "
+                                  "need (10 for synthetic and builtin data).")
     synthetic_samples: int = doc(4096, "Samples in the synthetic dataset.")
     split: str = doc("train", "Split of an hf: source.")
     revision: str | None = doc(None, "Revision (branch, tag, commit) of an hf: source; pin it for reproducible data.")
@@ -43,9 +53,11 @@ class DataConfig:
     num_proc: int | None = doc(None, "Processes that tokenize an unprepared text source; None: every core.")
 
     def __post_init__(self) -> None:
-        _positive(self, "seq_len", "vocab_size", "image_size", "num_classes", "synthetic_samples")
+        _positive(self, "seq_len", "vocab_size", "image_size", "synthetic_samples")
         if self.num_proc is not None:
             _positive(self, "num_proc")
+        if self.num_classes is not None:
+            _positive(self, "num_classes")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction={self.val_fraction}: must be in (0, 1), e.g. 0.05")
 

@@ -59,6 +59,7 @@ class Reporter:
         self.global_batch = ds_config["train_batch_size"]
         self.losses: list[float] = list(prior_losses or [])
         self.val_losses: list[tuple[int, float]] = []
+        self.val_accuracies: list[tuple[int, float]] = []  # classifiers only
         self.meter = ThroughputMeter(warmup=2)
         if not run.train.peak_tflops:
             torch.distributed.barrier()  # all ranks measure at once, as they will train: shared cores
@@ -92,12 +93,19 @@ class Reporter:
                             mem_bytes=metrics["mem_bytes"])
 
     def on_eval(self, step: int, val_loss: float) -> None:
+        """Classifiers report accuracy (the engine's `last_eval_accuracy`), language models perplexity."""
         self.val_losses.append((step, val_loss))
-        ppl = math.exp(val_loss) if val_loss < 50 else float("inf")
-        self.monitor.log(step, {"val_loss": val_loss, "val_ppl": ppl})
-        notify("eval", step, {"val_loss": val_loss, "val_ppl": ppl})
+        if self.spec.eval_metric == "accuracy":
+            acc = float(getattr(self.engine, "last_eval_accuracy", float("nan")))
+            self.val_accuracies.append((step, acc))
+            metrics, shown = {"val_loss": val_loss, "val_accuracy": acc}, f"accuracy {acc:.4f}"
+        else:
+            ppl = math.exp(val_loss) if val_loss < 50 else float("inf")
+            metrics, shown = {"val_loss": val_loss, "val_ppl": ppl}, f"ppl {ppl:.2f}"
+        self.monitor.log(step, metrics)
+        notify("eval", step, metrics)
         if self.world.is_main:
-            self.bar.write(f"eval step {step}: val loss {val_loss:.4f} | ppl {ppl:.2f}")
+            self.bar.write(f"eval step {step}: val loss {val_loss:.4f} | {shown}")
 
     def _window_metrics(self, loss: float, lr: float) -> dict[str, float]:
         recent = self.meter.times[-self.interval:]
@@ -134,4 +142,7 @@ class Reporter:
         }
         if self.spec.tokens_per_sample:
             summary["tokens_per_s"] = samples_per_s * self.spec.tokens_per_sample
+        if self.spec.eval_metric == "accuracy":
+            summary["val_accuracies"] = [[s, a] for s, a in self.val_accuracies]
+            summary["final_val_accuracy"] = self.val_accuracies[-1][1] if self.val_accuracies else None
         return {**summary, **extra}
