@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bigtrain.config.rules import Layout, check_layout
+
 RUNNERS = ("bigtrain", "deepspeed", "ddp")
 OFFLOADS = ("none", "optimizer", "all")  # all = optimizer and parameters (ZeRO-3 only)
 GPT2_POSITIONS = 1024  # n_positions of a custom GPT-2 shape (bigtrain's default for size "custom")
@@ -64,10 +66,8 @@ class Strategy:
     def __post_init__(self) -> None:
         if self.offload not in OFFLOADS:
             raise ValueError(f"offload {self.offload!r}: use one of {', '.join(OFFLOADS)}")
-        if self.offload == "all" and self.zero != 3:
-            raise ValueError("parameter offload needs ZeRO-3")
-        if self.pipeline > 1 and self.zero > 1:
-            raise ValueError("pipeline parallelism runs with ZeRO 0 or 1 only")
+        check_layout(Layout(self.zero, "cpu" if self.offload != "none" else "none",
+                            "cpu" if self.offload == "all" else "none", self.pipeline))
 
     @property
     def label(self) -> str:

@@ -40,11 +40,10 @@ def deepspeed_bin() -> str:
 
 def ds_config_for(case: Case, num_ranks: int) -> dict:
     """The DeepSpeed dict bigtrain would generate for this case, monitors left out, DeepSpeed's timers on."""
-    from bigtrain.config.load import load_run_config
-    from bigtrain.ds.generate import build_ds_config
-    from bigtrain.ds.runtime import fit_to_device
+    from bigtrain.config.load import field_sources, load_run_config
+    from bigtrain.ds.resolve import resolve
     run = load_run_config(None, case.run_overrides())
-    config = fit_to_device(build_ds_config(run, num_ranks), run, "unused", device_name=_device_name())
+    config = resolve(run, None, num_ranks, sources=field_sources(None, case.run_overrides())).ds_config
     for key in MONITOR_KEYS:
         config.pop(key, None)
     # DeepSpeed 0.19.8's pipeline engine fails with the breakdown on ("bwd_microstep timer has
@@ -159,8 +158,3 @@ def read_baseline(out: Path) -> dict[str, Any]:
             "peak_rss_per_rank": [r["peak_memory"].get("peak_device_bytes", r["peak_memory"]["peak_rss_bytes"])
                                   for r in ranks],
             "model_state_bytes_per_rank": [r["model_state_bytes"] for r in ranks], "world_size": len(ranks)}
-
-
-def _device_name() -> str:
-    from deepspeed.accelerator import get_accelerator
-    return get_accelerator().device_name()
