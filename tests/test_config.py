@@ -102,3 +102,14 @@ def test_a_number_given_for_a_name_reads_as_that_name():
     assert run.model.size == "50"
     with pytest.raises(ValueError, match="model.size=True: expected a string"):
         load_run_config(None, ["model.size=true"])
+
+
+def test_field_sources_name_what_the_user_gave(tmp_path):
+    """The DeepSpeed JSON's precedence needs to know which fields came from --set and which from --config."""
+    from bigtrain.config.load import field_sources
+    path = tmp_path / "run.yaml"
+    path.write_text("zero:\n  stage: 3\noptimizer: {lr: 3.0e-4}\nprecision: bf16\nmodel: {overrides: {n_layer: 2}}\n")
+    assert field_sources(path, ["zero.stage=2", "model.overrides.n_embd=64", "train.steps=5"]) == {
+        "zero.stage": "--set", "optimizer.lr": "--config", "precision": "--config", "model.overrides": "--set",
+        "train.steps": "--set"}
+    assert field_sources(None, []) == {}
