@@ -144,6 +144,9 @@ def _from_user(user: dict, run: RunConfig, world_size: int | None, sources: dict
         if field in LINKS and not decided_by_json:
             for path in LINKS[field]:
                 set_path(config, path, get_path(generated, path))
+                if path[-1].startswith("stage3_"):  # DeepSpeed also reads the name without the prefix
+                    set_path(config, (*path[:-1], path[-1].removeprefix("stage3_")), MISSING)
+    notes += _unrecorded(said, user)
     if "aio" in generated and "aio" not in config:
         config["aio"] = generated["aio"]
     _fill_optimizer_params(config, generated, notes)
@@ -172,6 +175,19 @@ def _precedence(said: dict, run: RunConfig, sources: Mapping[str, str], notes: l
                 if field not in BATCH_FIELDS:
                     mixed[field] = value
     return mixed
+
+
+def _unrecorded(said: dict, user: dict) -> list[str]:
+    """An optimizer or scheduler the run config has no name for runs as the JSON says; the line says so."""
+    lines = []
+    optimizer, scheduler = user.get("optimizer"), user.get("scheduler")
+    if isinstance(optimizer, dict) and "type" in optimizer and "optimizer.name" not in said:
+        lines.append(f"optimizer.type={optimizer['type']!r} has no run-config name: it runs as the JSON says, and "
+                     "the recorded run config's optimizer fields are not what ran (the recorded DeepSpeed dict is)")
+    if isinstance(scheduler, dict) and "type" in scheduler and "schedule.kind" not in said:
+        lines.append(f"scheduler.type={scheduler['type']!r} has no run-config name: it runs as the JSON says, and "
+                     "the recorded run config's schedule fields are not what ran (the recorded DeepSpeed dict is)")
+    return lines
 
 
 def _fill_sections(config: dict, generated: dict, notes: list[str]) -> None:
