@@ -140,7 +140,7 @@ def parse_run_args(parser: argparse.ArgumentParser, run_args: list[str]) -> argp
 def worker_main(config: dict) -> None:
     """Ray Train's per-worker function: bigtrain's job, resumed from Ray's checkpoint after a restart."""
     import ray.train
-    from bigtrain.run import build_parser
+    from bigtrain.run import build_parser, run_config_from_args
     from bigtrain.train.job import run_job
     from bigtrain.train.report import add_listener
     if os.path.isdir(config["cwd"]):
@@ -150,6 +150,7 @@ def worker_main(config: dict) -> None:
     if config["tune_cpu"]:
         from bigtrain.distributed.world import tune_cpu_rank
         tune_cpu_rank()  # cores and malloc as a launcher rank gets them (Ray set LOCAL_RANK/LOCAL_WORLD_SIZE)
+    quiet_report_lines()
     run_args = list(config["run_args"])
     restored = ray.train.get_checkpoint()
     resume_tag = read_pointer(restored) if restored is not None else None
@@ -159,7 +160,6 @@ def worker_main(config: dict) -> None:
         # (the registered one, or a later one saved just before the failure), as --resume does.
         args.set = [*args.set, f"checkpoint.dir={resume_tag.parent}"]
         args.resume = True
-    from bigtrain.run import run_config_from_args
     run = run_config_from_args(args)
     rank = ray.train.get_context().get_world_rank()
     bridge = RayReporter(rank, test_exit_at(rank) if resume_tag is None else None, Path(run.train.out_dir))
@@ -170,6 +170,26 @@ def worker_main(config: dict) -> None:
         remove()
     if code != 0:
         raise RuntimeError(f"bigtrain's job on rank {rank} ended with exit code {code} (its log says why)")
+
+
+class _NoReportEcho(logging.Filter):
+    """Ray Train echoes every report on the console ("Reporting training result 7: TrainingReport(...)"),
+    a long line per log step next to bigtrain's own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(("Reporting training result", "Checkpoint successfully created"))
+
+
+def quiet_report_lines() -> None:
+    """Filter at the loggers that emit them, whichever handlers (Ray's or bigtrain's) print them.
+    They are Ray internals (one is named after its file): if they move, the lines just come back."""
+    try:
+        from ray.train.v2._internal.execution import context, storage
+    except ImportError:
+        return
+    for module in (context, storage):
+        if isinstance(getattr(module, "logger", None), logging.Logger):
+            module.logger.addFilter(_NoReportEcho())
 
 
 def read_pointer(checkpoint: Any) -> Path:
@@ -233,15 +253,35 @@ def cmd_ray_train(args: argparse.Namespace) -> int:
     opts = RayTrainOptions(num_workers=args.num_workers, use_gpu=args.use_gpu, cpus_per_worker=args.cpus_per_worker,
                            address=args.address, storage_path=args.storage_path, name=args.name,
                            max_failures=args.max_failures)
-    result = train_on_ray(args.run_args, opts)
+    require_ray()
+    import ray.train
+    try:
+        result = train_on_ray(args.run_args, opts)
+    except ray.train.TrainingFailedError as err:
+        print(f"bigtrain ray-train: the run failed ({failure_line(err, opts.max_failures)}); "
+              "the workers' log lines above say why", file=sys.stderr)
+        return 1
     return report_result(result, sys.stdout.write)
+
+
+def failure_line(err: Exception, max_failures: int) -> str:
+    """`rank R: first line of its error` for each failed worker (Ray's message is a page of snippets)."""
+    failures = getattr(err, "worker_failures", None) or {}
+    parts = [f"rank {rank}: {_first_line(e)}" for rank, e in sorted(failures.items())] or [_first_line(err)]
+    restarts = f" after {max_failures} restart{'s' if max_failures != 1 else ''}" if max_failures else ""
+    return "; ".join(parts)[:400] + restarts
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 def report_result(result: Any, write: Callable[[str], Any]) -> int:
     """One line on how the run ended; exit 1 when Ray gave up on it."""
     if result.error is not None:
-        first = str(result.error).strip().splitlines()[0] if str(result.error).strip() else type(result.error).__name__
-        print(f"bigtrain ray-train: the run failed: {first[:300]} (Ray run at {result.path})", file=sys.stderr)
+        print(f"bigtrain ray-train: the run failed: {_first_line(result.error)[:300]} (Ray run at {result.path})",
+              file=sys.stderr)
         return 1
     metrics = result.metrics or {}
     loss = f"loss {metrics['loss']:.4f} at step {metrics.get('step')}; " if "loss" in metrics else ""
