@@ -100,6 +100,11 @@ def test_hf_family_decides_task_shape_and_tokenizer_from_the_directory(hf_dirs):
     assert llama.num_params == sum(p.numel() for p in model.parameters())
     saved = LlamaForCausalLM.from_pretrained(hf_dirs["llama"])
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), saved.state_dict().values()))
+    named = build("llama", "custom", pretrained=str(hf_dirs["llama"]), seq_len=SEQ)  # --model llama, same dir
+    assert named.num_params == llama.num_params and named.flops_per_sample == llama.flops_per_sample
+    assert all(torch.equal(a, b) for a, b in zip(named.build().state_dict().values(), saved.state_dict().values()))
+    with pytest.raises(ValueError, match="--model hf takes its shape from model.pretrained"):
+        build("hf", "8b", pretrained=str(hf_dirs["llama"]))
 
     bert = build("hf", "custom", pretrained=str(hf_dirs["bert"]), num_classes=2, seq_len=SEQ)
     assert (bert.hf_class, bert.modality, bert.eval_metric) == (BertForSequenceClassification, "classify", "accuracy")
@@ -110,6 +115,19 @@ def test_hf_family_decides_task_shape_and_tokenizer_from_the_directory(hf_dirs):
     assert run_model.size == "custom" and model_modality(run_model) == "classify"
     assert default_tokenizer(DataConfig(), run_model) == str(hf_dirs["bert"].resolve())
     assert default_tokenizer(DataConfig(), ModelConfig(family="gpt2")) is None
+
+
+def test_classification_data_infers_the_classes_and_masks_the_padding(hf_dirs, tmp_path):
+    """data.num_classes unset: the 2 labels of the file make 2 classes; padded positions are masked."""
+    from bigtrain.data import build_data
+
+    bundle = build_data(str(hf_dirs["labels"]), "classify", seq_len=128, tokenizer=str(hf_dirs["bert"]),
+                        num_classes=None, cache_dir=tmp_path / "cache", tokenizer_dir=tmp_path / "tok")
+    assert bundle.num_classes == 2
+    batch = bundle.train.take(list(range(32)))
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    assert torch.equal(ids == bundle.tokenizer.pad_token_id, mask == 0)
+    assert 0 < int((mask == 0).sum()) and bool(mask[:, 0].all())
 
 
 def test_config_only_directory_starts_from_seeded_random_weights(hf_dirs):

@@ -19,8 +19,9 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
 
 def table(family: str | None, overrides: dict[str, Any]) -> str:
     """One line per (family, named size); ValueError for an unknown family or override."""
-    from bigtrain.models.registry import _families, build, families  # torch: not for `bigtrain --help`
+    from bigtrain.models.registry import _families, build, canonical, families  # torch: not for `bigtrain --help`
     fams = families()
+    family = canonical(family) if family is not None else None
     if family is not None and family not in fams:
         raise ValueError(f"unknown model family {family!r}; choose one of: {', '.join(fams)}")
     lines = [f"{'family':<8} {'size':<7} {'params':>10} {'train GFLOP/sample':>19} {'tokens':>7} {'layers':>7}"]
@@ -51,7 +52,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 def add_models_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `bigtrain models` on the CLI's subparsers."""
     p = subparsers.add_parser("models", help="list model families and sizes: parameters, FLOPs, pipeline layers")
-    p.add_argument("family", nargs="?", help="only this family (gpt2, encoder, resnet)")
+    p.add_argument("family", nargs="?", help="only this family (gpt2, llama, encoder = transformer, resnet; hf models "
+                                             "take their shape from a directory)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override applied to every size, e.g. --set seq_len=256 (repeatable)")
     p.set_defaults(func=cmd_models)

@@ -57,6 +57,9 @@ def build(family: str, size: str, **overrides: Any) -> ModelSpec:
         raise ValueError(f"unknown model family {family!r}; choose one of: {', '.join(sorted(fams))}")
     fam = fams[family]
     allowed_sizes = [*fam.sizes, "custom"]
+    if not fam.sizes and size != "custom":
+        raise ValueError(f"--model {family} takes its shape from model.pretrained (a Hugging Face directory); "
+                         f"drop --size {size}")
     if size not in allowed_sizes:
         raise ValueError(f"unknown size {size!r} for {family}; choose one of: {', '.join(allowed_sizes)}")
     unknown = sorted(set(overrides) - set(fam.override_keys()))
