@@ -12,7 +12,25 @@ from bigtrain.config.run_config import DataConfig, ModelConfig
 from bigtrain.data import DataBundle, batches, build_data, iter_eval_batches
 from bigtrain.distributed.world import World
 
-MODALITY = {"gpt2": "text", "encoder": "classify", "resnet": "image"}
+
+def model_modality(model: ModelConfig) -> str:
+    """'text' | 'classify' | 'image' for the model; checks a pretrained directory first (its model_type
+    against --model, a trainable architecture), so a mismatch stops every rank before any data work."""
+    from bigtrain import models
+    from bigtrain.models.hf_dir import read_config
+
+    if model.pretrained and model.family in ("gpt2", "llama"):
+        read_config(model.pretrained, expect=model.family)
+    return models.modality(model.family, {**model.overrides, "pretrained": model.pretrained})
+
+
+def default_tokenizer(data: DataConfig, model: ModelConfig) -> str | None:
+    """data.tokenizer, else the pretrained directory's own tokenizer (when it has one)."""
+    from bigtrain.models.hf_dir import has_tokenizer
+
+    if data.tokenizer is None and model.pretrained and has_tokenizer(model.pretrained):
+        return str(Path(model.pretrained).resolve())
+    return data.tokenizer
 
 
 class TrainingData:
@@ -59,8 +77,9 @@ def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, wor
     """Rank 0 trains the tokenizer and prepares the token shards (local rank 0 too, where the cache is not shared
     with rank 0); the others wait and then memory-map them."""
     tokenizer_dir = out_dir / "tokenizer"
+    tokenizer = default_tokenizer(data, model)
     bundle = build_data(
-        data.source, MODALITY[model.family], seq_len=data.seq_len, tokenizer=data.tokenizer,
+        data.source, model_modality(model), seq_len=data.seq_len, tokenizer=tokenizer,
         vocab_size=data.vocab_size, tokenizer_dir=tokenizer_dir, cache_dir=out_dir / "data_cache",
         val_fraction=data.val_fraction, seed=seed,
         image_size=data.image_size, num_classes=data.num_classes, text_field=data.text_field,
@@ -68,9 +87,14 @@ def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, wor
         barrier=patient_barrier(world), is_local_writer=world.local_rank == 0, split=data.split,
         revision=data.revision, streaming=data.streaming, hash_content=data.hash_content, num_proc=data.num_proc)
     has_tokenizer_dir = bundle.tokenizer is not None and data.tokenizer is None
-    if has_tokenizer_dir and bundle.tokenizer_dir is not None:  # trained here, or a prepared corpus's own
+    if has_tokenizer_dir and tokenizer is not None:  # the pretrained directory's: export copies it from there
+        tokenizer_dir = Path(tokenizer)
+    elif has_tokenizer_dir and bundle.tokenizer_dir is not None:  # trained here, or a prepared corpus's own
         tokenizer_dir = bundle.tokenizer_dir
     return TrainingData(bundle, seed=seed, tokenizer_dir=tokenizer_dir if has_tokenizer_dir else None)
+
+
+_BARRIER_JOBS = itertools.count()
 
 
 def patient_barrier(world: World) -> Callable[[], None]:
@@ -80,6 +104,7 @@ def patient_barrier(world: World) -> Callable[[], None]:
         return lambda: None
     store = torch.distributed.distributed_c10d._get_default_store()
     calls = itertools.count()
+    job = next(_BARRIER_JOBS)  # the store outlives a job: a process that runs several must not reuse keys
 
     def wait() -> None:
         key = f"bigtrain/data-barrier/{job}/{next(calls)}"
@@ -92,24 +117,44 @@ def patient_barrier(world: World) -> Callable[[], None]:
     return wait
 
 
+def gpu_vocab_padding(family: str, device_name: str | None = None) -> dict[str, int]:
+    """{"vocab_multiple": 64} for a model built from scratch on a GPU by a family that can pad its vocabulary
+    (nanoGPT's 50257 -> 50304): GPT-2's odd 50257 rows sent the output layer's matmuls to a slow kernel, 31 of
+    80 GPU ms per step on an H100 (docs/benchmarks.md). The extra rows are never targets; pretrained shapes
+    are left alone, and model.overrides.vocab_multiple wins."""
+    from bigtrain.models.registry import _families
+    if device_name is None:
+        from deepspeed.accelerator import get_accelerator
+        device_name = get_accelerator().device_name()
+    family_def = _families().get(family)
+    if device_name == "cpu" or family_def is None or "vocab_multiple" not in family_def.override_keys():
+        return {}
+    return {"vocab_multiple": 64}
+
+
 def model_overrides(model: ModelConfig, data: TrainingData, seq_len: int) -> dict:
     """The model's shape where the data decides it (vocabulary, classes, sequence length), then the user's."""
-_BARRIER_JOBS = itertools.count()
-
-
     bundle = data.bundle
     derived: dict[str, Any] = {}
-    if model.family == "gpt2":
-        if model.pretrained:
-            derived["pretrained"] = model.pretrained
+    pretrained = str(Path(model.pretrained).resolve()) if model.pretrained else None
+    if model.family in ("gpt2", "llama"):
+        if pretrained:
+            derived["pretrained"] = pretrained
         else:
-            from bigtrain.models.gpt2 import FAMILY
-    job = next(_BARRIER_JOBS)  # the store outlives a job: a process that runs several must not reuse keys
+            from bigtrain.models.registry import size_settings
             if bundle.vocab_size:
                 derived["vocab_size"] = bundle.vocab_size
-            positions = FAMILY.sizes.get(model.size, {}).get("n_positions", 1024)
+            positions = size_settings(model.family, model.size).get("n_positions", 1024)
             derived["n_positions"] = max(positions, seq_len)  # room for the data's sequence length
+            derived.update(gpu_vocab_padding(model.family))
         derived["seq_len"] = seq_len
+    elif model.family == "hf":
+        derived.update(pretrained=pretrained, seq_len=seq_len, vocab_size=bundle.vocab_size or None)
+        if bundle.num_classes:
+            derived["num_classes"] = bundle.num_classes
+        pad = getattr(bundle.tokenizer, "pad_token_id", None)
+        if isinstance(pad, int):
+            derived["pad_token_id"] = pad
     elif model.family == "encoder":
         derived.update(vocab_size=bundle.vocab_size, num_classes=bundle.num_classes, seq_len=seq_len)
     elif model.family == "resnet":
