@@ -9,7 +9,8 @@ import torch
 from deepspeed.accelerator import get_accelerator
 
 from bigtrain.distributed.world import all_reduce_mean
-from bigtrain.models.spec import ModelSpec
+from bigtrain.models.losses import correct_counts
+from bigtrain.models.spec import ModelSpec, call_module, output_logits, pipeline_inputs
 from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
 
 
@@ -35,7 +36,7 @@ class Engine:
                 activation_checkpoint_interval=options.checkpoint_every_n_layers if options.activation_checkpointing else 0,
                 seed=options.seed)
         else:
-            model = build_module(spec, ds_config if zero3 else None)
+            model = build_module(spec, ds_config if zero3 else None, seed=options.seed)
             if options.activation_checkpointing:
                 apply_activation_checkpointing(spec, model, every_n=options.checkpoint_every_n_layers,
                                                ds_config=ds_config)
@@ -78,7 +79,7 @@ class Engine:
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for _ in range(self.grad_accum):
             inputs, labels = self._inputs(next(batches))
-            loss = self.spec.loss(self.ds(inputs), labels)
+            loss = self.spec.loss(call_module(self.ds, inputs), labels)
             self.ds.backward(loss)
             self.ds.step()
             total += loss.detach()  # stays on the device: no host sync per micro-batch
@@ -86,17 +87,35 @@ class Engine:
 
     @torch.no_grad()
     def eval_loss(self, batches: list[dict]) -> float:
-        """Mean loss over `batches` (the same count on every rank), averaged over data-parallel ranks."""
+        """Mean loss over `batches` (the same count on every rank), averaged over data-parallel ranks.
+        Classifiers (`spec.eval_metric == "accuracy"`) also set `last_eval_accuracy`: correct
+        predictions over all ranks' samples."""
         self.ds.eval()
+        accuracy = self.spec.eval_metric == "accuracy"
+        counts = torch.zeros(2, dtype=torch.float64, device=self.device)  # correct, predictions
         if self.is_pipeline:  # eval_batch averages over data-parallel ranks and broadcasts to all stages
             it = self._pipe_iter(iter(batches))
-            losses = [float(self.ds.eval_batch(it, num_micro_batches=1).item()) for _ in batches]
-            return sum(losses) / max(len(losses), 1)
-        losses = []
-        for batch in batches:
-            inputs, labels = self._inputs(batch)
-            losses.append(self.spec.loss(self.ds(inputs), labels).float().item())
-        return all_reduce_mean([sum(losses) / max(len(losses), 1)], self.device)[0]
+            losses = []
+            for batch in batches:
+                out = self.ds.eval_batch(it, num_micro_batches=1, return_logits=accuracy)
+                loss, logits = out if accuracy else (out, None)
+                losses.append(float(loss.item()))
+                if logits is not None and self.ds.is_last_stage():  # the last stage holds the logits
+                    counts += correct_counts(logits, self._inputs(batch)[1])
+            result = sum(losses) / max(len(losses), 1)
+        else:
+            losses = []
+            for batch in batches:
+                inputs, labels = self._inputs(batch)
+                output = call_module(self.ds, inputs)
+                losses.append(self.spec.loss(output, labels).float().item())
+                if accuracy:
+                    counts += correct_counts(output_logits(output), labels)
+            result = all_reduce_mean([sum(losses) / max(len(losses), 1)], self.device)[0]
+        if accuracy:
+            torch.distributed.all_reduce(counts)
+            self.last_eval_accuracy = float(counts[0] / counts[1]) if counts[1] else float("nan")
+        return result
 
     def _inputs(self, batch: dict) -> tuple[Any, torch.Tensor]:
         inputs, labels = self.spec.batch_to_inputs(batch)
@@ -104,7 +123,8 @@ class Engine:
 
     def _pipe_iter(self, batches: Iterator[dict]) -> Iterator[tuple]:
         for batch in batches:
-            yield self._inputs(batch)
+            inputs, labels = self._inputs(batch)
+            yield pipeline_inputs(inputs), labels
 
     def _to_device(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -112,6 +132,8 @@ class Engine:
             return value.to(self.float_dtype) if value.is_floating_point() else value
         if isinstance(value, (tuple, list)):
             return type(value)(self._to_device(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._to_device(v) for k, v in value.items()}
         return value
 
     # -- parameters ---------------------------------------------------------------------------
