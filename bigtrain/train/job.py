@@ -150,6 +150,8 @@ def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: boo
     spec = models.build(model_build["family"], model_build["size"], **model_build["overrides"])
     if world.is_main and (hint := slow_vocab_hint(spec)):
         log.warning("%s", hint)
+    if world.is_main and spec.extra.get("weights_note"):  # a config-only Hugging Face directory
+        log.info("%s", spec.extra["weights_note"])
     engine = Engine(spec, ds_config, EngineOptions(
         pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
         activation_checkpointing=run.activation_checkpointing.enabled,
