@@ -49,7 +49,7 @@ def test_case_overrides_make_a_valid_run_config_and_the_same_ds_config_for_every
     assert ds["train_batch_size"] == 4 and ds["zero_optimization"]["offload_param"]["device"] == "cpu"
     job = job_description(case, ds)
     assert job["spec_kwargs"] == {"vocab_size": 512, "n_positions": 1024, "seq_len": 64, "n_layer": 2, "n_embd": 64,
-                                  "n_head": 2}
+                                  "n_head": 2, "vocab_multiple": 1}  # stated: bigtrain pads by default on GPUs
     assert Strategy(1, pipeline=2).label == "pp2 z1" and case.strategy.label == "z3 off-opt+param ac"
 
 
@@ -142,11 +142,19 @@ def test_gpu_plan_pairs_gpt2_small_and_medium_with_deepspeed_one_rank_per_gpu(tm
     from bigtrain.bench.peak import sizes_for
     from bigtrain.bench.sweep import gpu_plan
     plan = gpu_plan(num_gpus=1, repeats=1)
-    assert (plan.mode, plan.ranks, len(plan.cases)) == ("gpu", 1, 8)
-    assert len(gpu_plan(num_gpus=1).cases) == 16  # two pairs per configuration by default
-    assert {(c.workload.size, c.strategy.zero, c.runner) for c in plan.cases} == {
-        (size, zero, runner) for size in ("small", "medium") for zero in (1, 2) for runner in ("bigtrain", "deepspeed")}
-    assert all(c.workload.seq_len == 1024 and c.workload.precision == "bf16" for c in plan.cases)
+    pairs = [c for c in plan.cases if c.group == "ratio"]
+    assert (plan.mode, plan.ranks, len(pairs)) == ("gpu", 1, 14)
+    assert len([c for c in gpu_plan(num_gpus=1, repeats=2).cases if c.group == "ratio"]) == 28
+    assert {(c.workload.size, c.strategy.zero, c.runner) for c in pairs} == {
+        (size, zero, runner) for size in ("small", "medium") for zero in (1, 2, 3) for runner in ("bigtrain", "deepspeed")
+    } | {(size, 1, "nanogpt") for size in ("small", "medium")}
+    assert all(c.workload.seq_len == 1024 and c.workload.precision == "bf16" and c.workload.vocab_multiple == 64
+               for c in pairs)
+    levers = [c for c in plan.cases if c.group == "lever"]
+    assert {c.setting for c in levers} == {"compile off", "plain loss", "overflow check on", "vocabulary unpadded",
+                                           "micro_batch auto", "compile at ZeRO-3", "deepcompile"}
+    assert all(c.base == "gpt2-small" and c.runner == "bigtrain" for c in levers)
+    assert {c.strategy.zero for c in levers if c.setting == "deepcompile"} == {1, 2, 3}
     with pytest.raises(ValueError, match="needs a GPU"):
         gpu_plan(num_gpus=0)
     assert sizes_for("cpu") == (1024, 2048) and min(sizes_for("cuda")) >= 4096
@@ -254,3 +262,64 @@ def test_short_bench_writes_a_sane_table_and_plots(tmp_path):
     for name in ("throughput", "mfu", "memory", "step_split", "vs_baselines"):
         png = tmp_path / "img" / f"bench_{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpu_dry_run_is_the_gpu_plan_on_the_tiniest_model_without_cuda_only_cases():
+    from bigtrain.bench.jobs import ds_config_for
+    from bigtrain.bench.sweep import DRY_STEPS, gpu_plan
+    gpu, dry = gpu_plan(num_gpus=1), gpu_plan(num_gpus=0, dry=True)
+    assert (dry.mode, dry.ranks) == ("gpu-dry", 1)
+    small = [c for c in gpu.cases if c.workload.name.startswith("gpt2-small") and c.setting != "deepcompile"]
+    def shape(cases):  # micro_batch auto's global batch scales with the micro-batch: the keys only
+        return [(c.runner, c.strategy.label, c.group, c.setting, [k for k, _ in c.sets], c.ds_sets) for c in cases]
+    assert shape(dry.cases) == shape(small)
+    assert [c.workload.vocab_multiple for c in dry.cases] == [c.workload.vocab_multiple for c in small]
+    assert all(c.steps == DRY_STEPS and c.workload.overrides == {"n_layer": 2, "n_embd": 64, "n_head": 2}
+               for c in dry.cases)
+    overflow = next(c for c in dry.cases if c.setting == "overflow check on")
+    ds = ds_config_for(overflow, 1, breakdown=False)  # measured GPU jobs: no synchronizing wall-clock breakdown
+    assert ds["bf16"] == {"enabled": True, "check_grad_overflow": True} and ds["wall_clock_breakdown"] is False
+    auto = next(c for c in dry.cases if c.setting == "micro_batch auto")
+    assert ("batch.micro_batch", "auto") in auto.sets and ("batch.global_batch", "8") in auto.sets
+
+
+def test_mfu_against_the_datasheet_and_each_lever_against_bigtrains_defaults():
+    from bigtrain.bench.levers import lever_ratios
+    from bigtrain.bench.peak import datasheet_bf16_tflops
+    from bigtrain.bench.table import jobs_table, levers_table
+    assert [datasheet_bf16_tflops(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200",
+                                                 "NVIDIA A100-SXM4-80GB", "NVIDIA L4", "NVIDIA L40S", "cpu")] == [
+        989.0, 756.0, 989.0, 312.0, 121.0, 362.0, None]
+    peaks = {**PEAKS, "datasheet_bf16": 0.2}
+    rows = [make_row(_result("bigtrain", s), peaks) for s in (10.0, 12.0)]
+    rows += [make_row(_result("deepspeed", 10.0), peaks), make_row(_result("nanogpt", 8.0), peaks)]
+    rows += [make_row(_result("bigtrain", 8.0, group="lever", setting="compile off", base_workload="t"), peaks),
+             make_row(_result("bigtrain", 13.2, group="lever", setting="micro_batch auto", base_workload="t"), peaks)]
+    assert rows[0]["mfu_datasheet"] == pytest.approx(0.01 / (0.2 * 2))
+    (rec,) = ratios(rows)  # lever rows are not bigtrain's defaults: the ratio uses 10 and 12 only
+    assert rec["bigtrain"] == pytest.approx(11.0) and rec["vs_nanogpt"] == pytest.approx(11.0 / 8.0)
+    assert "| bigtrain / nanoGPT |" in ratio_table([rec]) and "| 1.38 |" in ratio_table([rec])
+    gains = {r["lever"]: r["gain"] for r in lever_ratios(rows)}
+    assert gains == pytest.approx({"compile off": 11.0 / 8.0, "micro_batch auto": 13.2 / 11.0})
+    assert "**x1.38**" in levers_table(lever_ratios(rows)) and "**x1.20**" in levers_table(lever_ratios(rows))
+    assert "MFU datasheet" in jobs_table(rows, fp32_mfu=False) and "bigtrain (compile off)" in jobs_table(rows)
+
+
+@pytest.mark.dist
+def test_gpu_dry_run_trains_the_nanogpt_loop_and_a_lever_on_cpu(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bigtrain.bench", "--gpu", "--dry-run", "--workdir", str(tmp_path),
+                           "--only", "z1 (bigtrain|nanogpt)$|overflow check"],
+                          cwd=REPO, env={**rank_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads((tmp_path / "benchmarks_gpu.json").read_text())
+    rows = {(r["runner"], r["setting"]): r for r in report["rows"]}
+    assert set(rows) == {("bigtrain", "bigtrain's defaults"), ("nanogpt", "bigtrain's defaults"),
+                         ("bigtrain", "overflow check on")}
+    assert all(r["ok"] and r["tokens_per_s"] > 0 and math.isfinite(r["final_loss"]) for r in rows.values())
+    nanogpt = json.loads(next(tmp_path.glob("*nanogpt*/result_rank0.json")).read_text())
+    assert nanogpt["compiled"] is False and len(nanogpt["losses"]) == 3  # a CPU: no compile, as bigtrain's default
+    assert report["meta"]["mode"] == "gpu-dry" and report["meta"]["peaks"]["datasheet_bf16"] is None
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert "| gpt2-small (dry) | bf16 | z1 | nanogpt |" in page  # the ratio columns need a DeepSpeed pair (unit test)
+    assert "### Each lever on its own" in page and "| overflow check on |" in page and "| **x" in page

@@ -12,7 +12,7 @@ from typing import Any
 
 from bigtrain.config.rules import Layout, check_layout
 
-RUNNERS = ("bigtrain", "deepspeed", "ddp")
+RUNNERS = ("bigtrain", "deepspeed", "ddp", "nanogpt")
 OFFLOADS = ("none", "optimizer", "all")  # all = optimizer and parameters (ZeRO-3 only)
 GPT2_POSITIONS = 1024  # n_positions of a custom GPT-2 shape (bigtrain's default for size "custom")
 
@@ -31,6 +31,9 @@ class Workload:
     num_classes: int = 10  # resnet
     micro_batch: int = 4
     precision: str = "bf16"
+    # gpt2: rows padded to a multiple of this. Stated for every runner: bigtrain pads to 64 by default on a
+    # GPU (train.inputs.gpu_vocab_padding), and the baselines must build the same model.
+    vocab_multiple: int = 1
 
     def __post_init__(self) -> None:
         if self.family not in ("gpt2", "resnet"):
@@ -44,14 +47,14 @@ class Workload:
             if self.size != "custom":
                 from bigtrain.models.gpt2 import FAMILY
                 derived["n_positions"] = max(FAMILY.sizes[self.size].get("n_positions", 1024), self.seq_len)
-            return {**derived, **self.overrides}
+            return {**derived, **self.model_overrides()}
         return {"num_classes": self.num_classes, **self.model_overrides()}
 
     def model_overrides(self) -> dict[str, Any]:
         """model.overrides for bigtrain: the shape, and for ResNet the image side its FLOPs count uses."""
         if self.family == "resnet":
             return {"image_size": self.image_size, **self.overrides}
-        return dict(self.overrides)
+        return {"vocab_multiple": self.vocab_multiple, **self.overrides}
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ class Case:
     setting: str = ""  # a named change to the ranks' environment (settings group), e.g. "no core binding"
     env: tuple[tuple[str, str], ...] = ()  # that change: variables set for this job only
     sets: tuple[tuple[str, str], ...] = ()  # run-config overrides on top of the strategy's, e.g. ZeRO-3 tuning
+    ds_sets: tuple[tuple[str, Any], ...] = ()  # DeepSpeed-config keys (dotted) set after generation, for every runner
+    base: str = ""  # lever rows: the workload whose bigtrain defaults this row is compared with (default: its own)
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:

@@ -3,7 +3,8 @@
     bigtrain bench --short                     # CI: tiny sizes, ~1 min, checks the numbers are sane
     bigtrain bench                             # full sweep (~45 min): docs/benchmarks.md + docs/img/*.png
     bigtrain bench --capacity                  # largest GPT-2 per strategy (~30 min): its own section
-    bigtrain bench --gpu                       # GPT-2 small/medium, ZeRO-1/2, one rank per GPU (~12 min)
+    bigtrain bench --gpu                       # GPT-2 small/medium, ZeRO 1-3, baselines, levers; one rank per GPU
+    bigtrain bench --gpu --dry-run             # the same plan on the tiniest GPT-2 on this host (no GPU), 3 steps each
     bigtrain bench --from-json docs/benchmarks.json   # rewrite the page from saved results
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ def publish(report: dict, page: Path, img_dir: Path) -> list[Path]:
     """Tables into the page's sweep (or gpu) section, plots into img_dir; returns the images."""
     from bigtrain.bench.doc import gpu_section, sweep_section, update_page
     from bigtrain.bench.plots import write_plots
-    if report["meta"]["mode"] == "gpu":  # its own section; the CPU sweep's plots stay
+    if report["meta"]["mode"] in ("gpu", "gpu-dry"):  # its own section; the CPU sweep's plots stay
         update_page(page, "gpu", gpu_section(report["rows"], report["ratios"], report["meta"]))
         return []
     images = write_plots(report["rows"], report["ratios"], img_dir)
@@ -45,16 +46,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.capacity:
         return _capacity(args, workdir)
     from bigtrain.bench.sweep import full_plan, gpu_plan, run_plan, save_results, short_plan
+    if args.dry_run and not args.gpu:
+        print("bigtrain bench: --dry-run goes with --gpu (it runs the GPU plan on this host's device)", file=sys.stderr)
+        return 2
     if args.gpu:
         import torch
         repeats = {"repeats": args.repeats} if args.repeats else {}
-        plan = gpu_plan(torch.cuda.device_count() if torch.cuda.is_available() else 0, **repeats)
+        plan = gpu_plan(torch.cuda.device_count() if torch.cuda.is_available() else 0, dry=args.dry_run, **repeats)
     else:
         plan = short_plan() if args.short else full_plan(**({"repeats": args.repeats} if args.repeats else {}))
+    if args.only:
+        import re
+        plan.cases = [c for c in plan.cases if re.search(args.only, c.name)]
+        if not plan.cases:
+            print(f"bigtrain bench: --only {args.only!r} matches no case of the {plan.mode} plan", file=sys.stderr)
+            return 2
     _log(f"bigtrain bench --{plan.mode}: {len(plan.cases)} jobs (+ the peak measurement), at most "
          f"{args.max_minutes:.0f} min; logs under {workdir}")
     report = run_plan(plan, workdir, args.max_minutes, log=_log)
-    default_out = workdir if args.short else DOCS  # CI never rewrites the committed page
+    default_out = workdir if args.short or args.dry_run else DOCS  # CI never rewrites the committed page
     page = Path(args.page or default_out / "benchmarks.md")
     save_results(report, page.with_name(page.stem + ("_gpu" if args.gpu else "") + ".json"))
     images = publish(report, page, Path(args.img_dir or default_out / "img"))
@@ -90,12 +100,16 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     mode.add_argument("--gpu", action="store_true", help="GPT-2 small and medium on the GPUs, ZeRO-1/2 "
                                                          "against hand-written DeepSpeed: the page's gpu section")
     mode.add_argument("--from-json", metavar="FILE", help="rewrite the page and plots from saved results")
+    p.add_argument("--dry-run", action="store_true", help="with --gpu: every case of the GPU plan (but the "
+                   "CUDA-only ones) on the tiniest GPT-2 for 3 steps on this host, written under --workdir")
+    p.add_argument("--only", metavar="REGEX", default=None, help="run only the cases whose name matches REGEX, "
+                   "e.g. 'gpt2-small' or 'z1 (bigtrain|nanogpt)$'")
     p.add_argument("--page", default=None, help="markdown page to update (default docs/benchmarks.md; "
                                                 "--short: WORKDIR/benchmarks.md)")
     p.add_argument("--img-dir", default=None, help="where the PNGs go (default next to the page, in img/)")
     p.add_argument("--workdir", default="runs/bench", help="job outputs and logs")
     p.add_argument("--repeats", type=int, default=None,
-                   help="bigtrain/DeepSpeed pairs per ZeRO stage (default: 6 for the CPU sweep, 2 with --gpu)")
+                   help="bigtrain/DeepSpeed pairs per ZeRO stage (default: 6 for the CPU sweep, 1 with --gpu)")
     p.add_argument("--max-minutes", type=float, default=120.0,
                    help="skip the remaining jobs after this long (a safety valve: --full takes ~45 min on 2 cores)")
     p.add_argument("--budget-gib", type=float, default=None,

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bigtrain.bench.table import efficiency_table, jobs_table, ratio_table, settings_table
+from bigtrain.bench.levers import lever_ratios
+from bigtrain.bench.table import efficiency_table, jobs_table, levers_table, ratio_table, settings_table
 from bigtrain.metrics import format_bytes
 
 STUB = """# Benchmarks
@@ -60,6 +61,9 @@ def conditions(meta: dict) -> str:
         f"**bf16 {peaks['bf16']:.3f} TFLOP/s, fp32 {peaks['fp32']:.3f} TFLOP/s**"
         + ("." if device == "cpu" else " (fp32 matmuls as torch runs them by default: no TF32)."),
     ]
+    if peaks.get("datasheet_bf16"):
+        lines.append(f"- Datasheet dense bf16 peak of the {device}: **{peaks['datasheet_bf16']:.0f} TFLOP/s** "
+                     "(`bigtrain.bench.peak.DATASHEET_BF16_TFLOPS`); the *MFU datasheet* column is against it.")
     if load and device == "cpu":
         lines.append(f"- Host CPU busy between jobs (other work on the machine): median {100 * load['busy_median']:.0f}%, "
                      f"max {100 * load['busy_max']:.0f}% over {load['samples']} samples; numbers taken on a busy "
@@ -72,13 +76,25 @@ LOOP_NOTE = ("*Loop ms/step* is the median step time less DeepSpeed's timed forw
 
 
 def gpu_section(rows: list[dict], ratio_records: list[dict], meta: dict) -> str:
-    """The regenerated `gpu` section (`bigtrain bench --gpu`): conditions, ratios, every job."""
-    return "\n\n".join([
-        "### Conditions", conditions(meta),
-        "### bigtrain against hand-written DeepSpeed (same model, data, batch, DeepSpeed config)",
-        "Rates are medians over the steps after a 2-step warm-up. " + LOOP_NOTE, ratio_table(ratio_records),
-        "### Every job", "MFU counts the model's FLOPs only, against the bf16 peak measured above; peak "
-        "memory is the GPU's (torch's max allocated).", jobs_table(rows, memory_label="peak GPU memory/rank", fp32_mfu=False)])
+    """The regenerated `gpu` section (`bigtrain bench --gpu`): conditions, ratios, levers, every job."""
+    dry = ["**Dry run** (`--dry-run`): the GPU plan's cases on the tiniest GPT-2 for a few steps on this host, to "
+           "check the code paths; its rates measure nothing."] if meta["mode"] == "gpu-dry" else []
+    parts = [
+        *dry, "### Conditions", conditions(meta),
+        "### bigtrain against hand-written DeepSpeed and a nanoGPT-style PyTorch loop (same model, data, batch)",
+        "Rates are medians over the steps after a 2-step warm-up. The DeepSpeed loop gets bigtrain's DeepSpeed "
+        "config; the nanoGPT-style loop (`bigtrain/bench/baseline_nanogpt.py`) is plain PyTorch: torch.compile, "
+        "fused AdamW, SDPA, bf16 autocast. Measured jobs run without DeepSpeed's wall-clock breakdown (it "
+        "synchronizes the GPU), so there is no fwd / bwd / step split.", ratio_table(ratio_records)]
+    levers = lever_ratios(rows)
+    if levers:
+        parts += ["### Each lever on its own", "bigtrain with one change against its defaults on the same "
+                  "workload and strategy in this run: the gain is defaults / row for a default undone, row / "
+                  "defaults for an opt-in lever turned on.", levers_table(levers)]
+    parts += ["### Every job", "MFU counts the model's FLOPs only, against the bf16 peak measured above; peak "
+              "memory is the device's (torch's max allocated).",
+              jobs_table(rows, memory_label="peak GPU memory/rank", fp32_mfu=False)]
+    return "\n\n".join(parts)
 
 
 def sweep_section(rows: list[dict], ratio_records: list[dict], meta: dict, images: list[Path], page: Path) -> str:

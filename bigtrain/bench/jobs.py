@@ -22,7 +22,8 @@ from bigtrain.bench.timers import step_split
 
 REPO = Path(__file__).resolve().parents[2]
 MONITOR_KEYS = ("tensorboard", "csv_monitor", "wandb", "comet")
-MODULES = {"deepspeed": "bigtrain.bench.baseline_deepspeed", "ddp": "bigtrain.bench.baseline_ddp"}
+MODULES = {"deepspeed": "bigtrain.bench.baseline_deepspeed", "ddp": "bigtrain.bench.baseline_ddp",
+           "nanogpt": "bigtrain.bench.baseline_nanogpt"}
 
 
 @dataclass(frozen=True)
@@ -32,14 +33,18 @@ class Launch:
     env: dict
     num_ranks: int = 2
     timeout_s: float = 900.0
+    # DeepSpeed's wall-clock breakdown (the fwd / bwd / step split): free on a CPU, where its timers are host
+    # clocks; on a GPU it synchronizes every phase, so measured GPU jobs run without it.
+    breakdown: bool = True
 
 
 def deepspeed_bin() -> str:
     return shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
 
 
-def ds_config_for(case: Case, num_ranks: int) -> dict:
-    """The DeepSpeed dict bigtrain would generate for this case, monitors left out, DeepSpeed's timers on."""
+def ds_config_for(case: Case, num_ranks: int, breakdown: bool = True) -> dict:
+    """The DeepSpeed dict bigtrain would generate for this case, monitors left out, the case's own DeepSpeed
+    keys set, DeepSpeed's timers on (`breakdown`)."""
     from bigtrain.config.load import field_sources, load_run_config
     from bigtrain.ds.resolve import resolve
     run = load_run_config(None, case.run_overrides())
@@ -48,7 +53,13 @@ def ds_config_for(case: Case, num_ranks: int) -> dict:
         config.pop(key, None)
     # DeepSpeed 0.19.8's pipeline engine fails with the breakdown on ("bwd_microstep timer has
     # already been started"): pipeline rows have no forward/backward/step split.
-    config["wall_clock_breakdown"] = case.strategy.pipeline == 1
+    config["wall_clock_breakdown"] = breakdown and case.strategy.pipeline == 1
+    for key, value in case.ds_sets:
+        *path, last = key.split(".")
+        node = config
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
     return config
 
 
@@ -85,7 +96,7 @@ def run_case(case: Case, workdir: Path, launch: Launch, peak_tflops: float | Non
     out = Path(workdir) / case.slug
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    ds_config = ds_config_for(case, launch.num_ranks)
+    ds_config = ds_config_for(case, launch.num_ranks, launch.breakdown)
     ds_path, job_path = out / "ds_config.json", out / "job.json"
     ds_path.write_text(json.dumps(ds_config, indent=2))
     job_path.write_text(json.dumps(job_description(case, ds_config), indent=2))
@@ -99,7 +110,7 @@ def run_case(case: Case, workdir: Path, launch: Launch, peak_tflops: float | Non
         remove_shm_leftovers(port)
     result = {"case": case.name, "runner": case.runner, "workload": case.workload.name,
               "strategy": case.strategy.label, "group": case.group, "precision": case.workload.precision,
-              "setting": case.setting or "bigtrain's defaults",
+              "setting": case.setting or "bigtrain's defaults", "base_workload": case.base or case.workload.name,
               "rc": rc, "wall_s": wall}
     try:
         measured = read_bigtrain(out) if case.runner == "bigtrain" else read_baseline(out)

@@ -52,6 +52,30 @@ def device_model(device_name: str) -> str:
     return get_name() if callable(get_name) else device_name
 
 
+# Dense bf16 tensor-core TFLOP/s from NVIDIA's datasheets (the sparse figures halved), matched in order
+# against the name torch reports. MFU against these is what papers and llm.c / nanoGPT quote.
+DATASHEET_BF16_TFLOPS = (
+    (r"H100.*PCIe", 756.0),
+    (r"H100 NVL", 835.0),
+    (r"H200 NVL", 835.0),
+    (r"H200", 989.0),
+    (r"H100", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
+    (r"A100", 312.0),
+    (r"L40S", 362.0),
+    (r"\bL4\b", 121.0),
+    (r"\bA10\b", 125.0),
+)
+
+
+def datasheet_bf16_tflops(device: str) -> float | None:
+    """The datasheet's dense bf16 peak for a device name such as "NVIDIA H100 80GB HBM3"; None if not listed."""
+    import re
+    for pattern, tflops in DATASHEET_BF16_TFLOPS:
+        if re.search(pattern, device):
+            return tflops
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", required=True)

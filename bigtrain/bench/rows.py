@@ -13,6 +13,7 @@ def make_row(result: dict, peaks: dict) -> dict[str, Any]:
     """Derived numbers of one job (`result` from jobs.run_case, `peaks` from peak.read_peaks)."""
     row = {k: result[k] for k in ("case", "runner", "workload", "strategy", "group", "precision", "ok")}
     row["setting"] = result.get("setting", "bigtrain's defaults")
+    row["base_workload"] = result.get("base_workload", result["workload"])
     if not result.get("ok"):
         return {**row, "error": result.get("error") or f"exit code {result.get('rc')}"}
     world = result["world_size"]
@@ -25,6 +26,8 @@ def make_row(result: dict, peaks: dict) -> dict[str, Any]:
         mfu_bf16=tflops / (peaks["bf16"] * world), mfu_fp32=tflops / (peaks["fp32"] * world),
         # against the peak of the precision it trained in (fp16 matmuls: no peak measured, use bf16's)
         mfu=tflops / (peaks["fp32" if result["precision"] == "fp32" else "bf16"] * world),
+        # against the device's datasheet dense bf16 peak (peak.datasheet_bf16_tflops), where it is listed
+        mfu_datasheet=tflops / (peaks["datasheet_bf16"] * world) if peaks.get("datasheet_bf16") else None,
         model_state_bytes=max(result["model_state_bytes_per_rank"]),
         peak_rss_bytes=max(result["peak_rss_per_rank"]),
         split_ms=result.get("split_ms") or {}, final_loss=result["losses"][-1] if result["losses"] else None,
@@ -51,9 +54,10 @@ def ratios(rows: list[dict]) -> list[dict]:
     """
     rates: dict[tuple, list[float]] = {}
     for r in rows:
-        if r.get("ok"):
+        if r.get("ok") and r.get("group") != "lever":  # lever rows change one thing: not bigtrain's defaults
             rates.setdefault((r["workload"], r["strategy"], r["runner"]), []).append(r["samples_per_s"])
     ddp = {w: statistics.median(v) for (w, _, runner), v in rates.items() if runner == "ddp"}
+    nanogpt = {w: statistics.median(v) for (w, _, runner), v in rates.items() if runner == "nanogpt"}
     records = []
     for (workload, strategy, runner), values in rates.items():
         ds = rates.get((workload, strategy, "deepspeed"))
@@ -67,6 +71,8 @@ def ratios(rows: list[dict]) -> list[dict]:
                         "ratio": statistics.median(pairs) if pairs else mine / theirs, "pair_ratios": pairs,
                         "ratio_of_medians": mine / theirs, "jobs": len(values) + len(ds), "ddp": ddp.get(workload),
                         "vs_ddp": mine / ddp[workload] if workload in ddp else None,
+                        "nanogpt": nanogpt.get(workload),
+                        "vs_nanogpt": mine / nanogpt[workload] if workload in nanogpt else None,
                         "tokens_per_sample": next(r["tokens_per_sample"] for r in rows
                                                   if r.get("ok") and r["workload"] == workload)})
     return records
@@ -75,14 +81,15 @@ def ratios(rows: list[dict]) -> list[dict]:
 def pair_ratios(rows: list[dict], workload: str, strategy: str) -> list[float]:
     """bigtrain / DeepSpeed for each k-th job of the two runners where both finished."""
     def runs(runner: str) -> list[dict]:
-        return [r for r in rows if (r["workload"], r["strategy"], r["runner"]) == (workload, strategy, runner)]
+        return [r for r in rows if (r["workload"], r["strategy"], r["runner"]) == (workload, strategy, runner)
+                and r.get("group") != "lever"]
     return [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(runs("bigtrain"), runs("deepspeed"))
             if a.get("ok") and b.get("ok")]
 
 
 def _median_loop_ms(rows: list[dict], workload: str, strategy: str, runner: str) -> float | None:
-    values = [r["loop_ms"] for r in rows if r.get("ok") and r.get("loop_ms") is not None and
-              (r["workload"], r["strategy"], r["runner"]) == (workload, strategy, runner)]
+    values = [r["loop_ms"] for r in rows if r.get("ok") and r.get("loop_ms") is not None and r.get("group") != "lever"
+              and (r["workload"], r["strategy"], r["runner"]) == (workload, strategy, runner)]
     return statistics.median(values) if values else None
 
 

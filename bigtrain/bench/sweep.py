@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from bigtrain.bench.cases import Case, Strategy, Workload
 from bigtrain.bench.hostenv import LoadLog, host_facts, job_env
 from bigtrain.bench.jobs import REPO, Launch, run_case
-from bigtrain.bench.peak import read_peaks
+from bigtrain.bench.levers import lever_cases
+from bigtrain.bench.peak import datasheet_bf16_tflops, read_peaks
 from bigtrain.bench.rows import check_rows, make_row, ratios
 
 RATIO_STEPS = 22  # 2 warm-up + 20 measured: the ratio is a median of >= 20 steps
@@ -65,7 +66,7 @@ RESNET = Workload("resnet18-32px", "resnet", "18", {"cifar_stem": True}, image_s
 
 
 FULL_REPEATS = 6  # job-to-job noise on a shared 2-core VM is +-5%: one pair per stage says little
-GPU_REPEATS = 2
+GPU_REPEATS = 1  # ~22 jobs of ~1 min with compiling on one H100; --repeats 2 for a second pair of each
 
 
 def full_plan(repeats: int = FULL_REPEATS) -> Plan:
@@ -82,18 +83,44 @@ def full_plan(repeats: int = FULL_REPEATS) -> Plan:
     return Plan("full", cases + settings_cases(EFFICIENCY_GPT2, Z[1]), repeats=repeats)
 
 
-# GPT-2 small and medium as they are trained: GPT-2's vocabulary, 1024 tokens, bf16.
-GPU_WORKLOADS = (Workload("gpt2-small", "gpt2", "small", {}, seq_len=1024, micro_batch=16, precision="bf16"),
-                 Workload("gpt2-medium", "gpt2", "medium", {}, seq_len=1024, micro_batch=8, precision="bf16"))
+# GPT-2 small and medium as they are trained: GPT-2's vocabulary padded to 50304 rows (bigtrain's default
+# on a GPU), 1024 tokens, bf16.
+GPU_WORKLOADS = (Workload("gpt2-small", "gpt2", "small", {}, seq_len=1024, micro_batch=16, precision="bf16",
+                          vocab_multiple=64),
+                 Workload("gpt2-medium", "gpt2", "medium", {}, seq_len=1024, micro_batch=8, precision="bf16",
+                          vocab_multiple=64))
 GPU_STEPS = 40  # steps take ~0.1-0.3 s on one H100: 38 measured after the warm-up
+DRY_STEPS = 3  # --dry-run: enough for the 2-step warm-up and one measured step
+GPU_STAGES = (1, 2, 3)
 
 
-def gpu_plan(num_gpus: int, repeats: int = GPU_REPEATS) -> Plan:
-    """GPT-2 small and medium at ZeRO-1 and ZeRO-2, each next to the hand-written DeepSpeed loop, one rank per GPU."""
-    if num_gpus < 1:
-        raise ValueError("bigtrain bench --gpu needs a GPU: torch sees none here (run the CPU sweep without --gpu)")
-    cases = [case for w in GPU_WORKLOADS for case in ratio_pairs(w, (1, 2), GPU_STEPS, repeats)]
-    return Plan("gpu", cases, ranks=num_gpus, repeats=repeats)
+def dry_workload(w: Workload) -> Workload:
+    """The tiniest GPT-2 standing in for `w` in a dry run (same runners, strategies and levers, on a CPU)."""
+    return replace(w, name=f"{w.name} (dry)", size="custom", overrides={"n_layer": 2, "n_embd": 64, "n_head": 2},
+                   seq_len=64, vocab_size=500, micro_batch=2)
+
+
+def gpu_plan(num_gpus: int, repeats: int = GPU_REPEATS, dry: bool = False) -> Plan:
+    """GPT-2 small and medium at ZeRO 1-3, each bigtrain job next to the hand-written DeepSpeed loop, the
+    nanoGPT-style PyTorch loop, and each lever on its own (levers.LEVERS) on GPT-2 small; one rank per GPU.
+
+    `dry`: every case of that plan but the CUDA-only ones, on the tiniest GPT-2 for DRY_STEPS steps, one
+    rank on this host's device (a CPU): the GPU path's code runs between GPU sessions without a GPU."""
+    if dry:
+        num_gpus, repeats, steps = 1, 1, DRY_STEPS
+    elif num_gpus < 1:
+        raise ValueError("bigtrain bench --gpu needs a GPU: torch sees none here (run the CPU sweep without --gpu, "
+                         "or --gpu --dry-run to check the GPU plan's code paths on this host)")
+    else:
+        steps = GPU_STEPS
+    cases = []
+    for i, w in enumerate(GPU_WORKLOADS[:1] if dry else GPU_WORKLOADS):  # dry: both would be the same tiny model
+        w = dry_workload(w) if dry else w
+        cases += ratio_pairs(w, GPU_STAGES, steps, repeats)
+        cases += [Case(w, Z[1], "nanogpt", steps, "ratio") for _ in range(repeats)]
+        if i == 0:  # the levers on GPT-2 small
+            cases += lever_cases(w, steps, num_gpus, on_cpu=dry)
+    return Plan("gpu-dry" if dry else "gpu", cases, ranks=num_gpus, repeats=repeats)
 
 
 # What each of bigtrain's CPU defaults is worth: the efficiency job with one of them undone.
@@ -136,12 +163,14 @@ def measure_peaks(workdir: Path, launch: Launch, name: str = "peak", seconds: fl
 def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str], None] = print) -> dict:
     """Peaks, then every case in order (stopping early past `max_minutes`); rows and conditions."""
     start = time.perf_counter()
-    launch = Launch(job_env(plan.ranks), num_ranks=plan.ranks, timeout_s=max(120.0, 60 * max_minutes))
+    gpu_mode = plan.mode.startswith("gpu")  # measured GPU jobs run without DeepSpeed's synchronizing timers
+    launch = Launch(job_env(plan.ranks), num_ranks=plan.ranks, timeout_s=max(120.0, 60 * max_minutes),
+                    breakdown=not gpu_mode)
     load = LoadLog()
     load.sample()
-    seconds = 0.3 if plan.mode == "short" else 1.0
+    seconds = 0.3 if plan.mode in ("short", "gpu-dry") else 1.0
     peak_dirs = [measure_peaks(workdir, launch, "peak_start", seconds)]
-    peaks = read_peaks(*peak_dirs)
+    peaks = _with_datasheet(read_peaks(*peak_dirs))
     log(f"peak per rank: bf16 {peaks['bf16']:.3f} TFLOP/s, fp32 {peaks['fp32']:.3f} TFLOP/s")
     results = []
     for i, case in enumerate(plan.cases, 1):
@@ -162,9 +191,9 @@ def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str],
         log(f"[{i}/{len(plan.cases)} {elapsed:4.1f} min, host {100 * busy:.0f}% busy before] {case.name}: "
             + (f"{row['samples_per_s']:.2f} samples/s, MFU {100 * row['mfu']:.1f}% ({case.workload.precision})"
                if row["ok"] else f"FAILED {row['error']}"))
-    if plan.mode != "short":  # again at the end: a busy host only lowers a measurement
+    if plan.mode not in ("short", "gpu-dry"):  # again at the end: a busy host only lowers a measurement
         peak_dirs.append(measure_peaks(workdir, launch, "peak_end", seconds))
-        peaks = read_peaks(*peak_dirs)
+        peaks = _with_datasheet(read_peaks(*peak_dirs))
         log(f"peak per rank, best of start and end: bf16 {peaks['bf16']:.3f}, fp32 {peaks['fp32']:.3f} TFLOP/s")
     rows = [make_row(r, peaks) for r in results]
     first = peaks["per_rank"][0]
@@ -175,7 +204,15 @@ def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str],
     return {"meta": meta, "results": results, "rows": rows, "ratios": ratios(rows), "problems": check_rows(rows, peaks)}
 
 
+def _with_datasheet(peaks: dict) -> dict:
+    """The measured peaks, and the datasheet's dense bf16 peak of the device the ranks ran on (None: unlisted)."""
+    device = peaks["per_rank"][0].get("device", "cpu")
+    return {**peaks, "datasheet_bf16": datasheet_bf16_tflops(device)}
+
+
 def _command(plan: Plan) -> str:
+    if plan.mode == "gpu-dry":
+        return "bigtrain bench --gpu --dry-run"
     return f"bigtrain bench --{plan.mode}" + ("" if plan.mode == "short" else f" --repeats {plan.repeats}")
 
 

@@ -37,15 +37,21 @@ def jobs_table(rows: list[dict], memory_label: str = "peak RSS/rank", fp32_mfu: 
               "MFU fp32 peak", "model states/rank", memory_label, "fwd / bwd / step ms"]
     body = []
     for r in rows:
+        runner = r["runner"] + (f" ({r['setting']})" if r.get("group") == "lever" else "")
         if not r.get("ok"):
-            body.append([r["workload"], r["precision"], r["strategy"], r["runner"], f"failed: {r.get('error', '?')[:60]}",
+            body.append([r["workload"], r["precision"], r["strategy"], runner, f"failed: {r.get('error', '?')[:60]}",
                          *["-"] * 6])
             continue
-        body.append([r["workload"], r["precision"], r["strategy"], r["runner"], _rate(r), f"{r['tflops']:.3f}",
+        body.append([r["workload"], r["precision"], r["strategy"], runner, _rate(r), f"{r['tflops']:.3f}",
                      _pct(r["mfu_bf16"]), _pct(r["mfu_fp32"]), format_bytes(r["model_state_bytes"]),
                      format_bytes(r["peak_rss_bytes"]), _split(r)])
     if not fp32_mfu:
         header, body = header[:7] + header[8:], [row[:7] + row[8:] for row in body]
+    if any(r.get("mfu_datasheet") is not None for r in rows):  # a listed GPU: MFU against its datasheet too
+        at = header.index("MFU bf16 peak") + 1
+        header.insert(at, "MFU datasheet")
+        for line, r in zip(body, rows):
+            line.insert(at, _pct(r.get("mfu_datasheet")) if r.get("ok") else "-")
     return markdown_table(header, body)
 
 
@@ -54,6 +60,7 @@ def ratio_table(records: list[dict]) -> str:
     header = ["workload", "strategy", "bigtrain", "hand-written DeepSpeed", "bigtrain / DeepSpeed (median of pairs)",
               "pairs", "ratio of medians", "loop ms/step, bigtrain vs DeepSpeed", "DDP", "bigtrain / DDP"]
     body = []
+    nanogpt = any(rec.get("nanogpt") for rec in records)
     for rec in records:
         scale = rec["tokens_per_sample"] or 1
         unit = "tok/s" if rec["tokens_per_sample"] else "samples/s"
@@ -63,6 +70,21 @@ def ratio_table(records: list[dict]) -> str:
                      _pairs(rec), f"{rec.get('ratio_of_medians', rec['ratio']):.3f}", _loop(rec),
                      f"{human_count(rec['ddp'] * scale)} {unit}" if rec["ddp"] else "-",
                      f"{rec['vs_ddp']:.2f}" if rec["vs_ddp"] else "-"])
+        if nanogpt:
+            body[-1] += [f"{human_count(rec['nanogpt'] * scale)} {unit}" if rec.get("nanogpt") else "-",
+                         f"{rec['vs_nanogpt']:.2f}" if rec.get("vs_nanogpt") else "-"]
+    if nanogpt:
+        header += ["nanoGPT-style PyTorch", "bigtrain / nanoGPT"]
+    return markdown_table(header, body)
+
+
+def levers_table(records: list[dict]) -> str:
+    """Each lever measured on its own (levers.lever_ratios): the row, bigtrain's defaults, the lever's gain."""
+    header = ["lever", "what it does", "workload", "strategy", "this row", "bigtrain's defaults", "gain of the lever",
+              "peak memory/rank"]
+    body = [[f"{r['lever']}", r["what"], r["workload"], r["strategy"], f"{human_count(r['rate'])} {r['unit']}",
+             f"{human_count(r['defaults'])} {r['unit']}", f"**x{r['gain']:.2f}**",
+             format_bytes(r["peak_memory"]) if r.get("peak_memory") else "-"] for r in records]
     return markdown_table(header, body)
 
 

@@ -135,7 +135,12 @@ def _coerce(hint: Any, value: Any, path: str, f: dataclasses.Field | None = None
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, path, f)
+        for option in inner[:-1]:  # e.g. `bool | Literal["auto"]`: the first type that takes the value
+            try:
+                return _coerce(option, value, path, f)
+            except ValueError:
+                pass
+        return _coerce(inner[-1], value, path, f)
     if origin is Literal:
         if value not in args:
             raise ValueError(f"{path}={value!r}: allowed values are {', '.join(map(str, args))}")

@@ -99,13 +99,19 @@ class BatchConfig:
     """Any two of the three may be given; the third is derived against the real data-parallel size."""
 
     global_batch: int | None = doc(None, "Samples per optimizer step over all ranks (train_batch_size).")
-    micro_batch: int | None = doc(None, "Samples per forward pass per rank (default 4).")
+    micro_batch: Literal["auto"] | int | None = doc(
+        None, "Samples per forward pass per rank (default 4); auto = the largest that fits in device memory, "
+        "found by a short probe, with the global batch kept by accumulation (needs batch.global_batch).")
     grad_accum: int | None = doc(None, "Micro-batches per optimizer step; the pipeline's micro-batch count.")
 
     def __post_init__(self) -> None:
+        if self.micro_batch == "auto":
+            if self.global_batch is None or self.grad_accum is not None:
+                raise ValueError("batch.micro_batch=auto keeps the global batch and derives the accumulation: give "
+                                 "batch.global_batch (e.g. --set batch.global_batch=64) and leave batch.grad_accum unset")
         for name in ("global_batch", "micro_batch", "grad_accum"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if value is not None and value != "auto" and value <= 0:
                 raise ValueError(f"batch.{name}={value}: must be a positive integer (or unset to derive it)")
 
 
@@ -203,6 +209,12 @@ class TrainConfig:
     out_dir: str = doc("runs/latest", "Where checkpoints, logs, exports and summary.json go.")
     peak_tflops: float | None = doc(None, "Per-rank peak TFLOP/s for MFU; None measures it at start.")
     sample_tokens: int = doc(48, "Tokens generated as a sample at the end (GPT-2; 0 disables).")
+    compile: Literal["auto", "deepcompile"] | bool = doc(
+        "auto", "true, false, auto or deepcompile: torch.compile of the model with its loss (DeepSpeed's "
+        "engine.compile); auto = on GPUs at ZeRO 0-2, else off; deepcompile = DeepCompile (CUDA, ZeRO 1-3).")
+    loss_impl: Literal["auto", "plain", "chunked"] = doc(
+        "auto", "Causal-LM loss: chunked = the output head and cross-entropy chunk by chunk, never a full fp32 "
+        "logits tensor (bigtrain.models.chunked_loss); auto = chunked on GPUs, plain on CPUs.")
 
     def __post_init__(self) -> None:
         _positive(self, "steps")
@@ -237,6 +249,9 @@ def check_combinations(run: RunConfig) -> None:
     problems = optimizer_problems(run.optimizer.name, run.precision, run.zero.stage)
     if problems:
         raise ValueError(problems[0])
+    if run.batch.micro_batch == "auto" and run.pipeline.stages > 1:
+        raise ValueError(f"batch.micro_batch=auto with pipeline.stages={run.pipeline.stages}: the probe sizes plain "
+                         "modules only; give batch.micro_batch as a number")
 
 
 def _positive(section: object, *names: str) -> None:

@@ -21,7 +21,7 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
         "steps_per_print": 1000,
         "optimizer": optimizer_section(run.optimizer),
         "scheduler": scheduler_section(run.schedule, run.optimizer.lr, run.train.steps),
-        "bf16": {"enabled": precision == "bf16"},
+        "bf16": bf16_section(precision == "bf16"),
         "fp16": fp16_section(precision == "fp16"),
         "zero_optimization": zero_section(run.zero, run.offload),
     }
@@ -44,7 +44,8 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
 
 def batch_triple(run: RunConfig, world_size: int) -> BatchTriple:
     dp = data_parallel_size(world_size, run.pipeline.stages)
-    return solve_batch(run.batch.global_batch, run.batch.micro_batch, run.batch.grad_accum, dp)
+    micro = None if run.batch.micro_batch == "auto" else run.batch.micro_batch  # the job probes it (train.autobatch)
+    return solve_batch(run.batch.global_batch, micro, run.batch.grad_accum, dp)
 
 
 def optimizer_section(opt: OptimizerConfig) -> dict:
@@ -68,6 +69,13 @@ def scheduler_section(schedule: ScheduleConfig, lr: float, total_steps: int) -> 
     if schedule.kind == "linear":
         return {"type": "WarmupDecayLR", "params": {**params, "total_num_steps": total_steps}}
     return {"type": "WarmupLR", "params": params}
+
+
+def bf16_section(enabled: bool) -> dict:
+    """bf16 has fp32's exponent range, so its gradients do not overflow the way fp16's do: no overflow check.
+    DeepSpeed 0.19.8 checks by default (`check_grad_overflow`), with per-parameter isfinite/abs/amax kernels
+    and host syncs every step: the host-bound `step` phase of the H100 profile (docs/benchmarks.md)."""
+    return {"enabled": True, "check_grad_overflow": False} if enabled else {"enabled": False}
 
 
 def fp16_section(enabled: bool) -> dict:

@@ -12,6 +12,7 @@ from bigtrain.distributed.world import all_reduce_mean
 from bigtrain.models.losses import correct_counts
 from bigtrain.models.spec import ModelSpec, call_module, output_logits, pipeline_inputs
 from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
+from bigtrain.train import fast_path
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,8 @@ class EngineOptions:
     activation_checkpointing: bool = False
     checkpoint_every_n_layers: int = 1
     seed: int = 1234
+    compile: bool | str = False  # train.compile: False | True | "auto" | "deepcompile" (bigtrain.train.fast_path)
+    loss_impl: str = "plain"  # train.loss_impl: "plain" | "chunked" | "auto"
 
 
 class Engine:
@@ -40,11 +43,30 @@ class Engine:
             if options.activation_checkpointing:
                 apply_activation_checkpointing(spec, model, every_n=options.checkpoint_every_n_layers,
                                                ds_config=ds_config)
+        compile_mode, loss_impl = self._fast_path(spec, None if self.is_pipeline else model, ds_config, options)
         params = [p for p in model.parameters() if p.requires_grad]
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, model_parameters=params, config=ds_config)
+            model=model, model_parameters=params, config=fast_path.with_compile_section(ds_config, compile_mode))
         self.device = get_accelerator().current_device_name()
         self.float_dtype = _float_dtype(ds_config)
+        if loss_impl == "chunked" and zero3:
+            fast_path.register_head_for_zero3(self.ds, model)
+        fast_path.compile_engine(self.ds, compile_mode)
+
+    def _fast_path(self, spec: ModelSpec, model: torch.nn.Module | None, ds_config: dict,
+                   options: EngineOptions) -> tuple[str, str]:
+        """Resolve train.compile / train.loss_impl for this device; put the loss inside the module's forward
+        when either is on (the loop then calls `module(inputs, loss_labels=labels)`)."""
+        device_name = get_accelerator().device_name()
+        stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+        compile_mode = fast_path.resolve_compile(options.compile, device_name, options.pipeline_stages, stage)
+        loss_impl = "plain" if model is None else fast_path.resolve_loss_impl(options.loss_impl, device_name, spec,
+                                                                                model)
+        self.loss_in_forward = model is not None and (compile_mode != "off" or loss_impl == "chunked")
+        self.fast_path = {"compile": compile_mode, "loss_impl": loss_impl}
+        if self.loss_in_forward:
+            fast_path.install_loss_forward(model, fast_path.loss_function(spec, loss_impl))
+        return compile_mode, loss_impl
 
     # -- topology -------------------------------------------------------------------------------
 
@@ -79,7 +101,8 @@ class Engine:
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for _ in range(self.grad_accum):
             inputs, labels = self._inputs(next(batches))
-            loss = self.spec.loss(call_module(self.ds, inputs), labels)
+            loss = (fast_path.call_with_loss(self.ds, inputs, labels) if self.loss_in_forward
+                    else self.spec.loss(call_module(self.ds, inputs), labels))
             self.ds.backward(loss)
             self.ds.step()
             total += loss.detach()  # stays on the device: no host sync per micro-batch
@@ -107,6 +130,9 @@ class Engine:
             losses = []
             for batch in batches:
                 inputs, labels = self._inputs(batch)
+                if self.loss_in_forward and not accuracy:  # chunked: no full logits in eval either
+                    losses.append(fast_path.call_with_loss(self.ds, inputs, labels).float().item())
+                    continue
                 output = call_module(self.ds, inputs)
                 losses.append(self.spec.loss(output, labels).float().item())
                 if accuracy:

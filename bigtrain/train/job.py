@@ -21,6 +21,7 @@ from bigtrain.distributed.world import (PeerWatch, World, collective_timeout_s, 
                                         shutdown)
 from bigtrain.ds.lint import LintError
 from bigtrain.ds.resolve import resolve
+from bigtrain.train import autobatch
 from bigtrain.train.engine import Engine, EngineOptions
 from bigtrain.train.inputs import TrainingData, build_training_data, model_overrides
 from bigtrain.train.report import Reporter, write_summary
@@ -120,6 +121,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool
 def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool, stop_after: int | None,
            trust_checkpoint: bool, sources: dict[str, str] | None, lifeline: Lifeline) -> dict:
     out = Path(run.train.out_dir)
+    run, auto_micro = autobatch.defer_auto(run)  # batch.micro_batch=auto: probed before the engine is built
     log_file = attach_log_file(out, world.rank)  # DeepSpeed's log and the warnings (held since start-up) go here
     if world.is_main:
         log.info("log: %s (DeepSpeed's messages and warnings; --verbose prints them here)", log_file.parent)
@@ -152,10 +154,15 @@ def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: boo
         log.warning("%s", hint)
     if world.is_main and spec.extra.get("weights_note"):  # a config-only Hugging Face directory
         log.info("%s", spec.extra["weights_note"])
-    engine = Engine(spec, ds_config, EngineOptions(
+    options = EngineOptions(
         pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
         activation_checkpointing=run.activation_checkpointing.enabled,
-        checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed))
+        checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed,
+        compile=run.train.compile, loss_impl=run.train.loss_impl)
+    if auto_micro:
+        run, ds_config = autobatch.apply_probe(run, spec, ds_config, options, data, world)
+        seed_everything(run.train.seed)  # the probe's steps drew from the RNG
+    engine = Engine(spec, ds_config, options)
     data.set_data_parallel(engine.dp_rank, engine.dp_size)
     saved = resume_from(engine, plan, world, data, run.train.seed, trust_checkpoint) if plan else None
     start_step = saved.step if saved else 0

@@ -1,0 +1,171 @@
+"""Two levers of the training step, chosen per device: `torch.compile` of the model with its loss, and
+the chunked causal-LM loss (`bigtrain.models.chunked_loss`).
+
+Both need the loss inside the module's forward: compiled, the loss is then part of the same graph
+as the model (inductor fuses the cast, log-softmax and gather into the head's epilogue), and chunked,
+the head weight is used where ZeRO-3 has gathered it. The module gets a `loss_labels` keyword:
+`module(inputs, loss_labels=labels)` returns the scalar loss; any other call (generation, export,
+evaluation by hand) runs the module's own forward unchanged and uncompiled, and its state dict keeps
+its names.
+
+Defaults (`train.compile: auto`, `train.loss_impl: auto`): on on GPUs (compile at ZeRO 0-2: at ZeRO-3,
+DeepSpeed's per-module hooks break the graph at every layer, and DeepCompile is DeepSpeed's route
+there), off on CPUs. Neither has a measured GPU effect yet (docs/benchmarks.md, "GPU levers"); on
+the 2-core CPU host a cold inductor compile of GPT-2 tiny costs ~45 s of CPU per rank, more than a
+short run trains.
+"""
+from __future__ import annotations
+
+import logging
+import types
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from bigtrain.models.spec import ModelSpec
+
+log = logging.getLogger("bigtrain")
+LossFn = Callable[[nn.Module, tuple, dict, torch.Tensor], torch.Tensor]
+
+
+def resolve_compile(setting: bool | str, device_name: str, pipeline_stages: int, zero_stage: int) -> str:
+    """`train.compile` -> "off" | "torch" | "deepcompile" for this job; a combination that cannot run is a
+    ValueError naming the fix."""
+    if setting == "auto":  # ZeRO-3: DeepSpeed's per-module hooks split the graph at every layer (see below)
+        return "torch" if device_name != "cpu" and pipeline_stages == 1 and zero_stage != 3 else "off"
+    if setting is False:
+        return "off"
+    if pipeline_stages > 1:
+        raise ValueError(f"train.compile={_text(setting)} with pipeline.stages={pipeline_stages}: bigtrain compiles "
+                         "plain modules only; set train.compile=false (or auto)")
+    if setting == "deepcompile":
+        if device_name != "cuda":
+            raise ValueError(f"train.compile=deepcompile needs an NVIDIA GPU (DeepSpeed's DeepCompile runs on CUDA "
+                             f"only; this job runs on {device_name}); use train.compile=true for torch.compile")
+        if zero_stage == 0:
+            raise ValueError("train.compile=deepcompile needs zero.stage 1, 2 or 3; use train.compile=true at "
+                             "ZeRO-0")
+        return "deepcompile"
+    if device_name == "cpu" and not cpp_compiler():
+        raise ValueError(f"train.compile={_text(setting)} on a CPU needs a C++ compiler (inductor builds C++ kernels) "
+                         "and none is on PATH: install g++ (scripts/setup.sh does), or set train.compile=false")
+    return "torch"
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler inductor would use on a CPU ($CXX, else g++ or c++), or None."""
+    import os
+    import shutil
+    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++"]
+    return next((path for name in candidates if (path := shutil.which(name))), None)
+
+
+def resolve_loss_impl(setting: str, device_name: str, spec: ModelSpec, module: nn.Module | None) -> str:
+    """`train.loss_impl` -> "plain" | "chunked" for this module (None: a pipeline, whose last stage
+    computes the plain loss)."""
+    if setting == "plain":
+        return "plain"
+    reason = chunked_unsupported(spec, module)
+    if setting == "chunked":
+        if reason:
+            raise ValueError(f"train.loss_impl=chunked: {reason}; use train.loss_impl=plain (or auto)")
+        return "chunked"
+    return "chunked" if reason is None and device_name != "cpu" else "plain"
+
+
+def chunked_unsupported(spec: ModelSpec, module: nn.Module | None) -> str | None:
+    """Why the chunked causal-LM loss cannot stand in for this spec's loss, or None when it can."""
+    from bigtrain.models.chunked_loss import unsupported_reason
+    from bigtrain.models.losses import causal_lm_loss
+    if module is None:
+        return "pipeline stages compute the plain loss on the last stage"
+    if spec.modality != "text" or spec.pipeline_loss is not causal_lm_loss:
+        return f"{spec.family} is not trained with the causal-LM loss"
+    return unsupported_reason(module)
+
+
+def loss_function(spec: ModelSpec, impl: str) -> LossFn:
+    """(module, args, kwargs, labels) -> loss, run inside the module's forward."""
+    if impl == "chunked":
+        from bigtrain.models.chunked_loss import causal_lm_hidden_loss
+
+        def chunked(module: nn.Module, args: tuple, kwargs: dict, labels: torch.Tensor) -> torch.Tensor:
+            return causal_lm_hidden_loss(module, args, kwargs, labels)
+        return chunked
+
+    def plain(module: nn.Module, args: tuple, kwargs: dict, labels: torch.Tensor) -> torch.Tensor:
+        return spec.loss(module.forward_without_loss(*args, **kwargs), labels)
+    return plain
+
+
+def install_loss_forward(module: nn.Module, loss: LossFn) -> None:
+    """Give `module` (this instance only) a forward that returns `loss(...)` when called with
+    `loss_labels=`; without it, the module's own forward (kept as `forward_without_loss`)."""
+    own_forward = module.forward
+    module.forward_without_loss = own_forward
+    # Calls without labels (generation, which changes shapes every token) stay eager when the module is compiled.
+    eager_forward = torch.compiler.disable(own_forward)
+
+    def forward(self: nn.Module, *args: Any, loss_labels: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        if loss_labels is None:
+            return eager_forward(*args, **kwargs)
+        return loss(self, args, kwargs, loss_labels)
+
+    module.forward = types.MethodType(forward, module)
+
+
+def with_compile_section(ds_config: dict, mode: str) -> dict:
+    """DeepCompile is switched on in the DeepSpeed config before `deepspeed.initialize`."""
+    if mode != "deepcompile":
+        return ds_config
+    return {**ds_config, "compile": {**ds_config.get("compile", {}), "deepcompile": True}}
+
+
+def compile_engine(ds_engine: Any, mode: str) -> None:
+    """DeepSpeed's `engine.compile()`: torch.compile of the module (loss included) with the accelerator's
+    backend (inductor), or DeepCompile's passes when the config switched it on."""
+    if mode == "off":
+        return
+    if mode == "torch" and ds_engine.zero_optimization_stage() == 3:
+        keep_zero3_hooks_eager(ds_engine.module)
+    ds_engine.compile()
+    log.info("compiled the model and its loss (%s, backend %s)", mode,
+             "DeepCompile" if mode == "deepcompile" else "inductor")
+
+
+def keep_zero3_hooks_eager(module: nn.Module) -> int:
+    """Run DeepSpeed's ZeRO-3 module hooks outside dynamo (graph breaks, no retracing).
+
+    Traced, the same hook code meets a new module type at every layer kind and dynamo recompiles it until
+    its recompile limit (8), then runs it eagerly anyway: minutes of compilation on a CPU for GPT-2 tiny.
+    Returns the number of hooks wrapped."""
+    wrapped = 0
+    for sub in module.modules():
+        for hooks in (sub._forward_pre_hooks, sub._forward_hooks, sub._backward_pre_hooks, sub._backward_hooks):
+            for key, fn in list(hooks.items()):
+                if getattr(fn, "__module__", "").startswith("deepspeed.") and not hasattr(fn, "_torchdynamo_disable"):
+                    hooks[key] = torch.compiler.disable(fn)
+                    wrapped += 1
+    return wrapped
+
+
+def call_with_loss(ds_engine: Any, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
+    """The loss of `inputs` computed inside the (DeepSpeed-wrapped) module's forward."""
+    if isinstance(inputs, dict):
+        return ds_engine(**inputs, loss_labels=labels)
+    return ds_engine(inputs, loss_labels=labels)
+
+
+def register_head_for_zero3(ds_engine: Any, module: nn.Module) -> None:
+    """Under ZeRO-3 the root module's forward reads the output head's weight outside the head's own
+    forward: tell DeepSpeed to gather it for the root module (its documented external-parameter API)."""
+    import deepspeed
+    head = module.get_output_embeddings()
+    deepspeed.zero.register_external_parameter(module, head.weight)
+    if head.bias is not None:
+        deepspeed.zero.register_external_parameter(module, head.bias)
+
+
+def _text(setting: bool | str) -> str:
+    return str(setting).lower() if isinstance(setting, bool) else setting
