@@ -227,9 +227,11 @@ print("stop:", line.reason, flush=True)
 STAND_IN = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1]]); time.sleep(60)"
 
 
+@pytest.mark.dist  # a stand-in launcher process
 def test_a_rank_stops_when_its_launcher_is_gone():
-    """Killing the launcher (here a stand-in named like DeepSpeed's) makes its rank stop and save."""
-    launcher = subprocess.Popen([sys.executable, "-c", STAND_IN, RANK.format(repo=str(REPO)), "deepspeed"],
+    """Killing the launcher (here a stand-in named like DeepSpeed's per-node launch) makes its rank stop."""
+    launcher = subprocess.Popen([sys.executable, "-c", STAND_IN, RANK.format(repo=str(REPO)),
+                                 "deepspeed.launcher.launch"],
                                 env={**os.environ, "LOCAL_RANK": "0"}, stdout=subprocess.PIPE, text=True)
     try:
         watching = launcher.stdout.readline()
@@ -237,7 +239,8 @@ def test_a_rank_stops_when_its_launcher_is_gone():
         launcher.kill()
         killed = time.monotonic()
         stop = launcher.stdout.readline()
-        assert re.fullmatch(rf"stop: the launcher \(the deepspeed runner, pid {launcher.pid}\) is gone\n", stop), stop
+        assert re.fullmatch(rf"stop: the launcher \(deepspeed's per-node launch, pid {launcher.pid}\) is gone\n",
+                            stop), stop
         assert time.monotonic() - killed < 5
     finally:
         launcher.kill()

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 DEFAULT_GRACE_S = 50.0
-LAUNCHERS = ("deepspeed", "torch.distributed.run", "torchrun")
+AGENTS = ("deepspeed.launcher.launch", "torch.distributed.run", "torchrun")  # a rank's direct parent
 
 
 @dataclass(frozen=True)
@@ -169,16 +169,20 @@ class Lifeline:
 
 
 def launcher_ancestors() -> list[Ancestor]:
-    """The launcher processes of this rank (`deepspeed`'s runner and its per-node launch, or torchrun's
-    agent), found by their command lines; none for a plain `python` run or an unknown parent."""
-    if "LOCAL_RANK" not in os.environ or os.environ.get("BIGTRAIN_WATCH_LAUNCHER", "1") == "0":
+    """The launcher processes of this rank: deepspeed's per-node launch and, above it, the `deepspeed`
+    runner (or pdsh's remote shell), or torchrun's agent. Only a rank whose parent is one of these
+    watches anything: a plain `python` run, or a parent bigtrain does not know, is left alone."""
+    if os.environ.get("BIGTRAIN_WATCH_LAUNCHER", "1") == "0":
         return []
     import psutil
     found = []
     try:
-        for proc in psutil.Process().parents()[:2]:
+        parents = psutil.Process().parents()[:2]
+        if not parents or not any(name in " ".join(parents[0].cmdline()) for name in AGENTS):
+            return []
+        for proc in parents:
             cmdline = " ".join(proc.cmdline())
-            if not any(name in cmdline for name in LAUNCHERS):
+            if "deepspeed" not in cmdline and not any(name in cmdline for name in AGENTS):
                 break
             found.append(Ancestor(proc.pid, proc.create_time(), _describe(cmdline)))
             if "deepspeed.launcher.launch" not in cmdline:
