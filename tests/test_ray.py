@@ -45,13 +45,14 @@ def ray_children() -> list[str]:
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """One local Ray cluster for the module: 2 CPUs, a small object store, no dashboard. The
-    workers inherit this process's environment as it is when the cluster starts."""
+    """One local Ray cluster for the module: a small object store, no dashboard, and 4 logical CPUs
+    on this 2-core host so that the Tune sweep (2 trials at a time) runs beside the 2 Ray Train
+    workers. The workers inherit this process's environment as it is when the cluster starts."""
     from bigtrain.launch.ray_train import connect
     saved = {key: os.environ.get(key) for key in RANK_ENV}
     os.environ.update(RANK_ENV)
     import ray
-    assert connect(None, num_cpus=2, object_store_mb=128)
+    assert connect(None, num_cpus=4, object_store_mb=128)
     try:
         yield ray
     finally:
@@ -70,15 +71,30 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def launcher_run(tmp_path_factory):
     """The same job through `deepspeed --num_gpus 2`, the reference for the Ray run. It runs in the
-    background while the Ray cluster starts and the Ray job runs: on 2 cores both spend much of
-    their time starting processes, and the overlap saves ~15 s of the suite."""
+    background while the Ray cluster starts and the Ray jobs run: on 2 cores each of them spends
+    much of its time starting processes one after another, and together they keep both cores busy."""
     out = tmp_path_factory.mktemp("launcher") / "run"
     with ThreadPoolExecutor(1) as pool:
         yield pool.submit(lambda: (run_train(out, COMMON), summary(out))[1])
 
 
+TUNE_ARGS = [*TINY, "--steps", "5", "--set", "train.eval_interval=1", "--set", "train.eval_batches=1",
+             "--set", "logging.interval=1", "--set", "schedule.warmup_steps=1"]
+
+
 @pytest.fixture(scope="module")
-def ray_run(launcher_run, ray_cluster, tmp_path_factory):
+def tune_run(ray_cluster, tmp_path_factory):
+    """A 4-trial Tune sweep of 5-step jobs, 2 trials at a time, in the background (Tune may run in a
+    thread; Ray Train's fit installs a signal handler and needs the main thread)."""
+    from bigtrain.launch.tune import TuneSpace, tune_sweep
+    out = tmp_path_factory.mktemp("tune") / "sweep"
+    space = TuneSpace(lr=(1e-4, 1e-2), micro_batches=(2, 4), trials=4, seed=0)
+    with ThreadPoolExecutor(1) as pool:
+        yield out, pool.submit(tune_sweep, ["--out", str(out), *TUNE_ARGS], space, max_concurrent=2)
+
+
+@pytest.fixture(scope="module")
+def ray_run(launcher_run, tune_run, ray_cluster, tmp_path_factory):
     """One Ray Train job on 2 workers that goes through a worker failure: rank 1 dies after step 5
     of the first attempt (the last checkpoint is step 3), Ray restarts the group (max_failures=1)
     and the new workers resume from step 3. Steps 1-3 of its summary come from the first attempt,
@@ -139,12 +155,10 @@ def test_a_killed_worker_restarts_from_the_last_checkpoint(ray_run, launcher_los
 
 
 @pytest.mark.dist
-def test_tune_sweep_reports_the_best_config(ray_cluster, tmp_path, capsys):
-    from bigtrain.launch.tune import TuneSpace, print_outcome, tune_sweep
-    out = tmp_path / "tune"
-    args = ["--out", str(out), *TINY, "--steps", "5", "--set", "train.eval_interval=1", "--set", "train.eval_batches=1",
-            "--set", "logging.interval=1", "--set", "schedule.warmup_steps=1"]
-    result = tune_sweep(args, TuneSpace(lr=(1e-4, 1e-2), micro_batches=(2, 4), trials=4, seed=0))
+def test_tune_sweep_reports_the_best_config(tune_run, capsys):
+    from bigtrain.launch.tune import print_outcome
+    out, future = tune_run
+    result = future.result(timeout=900)
     assert len(result.rows) == 4 and not any(row["error"] for row in result.rows)
     assert all(1 <= row["step"] <= 5 and math.isfinite(row["val_loss"]) for row in result.rows)
     finished = [row for row in result.rows if row["step"] == 5]
@@ -153,7 +167,7 @@ def test_tune_sweep_reports_the_best_config(ray_cluster, tmp_path, capsys):
     lr, batch = result.best["optimizer.lr"], result.best["batch.micro_batch"]
     assert 1e-4 <= lr <= 1e-2 and batch in (2, 4)
     assert result.set_line == f"--set optimizer.lr={lr} --set batch.micro_batch={batch}"
-    # the best trial's own summary.json says the same
+    # the best trial ran to its end: its own summary.json says the same
     trial_summaries = [json.loads(p.read_text()) for p in (out / "trials").glob("*/summary.json")]
     best = [s for s in trial_summaries if s["run_config"]["optimizer"]["lr"] == lr
             and s["run_config"]["batch"]["micro_batch"] == batch and s["steps"] == 5]

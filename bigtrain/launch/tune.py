@@ -78,10 +78,12 @@ def round_lr(lr: float) -> float:
 
 
 def tune_sweep(run_args: list[str], space: TuneSpace, cpus_per_trial: int = 1, gpus_per_trial: float = 0,
-               address: str | None = None, storage_path: str | None = None, name: str | None = None) -> TuneOutcome:
+               address: str | None = None, storage_path: str | None = None, name: str | None = None,
+               max_concurrent: int | None = None) -> TuneOutcome:
     """Run the sweep; every trial is `bigtrain/run.py RUN_ARGS --set optimizer.lr=.. --set batch.micro_batch=..`
     with OUT/trials/TRIAL as its output. RUN_ARGS should make short jobs that evaluate often
-    (`--steps 200 --set train.eval_interval=20`): ASHA compares trials at each evaluation."""
+    (`--steps 200 --set train.eval_interval=20`): ASHA compares trials at each evaluation.
+    `max_concurrent` caps the trials running at once (default: as many as the cluster's resources allow)."""
     require_ray()
     steps, eval_interval, out = sweep_shape(run_args, space, gpus_per_trial > 0)
     from ray import tune
@@ -98,7 +100,8 @@ def tune_sweep(run_args: list[str], space: TuneSpace, cpus_per_trial: int = 1, g
         trainable,
         param_space=space.param_space(),
         tune_config=tune.TuneConfig(metric="val_loss", mode="min", num_samples=space.trials, scheduler=asha,
-                                    search_alg=BasicVariantGenerator(random_state=space.seed), reuse_actors=False),
+                                    search_alg=BasicVariantGenerator(random_state=space.seed), reuse_actors=False,
+                                    max_concurrent_trials=max_concurrent),
         run_config=tune.RunConfig(name=name or f"tune_{time.strftime('%Y%m%d_%H%M%S')}", storage_path=str(storage),
                                   verbose=0))
     try:
