@@ -13,7 +13,7 @@ of an untied model (a lookup); with a tied head the shared matrix counts once, a
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -154,8 +154,7 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
         tokens_per_sample=settings.seq_len, modality="text",
         checkpoint_blocks=hf_common.decoder_blocks, enable_native_checkpointing=hf_common.native_checkpointing,
         pretrained=_weights_dir(pretrained), hf_class=LlamaForCausalLM,
-        extra={"seq_len": settings.seq_len, "vocab_size": cfg.vocab_size, "pretrained": pretrained,
-               "settings": {k: v for k, v in asdict(settings).items() if k != "rope"}},
+        extra={"seq_len": settings.seq_len, "vocab_size": cfg.vocab_size, "pretrained": pretrained},
     )
 
 
