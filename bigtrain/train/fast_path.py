@@ -1,9 +1,9 @@
 """Two levers of the training step, chosen per device: `torch.compile` of the model with its loss, and
 the chunked causal-LM loss (`bigtrain.models.chunked_loss`).
 
-Both need the loss inside the module's forward: compiled, the loss is then part of the same graph
-as the model (inductor fuses the cast, log-softmax and gather into the head's epilogue), and chunked,
-the head weight is used where ZeRO-3 has gathered it. The module gets a `loss_labels` keyword:
+Both need the loss inside the module's forward: compiled, the loss is then in the same graph as the
+model (inductor may fuse the fp32 cast and log-softmax with the head's output instead of writing a
+full fp32 copy), and chunked, the head weight is used where ZeRO-3 has gathered it. The module gets a `loss_labels` keyword:
 `module(inputs, loss_labels=labels)` returns the scalar loss; any other call (generation, export,
 evaluation by hand) runs the module's own forward unchanged and uncompiled, and its state dict keeps
 its names.
@@ -129,9 +129,10 @@ def compile_engine(ds_engine: Any, mode: str) -> None:
         return
     if mode == "torch" and ds_engine.zero_optimization_stage() == 3:
         keep_zero3_hooks_eager(ds_engine.module)
+    from deepspeed.accelerator import get_accelerator
     ds_engine.compile()
     log.info("compiled the model and its loss (%s, backend %s)", mode,
-             "DeepCompile" if mode == "deepcompile" else "inductor")
+             "DeepCompile" if mode == "deepcompile" else get_accelerator().get_compile_backend())
 
 
 def keep_zero3_hooks_eager(module: nn.Module) -> int:
