@@ -22,8 +22,8 @@ STEPS = 6
 # GPT-2 tiny, ZeRO-2, fp32 (TINY); a checkpoint every 3 steps, per-step log events (Ray reports).
 COMMON = ["--steps", str(STEPS), "--set", "zero.stage=2", "--set", "logging.interval=1",
           "--set", "train.eval_interval=0", "--set", "train.eval_batches=2", "--set", "checkpoint.interval=3"]
-RANK_ENV = {"OMP_NUM_THREADS": "1", "DEEPSPEED_TIMEOUT": "2", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+RANK_ENV = {"OMP_NUM_THREADS": "1", "DEEPSPEED_TIMEOUT": "2", "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
             # Ray Train helpers a one-machine test does not need (each would be one more process), and
             # room for a slow start on a busy 2-core machine (the default gives a worker group 60 s).
             "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_METRICS_ENABLED": "0",

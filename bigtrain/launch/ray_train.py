@@ -28,7 +28,6 @@ POINTER = "bigtrain_checkpoint.json"  # the file in a Ray checkpoint: where bigt
 # Test-only: "RANK:STEP" makes that rank exit abruptly after that step, on an attempt that did not
 # start from a Ray checkpoint (so the restarted attempt runs through). Used by tests/test_ray.py.
 TEST_EXIT_ENV = "BIGTRAIN_RAY_TEST_EXIT_AT"
-log = logging.getLogger("bigtrain")
 
 
 def require_ray() -> None:
@@ -55,7 +54,8 @@ def connect(address: str | None, num_cpus: int, object_store_mb: int = 256) -> b
     if address:
         ray.init(address=address, **quiet)
     else:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 2**20, **quiet)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                 object_store_memory=object_store_mb * 2**20, **quiet)
     return True
 
 
@@ -162,7 +162,7 @@ def worker_main(config: dict) -> None:
         args.resume = True
     run = run_config_from_args(args)
     rank = ray.train.get_context().get_world_rank()
-    bridge = RayReporter(rank, test_exit_at(rank) if resume_tag is None else None, Path(run.train.out_dir))
+    bridge = RayReporter(rank, _test_exit_step(rank) if resume_tag is None else None, Path(run.train.out_dir))
     remove = add_listener(bridge)
     try:
         code = run_job(run, ds_config_path=args.deepspeed_config, resume=args.resume, stop_after=args.stop_after)
@@ -199,7 +199,7 @@ def read_pointer(checkpoint: Any) -> Path:
     return Path(pointer["path"])
 
 
-def test_exit_at(rank: int) -> int | None:
+def _test_exit_step(rank: int) -> int | None:
     spec = os.environ.get(TEST_EXIT_ENV, "")
     if ":" not in spec:
         return None

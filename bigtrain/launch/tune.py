@@ -45,7 +45,8 @@ class TuneSpace:
                 if any(r <= 0 for r in rates):
                     raise ValueError
         except ValueError:
-            raise ValueError(f"--lr {lr!r}: give LOW:HIGH (e.g. 1e-4:3e-3, 0 < LOW < HIGH) or a list (3e-4,1e-3)") from None
+            raise ValueError(f"--lr {lr!r}: give LOW:HIGH (e.g. 1e-4:3e-3, 0 < LOW < HIGH) "
+                             "or a list (3e-4,1e-3)") from None
         try:
             batches = tuple(int(x) for x in micro_batches.split(","))
             if any(b < 1 for b in batches):
@@ -94,7 +95,8 @@ def tune_sweep(run_args: list[str], space: TuneSpace, cpus_per_trial: int = 1, g
     storage = Path(storage_path or out / "ray")
     storage = storage if "://" in str(storage) else storage.resolve()
     job = {"run_args": list(run_args), "cwd": os.getcwd(), "trials_dir": str((out / "trials").resolve())}
-    trainable = tune.with_resources(tune.with_parameters(trial_main, job=job), {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
+    trainable = tune.with_resources(tune.with_parameters(trial_main, job=job),
+                                    {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
     asha = ASHAScheduler(time_attr="step", max_t=steps, grace_period=min(eval_interval, steps), reduction_factor=2)
     tuner = tune.Tuner(
         trainable,
@@ -189,9 +191,10 @@ def trial_main(config: dict, job: dict) -> None:
 def print_outcome(result: TuneOutcome) -> None:
     print(f"{'lr':>10} {'micro_batch':>11} {'step':>5} {'val_loss':>9}  note")
     for row in sorted(result.rows, key=lambda r: (r["val_loss"] if not math.isnan(r["val_loss"]) else math.inf)):
-        note = row["error"] or ("best" if row[LR_KEY] == result.best[LR_KEY] and row[BATCH_KEY] == result.best[BATCH_KEY]
-                                and row["val_loss"] == result.best_val_loss else "")
-        print(f"{row[LR_KEY]:>10.3g} {row[BATCH_KEY]:>11d} {row['step']:>5d} {row['val_loss']:>9.4f}  {note}")
+        is_best = (row[LR_KEY], row[BATCH_KEY], row["val_loss"]) == (
+            result.best[LR_KEY], result.best[BATCH_KEY], result.best_val_loss)
+        note = row["error"] or ("best" if is_best else "")
+        print(f"{row[LR_KEY]:>10.3g} {row[BATCH_KEY]:>11d} {row['step']:>5d} {row['val_loss']:>9.4f}  {note}".rstrip())
     print(f"best: val_loss {result.best_val_loss:.4f} at step {result.best_step}")
     print(result.set_line)
 
@@ -209,11 +212,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tune", help="Ray Tune sweep over lr and micro-batch with ASHA on val loss (needs bigtrain[ray])",
+    p = sub.add_parser("tune", help="Ray Tune sweep over lr and micro-batch, ASHA on val loss (needs bigtrain[ray])",
                        description="Everything after the sweep options goes to bigtrain/run.py for every trial "
                                    "(e.g. --model gpt2 --size tiny --steps 100 --set train.eval_interval=10).")
     p.add_argument("--trials", type=int, default=4, help="trials to sample (default 4)")
-    p.add_argument("--lr", default="1e-4:3e-3", help="LOW:HIGH sampled log-uniformly, or a list a,b,c (default 1e-4:3e-3)")
+    p.add_argument("--lr", default="1e-4:3e-3",
+                   help="LOW:HIGH sampled log-uniformly, or a list a,b,c (default 1e-4:3e-3)")
     p.add_argument("--micro-batch", default="2,4,8", help="micro-batch sizes to choose from (default 2,4,8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler (the trials' own seed is train.seed)")
     p.add_argument("--cpus-per-trial", type=int, default=1, help="CPUs per trial (default 1)")
