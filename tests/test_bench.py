@@ -310,7 +310,7 @@ def test_gpu_dry_run_trains_the_nanogpt_loop_and_a_lever_on_cpu(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bigtrain.bench", "--gpu", "--dry-run", "--workdir", str(tmp_path),
                            "--only", "z1 (bigtrain|nanogpt)$|overflow check"],
                           cwd=REPO, env={**rank_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads((tmp_path / "benchmarks_gpu.json").read_text())
     rows = {(r["runner"], r["setting"]): r for r in report["rows"]}
