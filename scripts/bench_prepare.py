@@ -134,7 +134,7 @@ class _limited:
 
 # --- measuring ----------------------------------------------------------------------------------------------
 
-def measure(cmd: list[str], env: dict | None = None, until: str | None = None) -> dict:
+def measure(cmd: list[str], env: dict | None = None, until: str | None = None, cwd: Path = REPO) -> dict:
     """Run cmd; wall time, CPU time and peak RSS / PSS of its process tree (optionally: seconds until a line
     containing `until` appears on its stdout, then the process is ended)."""
     import psutil
@@ -142,7 +142,7 @@ def measure(cmd: list[str], env: dict | None = None, until: str | None = None) -
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     root = psutil.Process(proc.pid)
     peak_rss = peak_pss = 0.0
@@ -207,7 +207,8 @@ def run_old(corpus: Path, tok: Path, work: Path, commit: str) -> dict:
         (old / "bigtrain" / "__init__.py").write_text("")
     scratch = work / "old_run"
     shutil.rmtree(scratch, ignore_errors=True)
-    result = measure([PY, "-c", OLD_PATH, str(corpus), str(tok), str(scratch)], env={"PYTHONPATH": str(old)})
+    # cwd = the old copy: `python -c` puts the working directory first on sys.path, before PYTHONPATH
+    result = measure([PY, "-c", OLD_PATH, str(corpus), str(tok), str(scratch)], env={"PYTHONPATH": str(old)}, cwd=old)
     shutil.rmtree(scratch, ignore_errors=True)
     return result
 
@@ -274,8 +275,11 @@ def main() -> None:
             print("\n".join(result["tail"]), flush=True)
 
     runners = args.runners.split(",")
+    done = {(r["runner"], r["size_gb"]) for r in results if r["rc"] == 0}  # a rerun measures only what is missing
     for size in sizes:
         for runner in runners:
+            if (runner, size) in done:
+                continue
             if runner.startswith("prepare-"):
                 n = int(runner.split("-")[1])
                 if n == 1 and size > args.one_proc_max_gb:
@@ -289,7 +293,8 @@ def main() -> None:
                 record(runner, size, run_old(corpora[size], tok, work, args.old_commit))
             elif runner.startswith("nanogpt-") and size <= args.nanogpt_max_gb:
                 record(runner, size, run_nanogpt(corpora[size], tok, work, int(runner.split("-")[1])))
-    if "first-step" in runners and (work / f"prepared-{sizes[-1]:g}GB" / "manifest.json").is_file():
+    if ("first-step" in runners and ("first-step", sizes[-1]) not in done
+            and (work / f"prepared-{sizes[-1]:g}GB" / "manifest.json").is_file()):
         result = run_first_step(work / f"prepared-{sizes[-1]:g}GB", work)
         record("first-step", sizes[-1], result)
         print(f"launch to first step on the prepared {sizes[-1]:g} GB corpus: {result['until_s']} s")
