@@ -142,8 +142,6 @@ def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: boo
     # Before the engine: loading a checkpoint saved at another shape switches DeepSpeed's config.
     plan = plan_resume(ckpt_dir, Shape.of_job(world.size, ds_config, run.pipeline.stages), world,
                        None, trust_checkpoint) if resume else None
-    if plan and plan.universal:
-        ds_config = universal_ds_config(ds_config)  # recorded as it ran
     data = build_training_data(run.data, run.model, out, world, run.train.seed)
     if world.is_main:
         log.info("data: %s", data.bundle.description)
@@ -162,7 +160,8 @@ def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: boo
     if auto_micro:
         run, ds_config = autobatch.apply_probe(run, spec, ds_config, options, data, world)
         seed_everything(run.train.seed)  # the probe's steps drew from the RNG
-    engine = Engine(spec, ds_config, options)
+    # The universal-load switch tells DeepSpeed how to load this once; the config recorded is the one trained with.
+    engine = Engine(spec, universal_ds_config(ds_config) if plan and plan.universal else ds_config, options)
     data.set_data_parallel(engine.dp_rank, engine.dp_size)
     saved = resume_from(engine, plan, world, data, run.train.seed, trust_checkpoint) if plan else None
     start_step = saved.step if saved else 0
