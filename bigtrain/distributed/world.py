@@ -11,6 +11,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 import torch
@@ -40,6 +41,9 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
     if get_accelerator().device_name() == "cpu" and not torch.distributed.is_initialized():
         tune_cpu_rank()  # before gloo starts its threads, so they inherit the binding
     minutes = timeout_minutes or collective_timeout_s() / 60
+    for lock in clear_stale_build_locks():  # DeepSpeed builds its CPU ops (shm all-reduce) while it joins
+        print(f"bigtrain: removed {lock}, a stale lock of a killed op build that every rank would wait on forever",
+              file=sys.stderr, flush=True)
     if not torch.distributed.is_initialized():
         from bigtrain.metrics.logs import library_stdout
         with library_stdout():  # DeepSpeed prints "... shm_comm_op built successfully": to the rank's log
@@ -52,6 +56,26 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
     else:
         release_shm_buffer(world)
     return world
+
+
+def clear_stale_build_locks(max_age_s: float = 600.0) -> list[str]:
+    """Remove lock files of torch's extension builds older than `max_age_s`; returns their paths.
+
+    DeepSpeed JIT-builds its CPU ops (shm all-reduce at start-up, CPU Adam) under a lock file that
+    torch's FileBaton polls with no timeout; a build that was killed leaves the lock behind and every
+    later job hangs before its first line. A build takes a minute or two: an older lock is stale.
+    """
+    from torch.utils.cpp_extension import get_default_build_root
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    removed = []
+    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:
+        try:
+            if time.time() - lock.stat().st_mtime > max_age_s:
+                lock.unlink()
+                removed.append(str(lock))
+        except OSError:  # another rank removed it first, or it is not ours to remove
+            pass
+    return removed
 
 
 def collective_timeout_s() -> float:
