@@ -80,12 +80,21 @@ def cmd_configs(args: argparse.Namespace) -> int:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from bigtrain.config.load import load_run_config
+    from bigtrain.config.load import field_sources, load_run_config
+    from bigtrain.ds.lint import DeviceCaps
     from bigtrain.ds.resolve import resolve_ds_file
     run = load_run_config(args.config, args.set)
-    resolved = resolve_ds_file(args.file, run, args.world_size, args.pipeline_stages)
-    for note in resolved.notes:
-        print(f"note: {note}", file=sys.stderr)
+    device = DeviceCaps.for_device(args.device)
+    world = args.world_size
+    if world is None:  # what `deepspeed` would start here: one rank per device
+        from deepspeed.accelerator import get_accelerator
+        world = max(1, get_accelerator().device_count())
+        print(f"note: no --world-size: checking for {world} rank(s), this machine's "
+              f"{get_accelerator().device_name()} device count", file=sys.stderr)
+    resolved = resolve_ds_file(args.file, run, world, args.pipeline_stages, device=device, fit_world=True,
+                               sources=field_sources(args.config, args.set))  # the runner's precedence
+    for note in resolved.notes:  # the lint's warnings, the precedence lines, filled sections, batch fitting
+        print(note if note.startswith("warning: ") else f"note: {note}", file=sys.stderr)
     print(json.dumps(resolved.ds_config, indent=2))
     return 0
 
@@ -135,8 +144,13 @@ def build_parser() -> FlagParser:
 
     p = sub.add_parser("lint", help="check and resolve a DeepSpeed JSON (HF-style \"auto\" values too)")
     p.add_argument("file", help="DeepSpeed config JSON")
-    p.add_argument("--world-size", type=int, default=None, help="ranks it will run on (checks the batch triple)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks it will run on (default: this machine's device count); a batch triple written for "
+                        "another size is refitted as the runner does")
     p.add_argument("--pipeline-stages", type=int, default=None, help="pipeline stages it will run with")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="device the checks assume (fp16, Lamb's GPU kernel, NVMe offload): auto = this machine; "
+                        "cuda checks a GPU config on a login node")
     add_run_config_args(p)
     p.set_defaults(func=cmd_lint)
 
