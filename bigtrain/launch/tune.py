@@ -98,12 +98,14 @@ def tune_sweep(run_args: list[str], space: TuneSpace, cpus_per_trial: int = 1, g
     trainable = tune.with_resources(tune.with_parameters(trial_main, job=job),
                                     {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
     asha = ASHAScheduler(time_attr="step", max_t=steps, grace_period=min(eval_interval, steps), reduction_factor=2)
+    # The cap goes on the generator itself: Tune ignores max_concurrent_trials beside a generator, and
+    # would create (and reserve resources for) every trial up front, starving other jobs on the cluster.
+    sampler = BasicVariantGenerator(random_state=space.seed, max_concurrent=max_concurrent or 0)
     tuner = tune.Tuner(
         trainable,
         param_space=space.param_space(),
         tune_config=tune.TuneConfig(metric="val_loss", mode="min", num_samples=space.trials, scheduler=asha,
-                                    search_alg=BasicVariantGenerator(random_state=space.seed), reuse_actors=False,
-                                    max_concurrent_trials=max_concurrent),
+                                    search_alg=sampler, reuse_actors=False),
         run_config=tune.RunConfig(name=name or f"tune_{time.strftime('%Y%m%d_%H%M%S')}", storage_path=str(storage),
                                   verbose=0))
     try:
