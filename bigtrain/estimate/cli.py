@@ -11,6 +11,7 @@ forward saves for backward.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from bigtrain.estimate.memory_model import (PRECISIONS, ActivationCount, MemoryE
                                             estimate, fits, parse_memory, recommend)
 
 if TYPE_CHECKING:  # torch is imported where it is used: `bigtrain estimate --help` starts without it
+    from collections.abc import Iterator
     import torch
 
     from bigtrain.models.spec import ModelSpec
@@ -60,8 +62,25 @@ def _sample_batch(spec: ModelSpec, device: str) -> dict:
             size = spec.extra["image_size"]
             return {"pixel_values": torch.zeros(1, 3, size, size), "labels": torch.zeros(1, dtype=torch.long)}
         ids = torch.zeros(1, spec.extra["seq_len"], dtype=torch.long)
-        labels = ids if spec.family == "gpt2" else torch.zeros(1, dtype=torch.long)
+        labels = ids if spec.modality == "text" else torch.zeros(1, dtype=torch.long)
         return {"input_ids": ids, "labels": labels}
+
+
+@contextlib.contextmanager
+def _no_packed_sequence_probe(device: str) -> Iterator[None]:
+    """transformers' decoders look for packed sequences in the position ids with a data-dependent `.all()`,
+    which a meta tensor cannot answer; one unpacked sequence per sample is what is measured anyway."""
+    if device != "meta":
+        yield
+        return
+    from unittest import mock
+    try:
+        import transformers.masking_utils as masking
+    except ImportError:
+        yield
+        return
+    with mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None):
+        yield
 
 
 def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta") -> ActivationCount:
@@ -105,7 +124,7 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
     if spec.modality == "image":
         batch["pixel_values"] = batch["pixel_values"].to(dtype)
     inputs, labels = spec.batch_to_inputs(batch)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _no_packed_sequence_probe(device):
         spec.loss(module(**inputs) if isinstance(inputs, dict) else module(inputs), labels)
     for h in hooks:
         h.remove()
