@@ -105,6 +105,13 @@ def test_good_config_is_clean():
     assert lines(GOOD) == ([], [])
 
 
+def test_torch_optimizers_whose_init_touches_state_are_checked_without_a_traceback():
+    adagrad = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adagrad", "params": {"lr": 0.01}}}
+    assert lines(adagrad)[0] == []
+    adagrad["optimizer"]["params"]["lr"] = -0.01
+    assert any("Invalid learning rate: -0.01" in line for line in lines(adagrad)[0])
+
+
 def test_every_problem_in_one_pass():
     config = with_(zero_optimisation={"stage": 1}, train_batch_size="32", optimizer__type="AdamWW",
                    _comment="tuned on 8 x A100", bf16__enable=True)

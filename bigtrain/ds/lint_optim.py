@@ -6,6 +6,7 @@ whose kernels may need a GPU to load. Each check returns `Problem`s, one line ea
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import difflib
@@ -124,6 +125,8 @@ def _params_problems(cls: Any, lowered: str, params: dict) -> list[Problem]:
         return [Problem("optimizer.params", f"{cls.__name__} refuses {given}: {err}")]
     except (ValueError, RuntimeError) as err:
         return [Problem("optimizer.params", f"={show(given)}: {cls.__name__} refuses it: {err}")]
+    except Exception:  # noqa: BLE001 -- our light stand-in cannot build it; DeepSpeed's own check still runs at start
+        return []
     return []
 
 
@@ -138,7 +141,7 @@ def _light_optimizer_base():
     original = torch.optim.Optimizer.__init__
 
     def light(self, params, defaults):
-        self.defaults, self.state = defaults, {}
+        self.defaults, self.state = defaults, collections.defaultdict(dict)
         self.param_groups = [dict(defaults, params=list(params))]
 
     torch.optim.Optimizer.__init__ = light
