@@ -146,6 +146,7 @@ def test_peak_memory_stays_flat_while_a_corpus_many_times_the_bound_streams_thro
                 pass
             time.sleep(0.02)
 
+    before = me.memory_info().rss  # this test process: pytest, and whatever earlier tests imported (torch)
     thread = threading.Thread(target=watch)
     thread.start()
     try:
@@ -157,9 +158,11 @@ def test_peak_memory_stays_flat_while_a_corpus_many_times_the_bound_streams_thro
     assert len(corpus.manifest["shards"]) >= 16 and corpus.num_tokens > 400_000
     early = max(rss for done, rss in samples if done <= 4)
     late = max(rss for done, rss in samples if done > 4)
-    print(f"process tree peak RSS: {early / 1e6:.1f} MB over the first 4 pieces, {late / 1e6:.1f} MB over the "
-          f"other {len(corpus.manifest['shards']) - 4} ({corpus_bytes / 1e6:.0f} MB corpus)")
-    assert late - early < bound and late < 1e9
+    print(f"process tree peak RSS: {before / 1e6:.1f} MB before, {early / 1e6:.1f} MB over the first 4 pieces, "
+          f"{late / 1e6:.1f} MB over the other {len(corpus.manifest['shards']) - 4} ({corpus_bytes / 1e6:.0f} MB corpus)")
+    # flat: the pieces after the first add less than a quarter of the corpus; the workers' own start-up cost
+    # (an interpreter and the tokenizer each) is bounded apart from what the test process already held
+    assert late - early < bound and late - before < 600e6
 
 
 # --- training reads prepared data: the same batches and losses as from the source --------------------------
