@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from bigtrain.train import autobatch
 from bigtrain.train.engine import Engine, EngineOptions
 from bigtrain.train.inputs import TrainingData, build_training_data, model_overrides
 from bigtrain.train.report import Reporter, write_summary
-from bigtrain.train.loop import LoopSettings, train_loop
+from bigtrain.train.loop import LoopResult, LoopSettings, train_loop
 from bigtrain.metrics.logs import attach_log_file
 from bigtrain.metrics.plot import write_loss_plot
 from bigtrain.checkpoint.universal import ResumePlan, Shape, plan_resume, restore_rng, universal_ds_config
@@ -122,22 +123,10 @@ def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: boo
            trust_checkpoint: bool, sources: dict[str, str] | None, lifeline: Lifeline) -> dict:
     out = Path(run.train.out_dir)
     run, auto_micro = autobatch.defer_auto(run)  # batch.micro_batch=auto: probed before the engine is built
-    log_file = attach_log_file(out, world.rank)  # DeepSpeed's log and the warnings (held since start-up) go here
-    if world.is_main:
-        log.info("log: %s (DeepSpeed's messages and warnings; --verbose prints them here)", log_file.parent)
-    arch_note = fix_cuda_arch_list()  # for ranks not started by `bigtrain train`
-    if arch_note and world.is_main:
-        log.warning("%s", arch_note)
+    open_run_log(out, world)
     ckpt_dir = Path(run.checkpoint.dir or out / "checkpoints")
     found = checkpoint.find_resumable(ckpt_dir) if resume else None
-    resolved = resolve(run, ds_config_path, world.size, sources=sources, out_dir=str(out),
-                       resume_batch=found[1].ds_config.get("train_batch_size") if found else None)
-    run, ds_config = resolved.run, resolved.ds_config
-    if world.is_main:
-        for note in resolved.notes:
-            log.info("%s", note)
-    if offloads_to_host(ds_config) and return_freed_memory() and world.is_main:
-        log.info("offload: malloc returns freed memory to the system (more fits; BIGTRAIN_MALLOC_TUNING=1 keeps it)")
+    run, ds_config = resolve_ds_config(run, ds_config_path, world, sources, found)
     seed_everything(run.train.seed)
     # Before the engine: loading a checkpoint saved at another shape switches DeepSpeed's config.
     plan = plan_resume(ckpt_dir, Shape.of_job(world.size, ds_config, run.pipeline.stages), world,
@@ -145,18 +134,8 @@ def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: boo
     data = build_training_data(run.data, run.model, out, world, run.train.seed)
     if world.is_main:
         log.info("data: %s", data.bundle.description)
-    model_build = {"family": run.model.family, "size": run.model.size,
-                   "overrides": model_overrides(run.model, data, run.data.seq_len)}
-    spec = models.build(model_build["family"], model_build["size"], **model_build["overrides"])
-    if world.is_main and (hint := slow_vocab_hint(spec)):
-        log.warning("%s", hint)
-    if world.is_main and spec.extra.get("weights_note"):  # a config-only Hugging Face directory
-        log.info("%s", spec.extra["weights_note"])
-    options = EngineOptions(
-        pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
-        activation_checkpointing=run.activation_checkpointing.enabled,
-        checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed,
-        compile=run.train.compile, loss_impl=run.train.loss_impl)
+    spec, model_build = build_model(run, data, world)
+    options = engine_options(run)
     if auto_micro:
         run, ds_config = autobatch.apply_probe(run, spec, ds_config, options, data, world)
         seed_everything(run.train.seed)  # the probe's steps drew from the RNG
@@ -164,27 +143,80 @@ def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: boo
     engine = Engine(spec, universal_ds_config(ds_config) if plan and plan.universal else ds_config, options)
     data.set_data_parallel(engine.dp_rank, engine.dp_size)
     saved = resume_from(engine, plan, world, data, run.train.seed, trust_checkpoint) if plan else None
-    start_step = saved.step if saved else 0
     if world.is_main:
         log.info("model %s/%s: %.2fM parameters; %s", spec.family, spec.size, spec.num_params / 1e6,
                  _batch_line(ds_config, engine, world))
     reporter = Reporter(run, spec, ds_config, engine, world, out, prior_losses=saved.losses if saved else None)
-    result = train_loop(engine, world, LoopSettings(
-        steps=run.train.steps, eval_interval=run.train.eval_interval, eval_batches=run.train.eval_batches,
-        ckpt_dir=ckpt_dir, ckpt_interval=run.checkpoint.interval, keep_last=run.checkpoint.keep_last,
-        stop_after=stop_after), data.train_batches(engine.micro_batch), lambda n: list(data.eval_batches(engine.micro_batch, n)),
-        start_step, lambda step: checkpoint_state(run, ds_config, world, data, step, reporter.losses, model_build), reporter,
-        stop=lifeline)
-    with lifeline.bound("the run summary", end_of_run_bound_s(), "every rank's memory figures (an all-gather)"):
-        summary = reporter.summary(result, run_config=to_dict(run), ds_config=ds_config)
-    if world.is_main:
-        log.info("wrote %s", write_summary(out, summary))
-        write_loss_plot(summary, out / "loss.png")
+    result = train_loop(engine, world=world, settings=loop_settings(run, ckpt_dir, stop_after), data=data,
+                        record=RunRecord(run, ds_config, world, data, model_build), reporter=reporter,
+                        start_step=saved.step if saved else 0, stop=lifeline)
+    summary = finish(run, ds_config, world, out, reporter, result, lifeline)
     if not result.stopped_by and run.train.sample_tokens and data.tokenizer is not None:
         from bigtrain.train.sample import print_sample
         with lifeline.bound("the end-of-run sample", end_of_run_bound_s(),
                             "every rank to run the sample's forward passes"):
             print_sample(engine, data.tokenizer, run.train.sample_tokens, world)
+    return summary
+
+
+def open_run_log(out: Path, world: World) -> None:
+    """DeepSpeed's log and the warnings (held since start-up) go to OUT/logs/rank{R}.log."""
+    log_file = attach_log_file(out, world.rank)
+    if world.is_main:
+        log.info("log: %s (DeepSpeed's messages and warnings; --verbose prints them here)", log_file.parent)
+    arch_note = fix_cuda_arch_list()  # for ranks not started by `bigtrain train`
+    if arch_note and world.is_main:
+        log.warning("%s", arch_note)
+
+
+def resolve_ds_config(run: RunConfig, ds_config_path: str | None, world: World, sources: dict[str, str] | None,
+                      found: tuple | None) -> tuple[RunConfig, dict]:
+    """The DeepSpeed config this job trains with (`bigtrain.ds.resolve`), its notes logged; a resumed job
+    keeps the checkpoint's global batch."""
+    resolved = resolve(run, ds_config_path, world.size, sources=sources, out_dir=str(Path(run.train.out_dir)),
+                       resume_batch=found[1].ds_config.get("train_batch_size") if found else None)
+    if world.is_main:
+        for note in resolved.notes:
+            log.info("%s", note)
+    if offloads_to_host(resolved.ds_config) and return_freed_memory() and world.is_main:
+        log.info("offload: malloc returns freed memory to the system (more fits; BIGTRAIN_MALLOC_TUNING=1 keeps it)")
+    return resolved.run, resolved.ds_config
+
+
+def build_model(run: RunConfig, data: TrainingData, world: World) -> tuple[models.ModelSpec, dict]:
+    """The model, and how to rebuild it (recorded in every checkpoint for resume and export)."""
+    model_build = {"family": run.model.family, "size": run.model.size,
+                   "overrides": model_overrides(run.model, data, run.data.seq_len)}
+    spec = models.build(model_build["family"], model_build["size"], **model_build["overrides"])
+    if world.is_main and (hint := slow_vocab_hint(spec)):
+        log.warning("%s", hint)
+    if world.is_main and spec.extra.get("weights_note"):  # a config-only Hugging Face directory
+        log.info("%s", spec.extra["weights_note"])
+    return spec, model_build
+
+
+def engine_options(run: RunConfig) -> EngineOptions:
+    return EngineOptions(
+        pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
+        activation_checkpointing=run.activation_checkpointing.enabled,
+        checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed,
+        compile=run.train.compile, loss_impl=run.train.loss_impl)
+
+
+def loop_settings(run: RunConfig, ckpt_dir: Path, stop_after: int | None) -> LoopSettings:
+    return LoopSettings(steps=run.train.steps, eval_interval=run.train.eval_interval,
+                        eval_batches=run.train.eval_batches, ckpt_dir=ckpt_dir, ckpt_interval=run.checkpoint.interval,
+                        keep_last=run.checkpoint.keep_last, stop_after=stop_after)
+
+
+def finish(run: RunConfig, ds_config: dict, world: World, out: Path, reporter: Reporter, result: LoopResult,
+           lifeline: Lifeline) -> dict:
+    """The run's summary (every rank's memory figures: an all-gather), written with its loss plot by rank 0."""
+    with lifeline.bound("the run summary", end_of_run_bound_s(), "every rank's memory figures (an all-gather)"):
+        summary = reporter.summary(result, run_config=to_dict(run), ds_config=ds_config)
+    if world.is_main:
+        log.info("wrote %s", write_summary(out, summary))
+        write_loss_plot(summary, out / "loss.png")
     return summary
 
 
@@ -204,14 +236,24 @@ def resume_from(engine: Engine, plan: ResumePlan, world: World, data: TrainingDa
     return plan.state
 
 
-def checkpoint_state(run: RunConfig, ds_config: dict, world: World, data: TrainingData, step: int,
-                     losses: list[float], model_build: dict) -> CheckpointState:
-    """What resume and export need: the step, the data position, the loss history, and how to rebuild the model."""
-    tokenizer = data.tokenizer_dir.resolve() if data.tokenizer_dir else None
-    return CheckpointState(step=step, world_size=world.size, pipeline_stages=run.pipeline.stages,
-                           data=data.state_dict(), losses=list(losses), model_build=ModelBuild(**model_build),
-                           run_config=to_dict(run), ds_config=ds_config,
-                           run_dir=Path(run.train.out_dir).resolve(), tokenizer_dir=tokenizer)
+@dataclass(frozen=True)
+class RunRecord:
+    """What every checkpoint of this run records beside DeepSpeed's files: the data position, the loss
+    history, and how to rebuild the model (resume and export read them)."""
+
+    run: RunConfig
+    ds_config: dict
+    world: World
+    data: TrainingData
+    model_build: dict
+
+    def state_at(self, step: int, losses: list[float]) -> CheckpointState:
+        data = self.data
+        tokenizer = data.tokenizer_dir.resolve() if data.tokenizer_dir else None
+        return CheckpointState(step=step, world_size=self.world.size, pipeline_stages=self.run.pipeline.stages,
+                               data=data.state_dict(), losses=list(losses), model_build=ModelBuild(**self.model_build),
+                               run_config=to_dict(self.run), ds_config=self.ds_config,
+                               run_dir=Path(self.run.train.out_dir).resolve(), tokenizer_dir=tokenizer)
 
 
 def seed_everything(seed: int) -> None:

@@ -5,7 +5,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterable, Iterator, Protocol
 
 from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.state import CheckpointState
@@ -28,6 +28,20 @@ class LoopSettings:
     stop_after: int | None = None  # stop (and save) after this step: for tests and time-boxed jobs
 
 
+class Batches(Protocol):
+    """Where the loop's batches come from (`bigtrain.train.inputs.TrainingData`)."""
+
+    def train_batches(self, micro_batch: int) -> Iterator[dict]: ...
+
+    def eval_batches(self, micro_batch: int, max_batches: int | None = None) -> Iterable[dict]: ...
+
+
+class CheckpointRecord(Protocol):
+    """What a checkpoint records beside DeepSpeed's files, at a given step (`bigtrain.train.job.RunRecord`)."""
+
+    def state_at(self, step: int, losses: list[float]) -> CheckpointState: ...
+
+
 @dataclass
 class LoopResult:
     last_step: int
@@ -36,11 +50,9 @@ class LoopResult:
     stopped_by: str  # "", "SIGTERM", "SIGINT", "the launcher ... is gone", "stop_after"
 
 
-def train_loop(engine: Engine, world: World, settings: LoopSettings, train_batches: Iterator[dict],
-               eval_batches: Callable[[int], list[dict]], start_step: int,
-               checkpoint_state: Callable[[int], CheckpointState], reporter: Any,
-               stop: Lifeline | None = None) -> LoopResult:
-    """Run steps start_step+1 .. settings.steps. `checkpoint_state(step)` gives what resume needs.
+def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Batches, record: CheckpointRecord,
+               reporter: Any, start_step: int = 0, stop: Lifeline | None = None) -> LoopResult:
+    """Run steps start_step+1 .. settings.steps; every checkpoint holds `record.state_at(step, losses)`.
 
     `stop` (the job's lifeline) says when SIGTERM/SIGINT or the launcher's death asks every rank
     to save and stop; the flag travels with each step's loss all-reduce, so all ranks stop at the
@@ -48,16 +60,15 @@ def train_loop(engine: Engine, world: World, settings: LoopSettings, train_batch
     own = stop is None
     stop = stop or Lifeline.start(world.rank)
     try:
-        return _run(engine, world, settings, train_batches, eval_batches, start_step, checkpoint_state, reporter,
-                    stop)
+        return _run(engine, world, settings, data, record, reporter, start_step, stop)
     finally:
         if own:
             stop.close()
 
 
-def _run(engine: Engine, world: World, settings: LoopSettings, train_batches: Iterator[dict],
-         eval_batches: Callable[[int], list[dict]], start_step: int,
-         checkpoint_state: Callable[[int], CheckpointState], reporter: Any, stop: Lifeline) -> LoopResult:
+def _run(engine: Engine, world: World, settings: LoopSettings, data: Batches, record: CheckpointRecord,
+         reporter: Any, start_step: int, stop: Lifeline) -> LoopResult:
+    train_batches = data.train_batches(engine.micro_batch)
     result = LoopResult(start_step, [], [], "")
     step = start_step
     # The step clock runs from one step's end to the next, like a hand-written loop's: everything
@@ -74,7 +85,7 @@ def _run(engine: Engine, world: World, settings: LoopSettings, train_batches: It
         eval_due = (settings.eval_interval and step % settings.eval_interval == 0) or last
         evaluated = eval_due and settings.eval_batches > 0
         if evaluated:
-            _evaluate(engine, eval_batches, settings.eval_batches, step, reporter, result)
+            _evaluate(engine, data, settings.eval_batches, step, reporter, result)
         if settings.stop_after is not None and step >= settings.stop_after and not last:
             stop_now, stopped_by = True, stop.reason or "stop_after"
         periodic = settings.ckpt_interval and step % settings.ckpt_interval == 0
@@ -82,7 +93,7 @@ def _run(engine: Engine, world: World, settings: LoopSettings, train_batches: It
             what = f"saving the checkpoint of step {step}"
             with stop.bound(what, collective_timeout_s() + 60, "every rank to write its part") \
                     if (last or stop_now) else _phase(stop, what):
-                path = checkpoint.save(engine.ds, settings.ckpt_dir, step, checkpoint_state(step), world.rank,
+                path = checkpoint.save(engine.ds, settings.ckpt_dir, step, record.state_at(step, reporter.losses), world.rank,
                                        settings.keep_last)
             if world.is_main:
                 log.info("saved checkpoint %s", path)
@@ -104,10 +115,9 @@ def _phase(stop: Lifeline, what: str) -> Iterator[None]:
     yield
 
 
-def _evaluate(engine: Engine, eval_batches: Callable[[int], list[dict]], num_batches: int, step: int,
-              reporter: Any, result: LoopResult) -> None:
+def _evaluate(engine: Engine, data: Batches, num_batches: int, step: int, reporter: Any, result: LoopResult) -> None:
     if num_batches <= 0:
         return
-    val = engine.eval_loss(eval_batches(num_batches))
+    val = engine.eval_loss(list(data.eval_batches(engine.micro_batch, num_batches)))
     result.val_losses.append((step, val))
     reporter.on_eval(step, val)
