@@ -153,3 +153,13 @@ def test_every_problem_is_one_line_and_exit_2(tmp_path, capsys):
     code = run_preflight(parse(["--hostfile", str(tmp_path / "missing")]))
     _, err = capsys.readouterr()
     assert code == 2 and "missing does not exist" in err
+
+
+def test_module_entry_takes_both_flag_spellings(tmp_path, capsys):
+    """`python -m bigtrain.launch.preflight` (the slurm script's call) parses flags as `bigtrain preflight` does."""
+    from bigtrain.launch.preflight import main
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    for flag in ("--gpus_per_node", "--gpus-per-node"):
+        assert main(["--hostfile", str(hostfile), "--launcher", "no_ssh", flag, "2", "--size", "tiny"]) == 0
+        assert "data-parallel 2" in capsys.readouterr().out

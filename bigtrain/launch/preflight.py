@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bigtrain.cli import FlagParser
+
 if TYPE_CHECKING:
     from bigtrain.config.run_config import RunConfig
     from bigtrain.ds.lint import DeviceCaps
@@ -298,7 +300,7 @@ def add_preflight_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m bigtrain.launch.preflight ...`, the same as `bigtrain preflight ...` (used by the slurm script)."""
-    parser = argparse.ArgumentParser(prog="bigtrain")
+    parser = FlagParser(prog="bigtrain")
     add_preflight_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["preflight", *(sys.argv[1:] if argv is None else argv)])
     return args.func(args)
