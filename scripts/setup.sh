@@ -39,7 +39,11 @@ fi
 # multi-rank CPU job (~1 min to build on 2 cores): build it once here, into the torch_extensions
 # cache the ranks load from, instead of inside the first run. CPU Adam (optimizer offload only,
 # ~3 min of CPU) is built too when BIGTRAIN_PREBUILD_CPU_ADAM=1.
-echo "setup: building DeepSpeed's shared-memory all-reduce op (once; later runs only load it)"
+if [ "${BIGTRAIN_PREBUILD_CPU_ADAM:-}" = 1 ]; then
+  echo "setup: building DeepSpeed's shared-memory all-reduce op and CPU Adam (once; later runs only load them)"
+else
+  echo "setup: building DeepSpeed's shared-memory all-reduce op (once; later runs only load it)"
+fi
 OPS_LOG=.venv/deepspeed_ops_build.log
 if ! .venv/bin/python - >"$OPS_LOG" 2>&1 <<'PY'
 from deepspeed.accelerator import get_accelerator
