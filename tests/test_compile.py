@@ -243,11 +243,9 @@ COMMON = ["--size", "tiny", "--data", "synthetic", "--set", "data.vocab_size=512
 @pytest.mark.dist
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # cold inductor compiles: ~150 s of CPU in all; 400-600 s of wall time on a loaded host
-def test_compiled_model_and_chunked_loss_train_the_same_losses_as_eager_under_zero3(tmp_path):
-    """ZeRO-3 only, for the suite's time: its partitioned parameters and their hooks are the hard case for a
-    compiled module (under ZeRO 0-2 the module is the plain one, without hooks)."""
+def test_compiled_model_and_chunked_loss_train_the_same_losses_as_eager_at_zero1_and_zero3(tmp_path):
     jobs = [{"name": f"z{stage}_{mode}", "args": [*COMMON, "--set", f"zero.stage={stage}", *extra]}
-            for stage in (3,)
+            for stage in (1, 3)
             for mode, extra in (("eager", ["--set", "train.compile=false", "--set", "train.loss_impl=plain"]),
                                 ("compiled", ["--set", "train.compile=true", "--set", "train.loss_impl=chunked"]))]
     plan = tmp_path / "plan.json"
@@ -256,8 +254,8 @@ def test_compiled_model_and_chunked_loss_train_the_same_losses_as_eager_under_ze
     proc = subprocess.run(deepspeed_cmd(script, [str(tmp_path), str(plan)]), cwd=REPO, capture_output=True,
                           text=True, timeout=900, env=rank_env(TORCHINDUCTOR_COMPILE_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-4000:]
-    assert proc.stdout.count("compiled the model and its loss (torch, backend inductor)") == 1
-    for stage in (3,):
+    assert proc.stdout.count("compiled the model and its loss (torch, backend inductor)") == 2
+    for stage in (1, 3):
         eager, compiled = (json.loads((tmp_path / f"z{stage}_{mode}" / "summary.json").read_text())["losses"]
                            for mode in ("eager", "compiled"))
         assert len(eager) == len(compiled) == STEPS
