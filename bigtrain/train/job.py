@@ -126,7 +126,8 @@ def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: boo
     open_run_log(out, world)
     ckpt_dir = Path(run.checkpoint.dir or out / "checkpoints")
     found = checkpoint.find_resumable(ckpt_dir) if resume else None
-    run, ds_config = resolve_ds_config(run, ds_config_path, world, sources, found)
+    run, ds_config = resolve_ds_config(run, ds_config_path, world, sources,
+                                       resume_batch=found[1].ds_config.get("train_batch_size") if found else None)
     seed_everything(run.train.seed)
     # Before the engine: loading a checkpoint saved at another shape switches DeepSpeed's config.
     plan = plan_resume(ckpt_dir, Shape.of_job(world.size, ds_config, run.pipeline.stages), world,
@@ -170,11 +171,11 @@ def open_run_log(out: Path, world: World) -> None:
 
 
 def resolve_ds_config(run: RunConfig, ds_config_path: str | None, world: World, sources: dict[str, str] | None,
-                      found: tuple | None) -> tuple[RunConfig, dict]:
+                      resume_batch: int | None) -> tuple[RunConfig, dict]:
     """The DeepSpeed config this job trains with (`bigtrain.ds.resolve`), its notes logged; a resumed job
     keeps the checkpoint's global batch."""
     resolved = resolve(run, ds_config_path, world.size, sources=sources, out_dir=str(Path(run.train.out_dir)),
-                       resume_batch=found[1].ds_config.get("train_batch_size") if found else None)
+                       resume_batch=resume_batch)
     if world.is_main:
         for note in resolved.notes:
             log.info("%s", note)
