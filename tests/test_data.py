@@ -143,6 +143,9 @@ def test_split_is_disjoint_covering_deterministic():
     assert len(split_rows(3, 0.01)[1]) == 1
     with pytest.raises(ValueError, match="too few"):
         split_rows(1, 0.5)
+    big_train, big_val = split_rows(3_400_001, 0.05)  # a 3 GB corpus's blocks: a mask, not a hash of every row
+    assert len(big_train) + len(big_val) == 3_400_001 and np.all(np.diff(big_train) > 0)
+    assert not np.isin(big_val, big_train).any()
 
 
 def test_text_blocks_overlap_by_one_token_and_the_prepared_cache_is_reused(tmp_path, monkeypatch):

@@ -71,8 +71,9 @@ def split_rows(n: int, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"only {n} samples: too few to hold out {n_val} for validation and still train; "
                          "use more data (or a shorter data.seq_len for text)")
     val = ((2 * np.arange(n_val) + 1) * n) // (2 * n_val)  # middle of each of n_val equal stretches
-    train = np.setdiff1d(np.arange(n), val)
-    return train, val
+    keep = np.ones(n, dtype=bool)
+    keep[val] = False  # a mask, not np.setdiff1d: that hashes every row (4.4 s for 3.4M blocks)
+    return np.flatnonzero(keep), val
 
 
 @dataclass
