@@ -1,15 +1,18 @@
-"""A real two-node job on one machine: two DeepSpeed launchers (`--no_ssh --node_rank R`) over
-loopback, through scripts/local_two_node.sh and through scripts/slurm_train.sbatch (with srun and
-scontrol played by small shell scripts, since there is no slurm here). The losses must equal those
-of the single-node 2-rank run: the same math on the same data."""
+"""One node through `bigtrain train` (the README's first command), then a real two-node job on one
+machine: two DeepSpeed launchers (`--no_ssh --node_rank R`) over loopback, through
+scripts/local_two_node.sh and through scripts/slurm_train.sbatch (with srun and scontrol played by
+small shell scripts, since there is no slurm here). The two-node losses must equal those of the
+single-node 2-rank run: the same math on the same data. The single-node run is the wrapper's, so one
+launch checks both."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from launch import BIN, REPO, TINY, free_port, rank_env, run_train, summary
+from launch import BIN, REPO, TINY, free_port, rank_env, summary
 
 pytestmark = pytest.mark.dist
 ARGS = [*TINY, "--steps", "4", "--set", "train.eval_interval=0"]
@@ -42,9 +45,32 @@ def fake_slurm(tmp_path: Path) -> dict:
                     VENV=str(BIN.parent), MASTER_PORT=str(free_port()))
 
 
-def test_two_nodes_on_loopback_train_and_resume_like_one_node(tmp_path):
-    run_train(tmp_path / "one_node", ARGS, tiny=False)
-    single_node = summary(tmp_path / "one_node")["losses"]
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`bigtrain train` on this machine: 2 ranks through the DeepSpeed launcher."""
+    out = tmp_path_factory.mktemp("one_node") / "run"
+    proc = subprocess.run([str(Path(sys.executable).parent / "bigtrain"), "train", "--master-port", str(free_port()),
+                           "--out", str(out), *ARGS], cwd=REPO, env=rank_env(), capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc
+
+
+def test_bigtrain_train_wrapper_launches_two_ranks_with_a_quiet_console(one_node):
+    out, proc = one_node
+    assert "--num_gpus 2" in proc.stderr and summary(out)["world_size"] == 2
+    # The console is bigtrain's: DeepSpeed's log, its op-build prints and torch's warnings are in the rank logs.
+    console = proc.stdout + proc.stderr
+    for noise in ("Setting accelerator", "[INFO] [launch.py", "built successfully", "FutureWarning",
+                  "Attempting to get learning rate"):
+        assert noise not in console, noise
+    assert "step 4/4 | loss " in proc.stdout and (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    logs = (out / "logs" / "rank0.log").read_text() + (out / "logs" / "rank1.log").read_text()
+    assert "INFO DeepSpeed] DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" in logs
+
+
+def test_two_nodes_on_loopback_train_and_resume_like_one_node(one_node, tmp_path):
+    single_node = summary(one_node[0])["losses"]
 
     # Two launchers, stopped after step 2 (a job out of time) ...
     out = tmp_path / "two_nodes"

@@ -51,7 +51,8 @@ def runs(tmp_path_factory) -> tuple[Path, str]:
     stop = ("--stop-after", str(SPLIT))
     two_ranks = [job("full2", 2), job("split2", 2, *stop), job("to_zero3", 3, "--resume", copy_from="split2"),
                  job("to_offload", 2, "--set", "offload.optimizer=cpu", "--resume", copy_from="split2"),
-                 job("full3", 3), job("split3", 3, *stop), job("full0", 0), job("split0", 0, *stop)]
+                 job("full3", 3), job("split3", 3, *stop), job("resume3", 3, "--resume", copy_from="split3"),
+                 job("full0", 0), job("split0", 0, *stop)]
     one_rank = [job("to_one_rank", 2, "--resume", copy_from="split2"),
                 job("zero3_to_one_rank", 2, "--resume", copy_from="split3"),
                 job("zero0_to_one_rank", 0, "--resume", copy_from="split0"),
@@ -80,6 +81,18 @@ def test_resume_at_another_shape_continues_the_curve(runs, resumed, reference, s
     worst = max(abs(a - b) / abs(b) for a, b in zip(after[SPLIT:], full[SPLIT:]))
     assert worst <= RTOL, (after, full)
     assert full[-1] < full[0] - 0.01  # a curve that moves
+
+
+def test_resume_at_the_same_shape_continues_exactly_without_a_conversion(runs):
+    """ZeRO-3 at 2 ranks, stopped by --stop-after and resumed by --resume at the same shape: DeepSpeed's own
+    checkpoint, loaded as it is, gives the uninterrupted run's losses (in a new process: test_multinode)."""
+    root, log = runs
+    full, before, after = (summary(root, n) for n in ("full3", "split3", "resume3"))
+    assert before["steps"] == SPLIT and before["stopped_by"] == "stop_after"
+    assert after["steps"] == STEPS and after["losses"][:SPLIT] == before["losses"]
+    assert max(abs(a - b) for a, b in zip(full["losses"], after["losses"])) <= 1e-6, (full, after)
+    assert not (root / "resume3" / "checkpoints" / "step_000005_universal").exists()
+    assert f"resumed from {root / 'resume3' / 'checkpoints' / 'step_000005'} at step 5 (RNG restored)" in log
 
 
 def test_resume_at_one_rank_keeps_the_global_batch_and_saves_at_the_new_shape(runs):
