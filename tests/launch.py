@@ -45,3 +45,20 @@ def run_train(out: Path, args: list[str], num_ranks: int = 2, timeout: int = 300
 
 def summary(out: Path) -> dict:
     return json.loads((Path(out) / "summary.json").read_text())
+
+
+JOBS_SCRIPT = REPO / "tests" / "dist_scripts" / "equiv_runs.py"
+
+
+def launch_jobs(root: Path, jobs: list[dict], num_ranks: int = 2, *, name: str = "plan", timeout: int = 600,
+                script: Path = JOBS_SCRIPT, **env: str) -> str:
+    """Several runner jobs one after another in one launch of `script` (equiv_runs.py: each job
+    {"name", "args", "copy_from"?, "expect_error"?}; see its docstring), because on 2 cores a launch's
+    start-up costs far more than a tiny job. Returns the launch's stdout (rank 0's log)."""
+    root.mkdir(parents=True, exist_ok=True)
+    plan = root / f"{name}.json"
+    plan.write_text(json.dumps(jobs))
+    proc = subprocess.run(deepspeed_cmd(script, [str(root), str(plan)], num_ranks), cwd=REPO, env=rank_env(**env),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from launch import REPO, deepspeed_cmd, rank_env
+from launch import launch_jobs
 
 from bigtrain import models
 from bigtrain.models.chunked_loss import causal_lm_chunked_loss, causal_lm_hidden_loss, linear_cross_entropy
@@ -248,13 +247,8 @@ def test_compiled_model_and_chunked_loss_train_the_same_losses_as_eager_at_zero1
             for stage in (1, 3)
             for mode, extra in (("eager", ["--set", "train.compile=false", "--set", "train.loss_impl=plain"]),
                                 ("compiled", ["--set", "train.compile=true", "--set", "train.loss_impl=chunked"]))]
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(jobs))
-    script = REPO / "tests" / "dist_scripts" / "equiv_runs.py"
-    proc = subprocess.run(deepspeed_cmd(script, [str(tmp_path), str(plan)]), cwd=REPO, capture_output=True,
-                          text=True, timeout=900, env=rank_env(TORCHINDUCTOR_COMPILE_THREADS="1"))
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-4000:]
-    assert proc.stdout.count("compiled the model and its loss (torch, backend inductor)") == 2
+    log = launch_jobs(tmp_path, jobs, timeout=900, TORCHINDUCTOR_COMPILE_THREADS="1")
+    assert log.count("compiled the model and its loss (torch, backend inductor)") == 2
     for stage in (1, 3):
         eager, compiled = (json.loads((tmp_path / f"z{stage}_{mode}" / "summary.json").read_text())["losses"]
                            for mode in ("eager", "compiled"))

@@ -20,16 +20,14 @@ in every layout.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from launch import REPO, deepspeed_cmd, rank_env
+from launch import launch_jobs
 
 pytestmark = pytest.mark.dist
 
-SCRIPT = REPO / "tests" / "dist_scripts" / "equiv_runs.py"
 STEPS = 10  # ResNet (micro-batch 1, BatchNorm) needs ~10 steps before its loss falls clearly
 RTOL = 1e-4
 COMMON = ["--size", "tiny", "--set", "precision=fp32", "--set", "logging.progress_bar=false",
@@ -55,17 +53,6 @@ MODES = {  # name -> run-config overrides; the pipeline goes last (see equiv_run
 # Blocks each model checkpoints (GPT-2 and Llama tiny: 2 decoder blocks; ResNet tiny: 4 basic blocks)
 # times micro-batches per optimizer step per rank.
 CHECKPOINTED_CALLS_PER_STEP = {"gpt2": 2 * 1, "llama": 2 * 1, "resnet": 4 * 4}
-
-
-def launch_jobs(root: Path, jobs: list[dict], num_ranks: int = 2, timeout: int = 600) -> str:
-    """Run `jobs` in one launch of equiv_runs.py; returns the launch's stdout (rank 0's log)."""
-    root.mkdir(parents=True, exist_ok=True)
-    plan = root / "plan.json"
-    plan.write_text(json.dumps(jobs))
-    proc = subprocess.run(deepspeed_cmd(SCRIPT, [str(root), str(plan)], num_ranks), cwd=REPO, env=rank_env(),
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
-    return proc.stdout
 
 
 def losses(root: Path, name: str) -> list[float]:

@@ -1,6 +1,6 @@
 """`bigtrain export`: ZeRO-3 / ZeRO-2 / pipeline checkpoints of real 2-rank runs -> HF GPT-2 directories.
 
-One tiny training run per layout (module-scoped); the trained model's own logits come from
+One tiny training run per layout (module-scoped, the three in one launch); the trained model's own logits come from
 tests/dist_scripts/export_reference_logits.py, launched with 2 ranks.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import REPO, deepspeed_cmd, rank_env, run_train
+from launch import REPO, TINY, deepspeed_cmd, launch_jobs, rank_env
 
 from bigtrain.export import export_checkpoint, load_exported
 from bigtrain.export.__main__ import main as export_main
@@ -26,25 +26,29 @@ STEPS = ["--steps", "3"]
 TAG = "step_000003"
 
 
-def _train(tmp_path_factory, name: str, args: list[str]) -> Path:
-    out = tmp_path_factory.mktemp(name)
-    run_train(out, [*STEPS, *args])
-    return out
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """One tiny run per layout, all in one 2-rank launch (the pipeline last: its grid stays in DeepSpeed)."""
+    root = tmp_path_factory.mktemp("trained")
+    layouts = {"z3": ["--set", "zero.stage=3"], "z2": ["--set", "zero.stage=2", "--set", "precision=bf16"],
+               "pp": ["--set", "pipeline.stages=2", "--set", "zero.stage=1"]}
+    launch_jobs(root, [{"name": name, "args": [*TINY, *STEPS, *args]} for name, args in layouts.items()])
+    return root
 
 
 @pytest.fixture(scope="module")
-def z3_run(tmp_path_factory) -> Path:
-    return _train(tmp_path_factory, "z3", ["--set", "zero.stage=3"])
+def z3_run(trained: Path) -> Path:
+    return trained / "z3"
 
 
 @pytest.fixture(scope="module")
-def pp_run(tmp_path_factory) -> Path:
-    return _train(tmp_path_factory, "pp", ["--set", "pipeline.stages=2", "--set", "zero.stage=1"])
+def pp_run(trained: Path) -> Path:
+    return trained / "pp"
 
 
 @pytest.fixture(scope="module")
-def z2_run(tmp_path_factory) -> Path:
-    return _train(tmp_path_factory, "z2", ["--set", "zero.stage=2", "--set", "precision=bf16"])
+def z2_run(trained: Path) -> Path:
+    return trained / "z2"
 
 
 @pytest.fixture(scope="module")

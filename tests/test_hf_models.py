@@ -12,7 +12,6 @@ jsonl file and reports accuracy; a mismatched --model stops before training.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from launch import REPO, deepspeed_cmd, rank_env
+from launch import REPO, launch_jobs
 
 from bigtrain.models import SequentialPipeline, build, call_module
 
@@ -208,13 +207,7 @@ def runs(hf_dirs, tmp_path_factory) -> tuple[Path, str]:
                                           "--set", "train.eval_batches=4"]})
     jobs.append({"name": "mismatch", "args": [*COMMON, "--model", "gpt2", "--set",
                                               f"model.pretrained={hf_dirs['llama']}", *data], "expect_error": True})
-    plan = root / "plan.json"
-    plan.write_text(json.dumps(jobs))
-    script = REPO / "tests" / "dist_scripts" / "hf_runs.py"
-    proc = subprocess.run(deepspeed_cmd(script, [str(root), str(plan)]), cwd=REPO, env=rank_env(),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
-    return root, proc.stdout
+    return root, launch_jobs(root, jobs, script=REPO / "tests" / "dist_scripts" / "hf_runs.py")
 
 
 def summary(root: Path, name: str) -> dict:

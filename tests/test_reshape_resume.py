@@ -12,16 +12,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from launch import REPO, deepspeed_cmd, rank_env
+from launch import launch_jobs
 
 pytestmark = pytest.mark.dist
 
-SCRIPT = REPO / "tests" / "dist_scripts" / "equiv_runs.py"
 STEPS, SPLIT, RTOL = 10, 5, 1e-4
 COMMON = ["--size", "tiny", "--set", "data.vocab_size=512", "--set", "data.seq_len=64", "--set", "precision=fp32",
           "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0", "--peak-tflops", "1",
@@ -32,16 +30,6 @@ COMMON = ["--size", "tiny", "--set", "data.vocab_size=512", "--set", "data.seq_l
 def job(name: str, stage: int, *extra: str, copy_from: str | None = None, expect_error: bool = False) -> dict:
     return {"name": name, "args": [*COMMON, "--set", f"zero.stage={stage}", *extra], "copy_from": copy_from,
             "expect_error": expect_error}
-
-
-def launch_jobs(root: Path, name: str, jobs: list[dict], num_ranks: int) -> str:
-    """Run `jobs` in one launch of equiv_runs.py; returns the launch's stdout (rank 0's log)."""
-    plan = root / f"{name}.json"
-    plan.write_text(json.dumps(jobs))
-    proc = subprocess.run(deepspeed_cmd(SCRIPT, [str(root), str(plan)], num_ranks), cwd=REPO, env=rank_env(),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +45,8 @@ def runs(tmp_path_factory) -> tuple[Path, str]:
                 job("zero3_to_one_rank", 2, "--resume", copy_from="split3"),
                 job("zero0_to_one_rank", 0, "--resume", copy_from="split0"),
                 job("zero0_to_zero2", 2, "--resume", copy_from="split0", expect_error=True)]
-    log = launch_jobs(root, "two_ranks", two_ranks, num_ranks=2)
-    log += launch_jobs(root, "one_rank", one_rank, num_ranks=1)
+    log = launch_jobs(root, two_ranks, num_ranks=2, name="two_ranks")
+    log += launch_jobs(root, one_rank, num_ranks=1, name="one_rank")
     return root, log
 
 
