@@ -61,4 +61,7 @@ PY
 then
   echo "setup: building DeepSpeed's CPU ops failed (see $OPS_LOG); the first run will build them" >&2
 fi
+# bigtrain is installed editable, so pip compiled none of its modules; where PYTHONDONTWRITEBYTECODE
+# is set (as on many CI images) every rank would compile them again at every start.
+.venv/bin/python -m compileall -q bigtrain tests >/dev/null || true
 echo "setup: done: $(.venv/bin/bigtrain --version)"
