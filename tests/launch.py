@@ -29,8 +29,17 @@ def rank_env(**extra: str) -> dict:
 
 
 def deepspeed_cmd(script: str | Path, args: list[str], num_ranks: int = 2) -> list[str]:
+    """DeepSpeed's launcher, as the README launches bigtrain: for tests of launching, runs and their exits."""
     return [str(BIN / "deepspeed"), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), str(script),
             *args]
+
+
+def torchrun_cmd(script: str | Path, args: list[str], num_ranks: int = 2) -> list[str]:
+    """torchrun (a launcher bigtrain supports as well: test_runner) for tests of the math: the same ranks,
+    process group and DeepSpeed engine, started without DeepSpeed's launcher, which costs ~5 s more per
+    launch here (its runner and launch.py each import DeepSpeed, and launch.py polls its ranks once a second)."""
+    return [str(BIN / "torchrun"), "--nproc_per_node", str(num_ranks), "--master_port", str(free_port()),
+            str(script), *args]
 
 
 def run_train(out: Path, args: list[str], num_ranks: int = 2, timeout: int = 300, check: bool = True,
@@ -58,7 +67,7 @@ def launch_jobs(root: Path, jobs: list[dict], num_ranks: int = 2, *, name: str =
     root.mkdir(parents=True, exist_ok=True)
     plan = root / f"{name}.json"
     plan.write_text(json.dumps(jobs))
-    proc = subprocess.run(deepspeed_cmd(script, [str(root), str(plan)], num_ranks), cwd=REPO, env=rank_env(**env),
+    proc = subprocess.run(torchrun_cmd(script, [str(root), str(plan)], num_ranks), cwd=REPO, env=rank_env(**env),
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
     return proc.stdout

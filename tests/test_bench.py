@@ -244,6 +244,8 @@ def test_short_bench_writes_a_sane_table_and_plots(tmp_path):
                           cwd=REPO, env={**rank_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for noise in ("Setting accelerator", "Attempting to get learning rate"):  # DeepSpeed's: in logs/bench.log
+        assert noise not in proc.stdout + proc.stderr, noise
     report = json.loads((tmp_path / "benchmarks.json").read_text())
     assert report["problems"] == []
     rows = report["rows"]

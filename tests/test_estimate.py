@@ -13,7 +13,7 @@ from bigtrain.estimate.memory_model import (ModelShape, Setup, all_setups, estim
                                recommend, setup_from_run, speed_rank, transformer_activations)
 from bigtrain.estimate.cli import measure_activations, shape_from_spec
 from bigtrain.models import build
-from launch import REPO, deepspeed_cmd, rank_env
+from launch import REPO, rank_env, torchrun_cmd
 
 PSI, N = 1e9, 64
 
@@ -183,7 +183,7 @@ def test_estimate_matches_measured_memory_on_two_ranks(tmp_path):
     """
     from dist_scripts.estimate_memory import BUCKET, SHAPE
     script = REPO / "tests" / "dist_scripts" / "estimate_memory.py"
-    cmd = deepspeed_cmd(script, [str(tmp_path), "fp32", "0", "1", "2", "3"])
+    cmd = torchrun_cmd(script, [str(tmp_path), "fp32", "0", "1", "2", "3"])
     proc = subprocess.run(cmd, cwd=REPO, env=rank_env(MALLOC_MMAP_THRESHOLD_="65536"), capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

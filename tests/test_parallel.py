@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 import torch
-from launch import deepspeed_cmd, rank_env
+from launch import rank_env, torchrun_cmd
 
 from bigtrain.models import build
 from bigtrain.parallel import apply_activation_checkpointing, check_topology, to_pipeline_module
@@ -20,8 +20,8 @@ SCRIPTS = ROOT / "tests" / "dist_scripts"
 
 
 def launch(script: str, *args: str, timeout: int = 240) -> None:
-    """Two real ranks through the deepspeed launcher; fail with the tail of its output."""
-    proc = subprocess.run(deepspeed_cmd(SCRIPTS / script, list(args)), cwd=ROOT, env=rank_env(PYTHONPATH=str(ROOT)),
+    """Two real ranks through torchrun; fail with the tail of its output."""
+    proc = subprocess.run(torchrun_cmd(SCRIPTS / script, list(args)), cwd=ROOT, env=rank_env(PYTHONPATH=str(ROOT)),
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 

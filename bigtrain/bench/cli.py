@@ -43,6 +43,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         publish(report, Path(args.page or DOCS / "benchmarks.md"), Path(args.img_dir or DOCS / "img"))
         return 0
     workdir = Path(args.workdir)
+    from bigtrain.metrics.logs import attach_log_file, route_library_logs
+    route_library_logs()  # DeepSpeed's lines from this process (its accelerator, the configs it checks) are
+    attach_log_file(workdir, 0, "bench.log")  # the log's, as in a run; the jobs' own logs are beside it
     if args.capacity:
         return _capacity(args, workdir)
     from bigtrain.bench.sweep import full_plan, gpu_plan, run_plan, save_results, short_plan

@@ -95,10 +95,10 @@ def setup_console(rank: int, is_main: bool, stream: TextIO | None = None) -> Non
     logging.getLogger("bigtrain").setLevel(logging.INFO)
 
 
-def attach_log_file(out_dir: str | Path, rank: int) -> Path:
-    """`OUT/logs/rank{rank}.log`: this rank's bigtrain lines (INFO on every rank), DeepSpeed's log and
-    the warnings, including those held since the process started. Returns the path."""
-    path = Path(out_dir) / "logs" / f"rank{rank}.log"
+def attach_log_file(out_dir: str | Path, rank: int, name: str | None = None) -> Path:
+    """`OUT/logs/rank{rank}.log` (or `OUT/logs/NAME`): this rank's bigtrain lines (INFO on every rank),
+    DeepSpeed's log and the warnings, including those held since the process started. Returns the path."""
+    path = Path(out_dir) / "logs" / (name or f"rank{rank}.log")
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, mode="a", encoding="utf-8", delay=False)
     handler.setLevel(logging.DEBUG)
