@@ -347,6 +347,11 @@ class PeerWatch:
         others = [p for p in self.peers if p.rank != self.world.rank]
         first = self._store_call(lambda s: [s.add(self.BEAT + str(p.rank), 0) for p in others])
         if first is None:
+            for _ in range(20):  # a killed rank's sockets close before its process is gone: look again, briefly
+                lost = self.lost_peers()
+                if lost:
+                    return _gone(lost)
+                time.sleep(0.1)
             return f"the rendezvous store on {self.peers[0]} does not answer: rank 0 is gone"
         time.sleep(2 * self.interval + 0.5)
         second = self._store_call(lambda s: [s.add(self.BEAT + str(p.rank), 0) for p in others]) or first
