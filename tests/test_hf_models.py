@@ -1,9 +1,13 @@
 """Local Hugging Face checkpoints: Llama, Qwen2 and Mistral decoders and a BERT classifier, each a
-directory made here (a config with random weights, a tokenizer trained on Python's own docs).
+directory made here (a config with random weights, a tokenizer trained on Python's own docs), and two
+architectures no other test names, Gemma2 (causal LM) and DeBERTa-v2 (classifier), whose transformers
+classes have no sdpa attention.
 
-Unit tier: what `--model hf` decides from a directory, the pipeline form of each decoder equal to
-the HF model (Mistral with a sliding window shorter than the sequence), FLOPs against the counter,
-and the one-line messages for a wrong family, an unsupported architecture and remote code.
+Unit tier: what `--model hf` decides from a directory, the attention kernel (sdpa where the class has
+it, else the architecture's default, one log line saying which) and a few training steps of the held-out
+ones, the pipeline form of each decoder equal to the HF model (Mistral with a sliding window shorter than
+the sequence), FLOPs against the counter, and the one-line messages for a wrong family, an unsupported
+architecture and remote code.
 Distributed tier (one 2-rank launch, tests/dist_scripts/hf_runs.py): each decoder trains under
 ZeRO-3 from its directory, resumes on the same curve, and exports to a directory that
 `from_pretrained` loads with the trained model's logits; the classifier trains on a 2-label
@@ -12,6 +16,7 @@ jsonl file and reports accuracy; a mismatched --model stops before training.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -83,7 +88,30 @@ def hf_dirs(tmp_path_factory) -> dict[str, Path]:
     (root / "remote" / "config.json").write_text(json.dumps(
         {"model_type": "mymodel", "auto_map": {"AutoConfig": "modeling_mymodel.MyConfig"}}))
     dirs.update(labels=root / "labels.jsonl", bert=root / "bert", vit=root / "vit", remote=root / "remote")
+    dirs.update(_held_out_dirs(root, tok))
     return dirs
+
+
+def _held_out_dirs(root: Path, tok) -> dict[str, Path]:
+    """Gemma2 (logit soft-capping: transformers gives it no sdpa) and a DeBERTa-v2 classifier (disentangled
+    attention, no sdpa either), saved with random weights and the BPE trained above."""
+    from transformers import (DebertaV2Config, DebertaV2ForSequenceClassification, Gemma2Config,
+                              Gemma2ForCausalLM)
+
+    torch.manual_seed(5)
+    gemma = Gemma2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                         sliding_window=16, pad_token_id=tok.pad_token_id, bos_token_id=tok.eos_token_id,
+                         eos_token_id=tok.eos_token_id)
+    deberta = DebertaV2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=128, max_position_embeddings=64, num_labels=2,
+                              pad_token_id=tok.pad_token_id)
+    made = {"gemma2": Gemma2ForCausalLM._from_config(gemma, attn_implementation="eager"),
+            "deberta_v2": DebertaV2ForSequenceClassification._from_config(deberta, attn_implementation="eager")}
+    for name, model in made.items():
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return {name: root / name for name in made}
 
 
 def test_hf_family_decides_task_shape_and_tokenizer_from_the_directory(hf_dirs):
@@ -178,6 +206,43 @@ def test_wrong_family_and_unsupported_architectures_are_one_line(hf_dirs, family
     assert "\n" not in message and all(n in message for n in needles), message
     with pytest.raises(ValueError, match="--model hf needs a local Hugging Face directory"):
         build("hf", "custom")
+
+
+@pytest.mark.parametrize("arch, kernel", [("llama", "sdpa"), ("gemma2", "eager"), ("deberta_v2", "eager")])
+def test_attention_is_sdpa_where_the_class_has_it_else_the_architectures_default(hf_dirs, arch, kernel, caplog):
+    """Gemma2 and DeBERTa-v2 failed at start (bigtrain asked every class for sdpa); now each builds with its
+    default, says so in one log line, and a few optimizer steps on one batch lower its loss."""
+    with caplog.at_level(logging.INFO, logger="bigtrain"):
+        spec = build("hf", "custom", pretrained=str(hf_dirs[arch]), seq_len=SEQ)
+    said = [r.getMessage() for r in caplog.records if "attention" in r.getMessage()]
+    assert len(said) == 1 and f"attention {kernel} for {spec.hf_class.__name__}" in said[0], said
+    assert ("no sdpa" in said[0]) == (kernel != "sdpa"), said
+    model = spec.build(seed=0).train()
+    assert spec.config._attn_implementation == model.config._attn_implementation == kernel
+    ids = torch.randint(0, spec.config.vocab_size, (4, SEQ), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "labels": ids if spec.modality == "text" else torch.tensor([0, 1, 0, 1])}
+    inputs, labels = spec.batch_to_inputs(batch)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(4):
+        loss = spec.loss(call_module(model, inputs), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+    from bigtrain.estimate.cli import shape_from_spec
+    assert shape_from_spec(spec, "bf16").num_params == spec.num_params  # `bigtrain estimate` measures it too
+
+
+def test_asking_for_sdpa_where_the_class_has_none_is_one_line(hf_dirs):
+    with pytest.raises(ValueError) as err:
+        build("hf", "custom", pretrained=str(hf_dirs["gemma2"]), attn_implementation="sdpa")
+    message = str(err.value)
+    assert "\n" not in message and "Gemma2ForCausalLM has no sdpa attention" in message, message
+    assert "model.overrides.attn_implementation" in message and "eager" in message, message
+    spec = build("hf", "custom", pretrained=str(hf_dirs["llama"]), seq_len=SEQ, attn_implementation="eager")
+    assert spec.build().config._attn_implementation == "eager"  # an explicit choice is kept
 
 
 # -- distributed tier: one launch ---------------------------------------------------------------

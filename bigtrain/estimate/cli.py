@@ -62,8 +62,14 @@ def _sample_batch(spec: ModelSpec, device: str) -> dict:
             size = spec.extra["image_size"]
             return {"pixel_values": torch.zeros(1, 3, size, size), "labels": torch.zeros(1, dtype=torch.long)}
         ids = torch.zeros(1, spec.extra["seq_len"], dtype=torch.long)
-        labels = ids if spec.modality == "text" else torch.zeros(1, dtype=torch.long)
-        return {"input_ids": ids, "labels": labels}
+        if spec.modality == "text":
+            return {"input_ids": ids, "labels": ids}
+        batch = {"input_ids": ids, "labels": torch.zeros(1, dtype=torch.long)}
+        if getattr(spec, "hf_class", None) is not None:
+            # As in training, where classifier batches carry a mask: without one some HF classes (DeBERTa-v2)
+            # probe the ids for padding with a data-dependent branch, which a meta tensor cannot answer.
+            batch["attention_mask"] = torch.ones_like(ids)
+        return batch
 
 
 @contextlib.contextmanager

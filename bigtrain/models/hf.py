@@ -10,6 +10,7 @@ FLOPs per token: 6N + 12*L*w*s (`hf_common`), N counted on the module built on t
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from bigtrain.models.losses import causal_lm_loss, classification_loss
 from bigtrain.models.registry import Family
 from bigtrain.models.spec import LayerDef, ModelSpec
 
+log = logging.getLogger("bigtrain")
 DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "attention_dropout", "resid_pdrop",
                 "embd_pdrop", "attn_pdrop", "hidden_dropout", "dropout", "classifier_dropout")
 
@@ -35,7 +37,7 @@ class HFSettings:
     vocab_size: int | None = None  # the data's tokenizer length: checked to fit the embedding
     pad_token_id: int | None = None  # the tokenizer's padding id (decoder classifiers find the last token by it)
     dropout: float | None = None  # every dropout rate the config has; None keeps the directory's
-    attn_implementation: str | None = "sdpa"  # None: transformers' choice for the architecture
+    attn_implementation: str | None = None  # None: sdpa where the class supports it, else its default (eager)
     trust_remote_code: bool = False  # run model code shipped in the directory (auto_map)
 
     def __post_init__(self) -> None:
@@ -55,8 +57,9 @@ def _text_config(config: Any) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def _configure(s: HFSettings, config: Any, task: str) -> Any:
-    """The directory's config with bigtrain's switches: classes, padding id, dropout, attention kernel."""
+def _configure(s: HFSettings, config: Any, task: str, cls: type) -> Any:
+    """The directory's config with bigtrain's switches: classes, padding id, dropout, no KV cache, and the
+    attention kernel (`hf_common.choose_attention`; one log line names it and why)."""
     if task == "classify":
         if s.num_classes is not None and s.num_classes != config.num_labels:
             config.num_labels = s.num_classes  # also resets id2label; a differently sized head starts fresh
@@ -66,9 +69,9 @@ def _configure(s: HFSettings, config: Any, task: str) -> Any:
         for key in DROPOUT_KEYS:
             if isinstance(getattr(config, key, None), float):
                 setattr(config, key, s.dropout)
-    config.use_cache = False
-    if s.attn_implementation is not None:
-        config._attn_implementation = s.attn_implementation
+    kernel, why = hf_common.choose_attention(cls, s.attn_implementation)
+    hf_common.set_training_defaults(config, kernel)
+    log.info("%s: attention %s for %s (%s)", s.pretrained, kernel, cls.__name__, why)
     return config
 
 
@@ -126,8 +129,8 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
     s = HFSettings(**fields)
     config = hf_dir.read_config(s.pretrained, trust_remote_code=s.trust_remote_code)
     task = s.task or hf_dir.task_of(config, s.pretrained)
-    config = _configure(s, config, task)
-    cls = model_class(config, task, s.trust_remote_code)
+    cls = model_class(config, task, s.trust_remote_code)  # reads only the config's type and auto_map
+    config = _configure(s, config, task, cls)
     text = _text_config(config)
     positions = getattr(text, "max_position_embeddings", None) or 2048
     seq_len = s.seq_len or min(positions, 2048)

@@ -111,3 +111,24 @@ def set_training_defaults(config: Any, attn_implementation: str) -> None:
     """No KV cache (a recomputed block would append to it twice), the attention kernel chosen."""
     config.use_cache = False
     config._attn_implementation = attn_implementation
+
+
+def choose_attention(model_cls: type, requested: str | None) -> tuple[str, str]:
+    """(kernel, why) for building `model_cls`: `requested` when given, else torch's sdpa where the class
+    supports it, else the architecture's own default, eager (what transformers itself falls back to).
+
+    Decided here, from the class's `_supports_sdpa` flag, rather than left to transformers: the pipeline
+    blocks and the log read the kernel from the config, so it must be a name, never None. Asking for sdpa
+    where the class has none is a ValueError naming the setting to change, not transformers' request
+    to file an issue.
+    """
+    has_sdpa = bool(getattr(model_cls, "_supports_sdpa", False))
+    if requested is None:
+        if has_sdpa:
+            return "sdpa", "torch's scaled_dot_product_attention, which this architecture supports"
+        return "eager", "its own default: transformers gives this architecture no sdpa kernel"
+    if requested == "sdpa" and not has_sdpa:
+        raise ValueError(f"{model_cls.__name__} has no sdpa attention in transformers; leave "
+                         "model.overrides.attn_implementation unset (it then takes the architecture's default, "
+                         "eager) or set it to 'eager'")
+    return requested, "model.overrides.attn_implementation"
