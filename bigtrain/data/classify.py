@@ -53,10 +53,22 @@ def _records(src: Source, num_classes: int, text_field: str, label_field: str,
     if src.kind == "files" and src.loader == "text":
         raise ValueError(f"data.source={src.text!r}: classification needs labels; give jsonl/json/parquet "
                          f"records with a {text_field!r} and a {label_field!r} column")
-    records = load_records(src, cache_dir)
-    texts = column(records, text_field, "text_field")
-    labels = encode_labels(column(records, label_field, "label_field"), num_classes, label_field)
-    return texts, labels
+    try:
+        records = load_records(src, cache_dir)
+        texts, values = column(records, text_field, "text_field"), column(records, label_field, "label_field")
+    except Exception as e:
+        if src.kind == "files" and (isinstance(e, UnicodeDecodeError) or not isinstance(e, ValueError)):
+            _name_the_bad_record(src, text_field)
+        raise
+    return texts, encode_labels(values, num_classes, label_field)
+
+
+def _name_the_bad_record(src: Source, text_field: str) -> None:
+    """`datasets` fails on a file that is not UTF-8 or not JSON without naming it (or with a traceback):
+    prepare's reader goes through the files again and raises the one line naming the file and the line."""
+    from bigtrain.data.prepare.pieces import iter_documents
+    for _ in iter_documents(src, text_field):
+        pass
 
 
 def encode_texts(texts: list[str], tokenizer, seq_len: int) -> tuple[np.ndarray, np.ndarray]:

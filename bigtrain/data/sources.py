@@ -6,6 +6,7 @@ directory laid out as an image folder (one subdirectory per class).
 """
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import os
@@ -78,6 +79,45 @@ def _match_files(source: str, path: Path) -> list[Path]:
         raise ValueError(f"data.source={source!r}: unsupported file type {path.suffix!r}; "
                          "use .txt, .jsonl, .json or .parquet")
     return [path]
+
+
+def line_at(path: Path | str, offset: int) -> int:
+    """1-based number of the line of `path` that holds byte `offset`: the newlines before it counted,
+    which reads the file up to there (only ever on an error, so pieces need not track lines)."""
+    newlines, left = 0, offset
+    with open(path, "rb") as f:
+        while left > 0 and (chunk := f.read(min(1 << 20, left))):
+            newlines += chunk.count(b"\n")
+            left -= len(chunk)
+    return newlines + 1
+
+
+def not_utf8(path: Path | str, offset: int) -> ValueError:
+    """The one-line error for a text source whose byte at `offset` is not UTF-8."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        byte = f.read(1)
+    return ValueError(f"{path} is not UTF-8 text (byte 0x{byte.hex()} at line {line_at(path, offset)}, offset "
+                      f"{offset}): a binary file, or text in another encoding, among the text sources; remove it "
+                      "from data.source, or convert it to UTF-8 (iconv -f ENCODING -t UTF-8)")
+
+
+def first_not_utf8(path: Path | str) -> int | None:
+    """Offset of the first byte of `path` that does not decode as UTF-8 (None: all of it does), 1 MB at a time.
+    For errors from readers that do not say where in the file they were (a text-mode read, `datasets`)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    pos = 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            pending = len(decoder.getstate()[0])  # bytes of a sequence cut by the previous chunk
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:  # e.start counts from the first pending byte
+                return pos - pending + e.start
+            if not chunk:
+                return None
+            pos += len(chunk)
 
 
 def files_fingerprint(paths: list[Path] | tuple[Path, ...], extra: str = "") -> str:

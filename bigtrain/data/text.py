@@ -20,7 +20,7 @@ from bigtrain.data.dataset import DataBundle, split_rows
 from bigtrain.data.mixture import MixtureSampler, parse_mixture
 from bigtrain.data.prepare.core import identity, prepare, text_source
 from bigtrain.data.prepare.pieces import BPE_TRAIN_BYTES, iter_documents
-from bigtrain.data.prepare.store import PLAN_FILE, PreparedCorpus, is_prepared, read_manifest
+from bigtrain.data.prepare.store import PLAN_FILE, PreparedCorpus, is_complete, is_prepared, read_manifest
 from bigtrain.data.prepare.worker import token_dtype  # noqa: F401 -- re-exported for classify
 from bigtrain.data.sources import Source
 from bigtrain.data.tokenizer import load_tokenizer, resolve_tokenizer, tokenizer_fingerprint
@@ -104,7 +104,7 @@ def _corpus(part: Part, tok: Any, cache_dir: Path, writers: tuple[bool, bool], b
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
     target = Path(cache_dir) / f"prepared-{key}"
     for writes in writers:  # the second round finds the corpus already there unless the cache is node-local
-        if writes and not is_prepared(target):
+        if writes and not is_complete(target):  # absent, or a shard deleted since: (re)made, intact shards kept
             prepare(part, tok, target, **options)
         barrier()
     return PreparedCorpus(target)

@@ -24,7 +24,7 @@ import numpy as np
 from bigtrain.data.prepare.pieces import BATCH_BYTES, PIECE_BYTES, Piece, plan, write_spool
 from bigtrain.data.prepare.pool import WorkerPool
 from bigtrain.data.prepare.progress import Progress
-from bigtrain.data.prepare.store import FORMAT, MANIFEST, PLAN_FILE, PreparedCorpus
+from bigtrain.data.prepare.store import FORMAT, MANIFEST, PLAN_FILE, PreparedCorpus, damaged_shards
 from bigtrain.data.prepare.worker import process_piece, setup, shard_paths, token_dtype, write_json_atomic
 from bigtrain.data.sources import Source, parse_source, source_fingerprint
 
@@ -89,7 +89,8 @@ def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field
                    (piece_bytes, batch_bytes))
         started = time.perf_counter()
         shards = job.run(progress)
-        _write_manifest(out, src, ident, tokenizer, job, shards, seq_len, time.perf_counter() - started)
+        _write_manifest(out, src, ident, tokenizer, job, shards, seq_len, time.perf_counter() - started,
+                        hash_content)
         shutil.rmtree(out / "spool", ignore_errors=True)
     return PreparedCorpus(out)
 
@@ -105,12 +106,20 @@ def _locked(out: Path) -> Iterator[None]:
 
 
 def _finished(out: Path, ident: dict, src: Source) -> bool:
-    """True when out holds this corpus already; ValueError when it holds another one."""
+    """True when out holds this corpus already, every shard intact; ValueError when it holds another one.
+    A shard deleted or truncated since is made again (with the manifest) while the intact ones are kept."""
     if not (out / MANIFEST).is_file():
         return False
-    made_from = _read_json(out / MANIFEST).get("identity", {})
+    manifest = _read_json(out / MANIFEST) or {}
+    made_from = manifest.get("identity", {})
     if made_from == ident:
-        return True
+        damaged = damaged_shards(out, manifest)
+        if not damaged:
+            return True
+        log.info("prepare: %s lacks %d of its %d shards (%s); making them again", out, len(damaged),
+                 len(manifest["shards"]), next(iter(damaged.values())))
+        (out / MANIFEST).unlink()  # until the shards are whole again this is an unfinished prepare
+        return False
     changed = [k for k in ident if ident[k] != made_from.get(k)]
     raise ValueError(f"{out} holds a corpus prepared with a different {' and '.join(changed)} than this one "
                      f"({src.text!r}); give a new --out, or delete {out} to prepare it again")
@@ -238,7 +247,7 @@ def _total_bytes(src: Source) -> int | None:
 
 
 def _write_manifest(out: Path, src: Source, ident: dict, tokenizer: Any, job: _Job, shards: list[dict],
-                    seq_len: int | None, seconds: float) -> None:
+                    seq_len: int | None, seconds: float, hash_content: bool) -> None:
     tokens = sum(s["tokens"] for s in shards)
     if tokens == 0:
         raise ValueError(f"data.source={src.text!r} holds no text (every document empty or missing)")
@@ -246,6 +255,7 @@ def _write_manifest(out: Path, src: Source, ident: dict, tokenizer: Any, job: _J
         "format": FORMAT, "identity": ident,
         "source": {"text": src.text, "kind": src.kind, "files": len(src.files), "bytes": sum(s["bytes"] for s in shards),
                    "text_field": ident["text_field"], "fingerprint": ident["source"],
+                   "hash_content": hash_content,  # for the command that repairs a damaged directory
                    "hub": {"split": src.split, "revision": src.revision} if src.kind == "hub" else None},
         "tokenizer": {"name": str(getattr(tokenizer, "name_or_path", "")), "fingerprint": ident["tokenizer"],
                       "vocab_size": len(tokenizer), "eos_id": job.eos},

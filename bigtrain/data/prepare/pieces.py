@@ -14,9 +14,9 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
-from bigtrain.data.sources import Source
+from bigtrain.data.sources import Source, first_not_utf8, line_at, not_utf8
 
 PIECE_BYTES = 32 << 20  # input bytes per piece: the resume granularity and the unit handed to a worker
 BATCH_BYTES = 1 << 20  # text bytes per encode call: what bounds a worker's memory
@@ -107,9 +107,14 @@ def _txt_cut(data: bytes, skip: int) -> int:
 
 
 def _parquet_pieces(path: Path, piece_bytes: int, text_field: str) -> Iterator[tuple[Piece, None]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    meta = pq.ParquetFile(path).metadata
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except (pa.ArrowException, OSError) as e:  # pyarrow's message does not name the file
+        raise ValueError(f"{path} is not a Parquet file ({e}); remove it from data.source, or give it the "
+                         "extension of what it holds (.txt, .jsonl, .json)") from None
     names = meta.schema.names
     if text_field not in names:
         raise ValueError(f"data.text_field={text_field!r}: {path} has no such column; it has {names}. "
@@ -131,8 +136,14 @@ def _is_json_array(path: Path) -> bool:
 
 def _json_array_texts(path: Path, text_field: str) -> Iterator[str]:
     """A JSON array of records: read whole (its size bounds the memory); prefer JSON lines for big data."""
-    with open(path, encoding="utf-8") as f:
-        records = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            records = json.load(f)
+    except UnicodeDecodeError:  # its position is within a read buffer, not the file
+        raise not_utf8(path, first_not_utf8(path) or 0) from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: line {e.lineno} is not valid JSON ({e.msg} at column {e.colno}); a .json file "
+                         "must hold one array of records (or one record per line)") from None
     for i, record in enumerate(records):
         text = _field(record, text_field, f"{path} record {i}")
         if text:
@@ -200,15 +211,15 @@ def read_piece(piece: Piece, text_field: str, batch_bytes: int = BATCH_BYTES) ->
 
 
 def _byte_batches(piece: Piece, cut: re.Pattern | None, batch_bytes: int) -> Iterator[tuple[bytes, int]]:
-    """The piece's bytes in batches of about batch_bytes, each ending at a cut (a line start),
-    with the bytes read for it."""
+    """The piece's bytes in batches of about batch_bytes, each ending at a cut (a line start), with the
+    file offset of its first byte (for errors that name a line)."""
     if piece.kind == "spool":
         start, end = 0, Path(piece.path).stat().st_size
     else:
         start, end = piece.start, piece.end
     with open(piece.path, "rb") as f:
         f.seek(start)
-        pos, carry = start, b""
+        pos, carry, offset = start, b"", start  # offset: where the next batch (carry first) starts
         while pos < end:
             buf = f.read(min(batch_bytes, end - pos))
             if not buf:
@@ -219,7 +230,8 @@ def _byte_batches(piece: Piece, cut: re.Pattern | None, batch_bytes: int) -> Ite
                 at = data.rfind(b"\n") + 1 if cut is None else _last_cut(data, cut)
                 data, carry = data[:at], data[at:]
             if data:
-                yield data, len(data)
+                yield data, offset
+                offset += len(data)
 
 
 def _last_cut(data: bytes, cut: re.Pattern) -> int:
@@ -233,46 +245,59 @@ def _last_cut(data: bytes, cut: re.Pattern) -> int:
 
 
 def _jsonl_texts(piece: Piece, field: str, batch_bytes: int) -> Iterator[tuple[list[str], int]]:
-    for data, nbytes in _byte_batches(piece, None, batch_bytes):
+    path = piece.path
+    for data, offset in _byte_batches(piece, None, batch_bytes):
         texts = []
-        for line in data.splitlines():
+        for line in data.split(b"\n"):  # a "\r" before the "\n" is JSON whitespace
+            start, offset = offset, offset + len(line) + 1
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line.decode("utf-8"))  # decoded here: json.loads would guess UTF-16/32
+            except UnicodeDecodeError as e:
+                raise not_utf8(path, start + e.start) from None
             except json.JSONDecodeError as e:
-                raise ValueError(f"{piece.path}: a line in bytes {piece.start}-{piece.end} is not JSON ({e.msg}); "
+                raise ValueError(f"{path}: line {line_at(path, start)} is not JSON ({e.msg} at column {e.colno}); "
                                  "each line of a .jsonl file must be one JSON object") from None
-            text = _field(record, field, piece.path)
+            text = _field(record, field, lambda: f"{path} line {line_at(path, start)}")  # noqa: B023 -- called now
             if text:
                 texts.append(text)
-        yield texts, nbytes
+        yield texts, len(data)
 
 
-def _field(record: object, field: str, where: str) -> str | None:
+def _field(record: object, field: str, where: str | Callable[[], str]) -> str | None:
+    """The record's text (None: a null value); `where`, or what it returns (a line number costs a read of
+    the file), names the record in the error."""
+    if isinstance(record, dict) and isinstance(record.get(field), str):
+        return record[field]
+    if isinstance(record, dict) and field in record and record[field] is None:
+        return None
+    where = where() if callable(where) else where
     if not isinstance(record, dict) or field not in record:
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
         raise ValueError(f"data.text_field={field!r}: a record in {where} has no such field; it has {keys}. "
                          "Set data.text_field to one of them")
-    text = record[field]
-    if text is not None and not isinstance(text, str):
-        raise ValueError(f"data.text_field={field!r}: a value in {where} is {type(text).__name__}, not text")
-    return text
+    raise ValueError(f"data.text_field={field!r}: a value in {where} is {type(record[field]).__name__}, not text")
 
 
 def _txt_chunks(piece: Piece, batch_bytes: int) -> Iterator[tuple[list[str], bool, int]]:
     chunks = _byte_batches(piece, TXT_CUT, batch_bytes)
     previous = next(chunks, None)
     for chunk in chunks:
-        yield [_universal_newlines(previous[0])], False, previous[1]
+        yield [_universal_newlines(piece.path, *previous)], False, len(previous[0])
         previous = chunk
     if previous is not None:  # an empty file is no document (as before: empty texts are skipped)
-        yield [_universal_newlines(previous[0])], piece.eos, previous[1]
+        yield [_universal_newlines(piece.path, *previous)], piece.eos, len(previous[0])
 
 
-def _universal_newlines(data: bytes) -> str:
-    """As Python's text mode reads a .txt file (what `datasets`' text loader gave before)."""
-    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+def _universal_newlines(path: str, data: bytes, offset: int) -> str:
+    """As Python's text mode reads a .txt file (what `datasets`' text loader gave before); `data` starts at
+    byte `offset` of `path`, for the error naming the line that is not UTF-8."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise not_utf8(path, offset + e.start) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _parquet_texts(piece: Piece, text_field: str) -> Iterator[tuple[list[str], bool, int]]:
@@ -282,7 +307,12 @@ def _parquet_texts(piece: Piece, text_field: str) -> Iterator[tuple[list[str], b
     texts: list[str] = []
     for batch in parquet.iter_batches(batch_size=1024, row_groups=list(range(piece.start, piece.end)),
                                       columns=[text_field]):
-        texts = [t for t in batch.column(0).to_pylist() if t]
+        try:
+            texts = [t for t in batch.column(0).to_pylist() if t]
+        except UnicodeDecodeError:
+            raise ValueError(f"data.text_field={text_field!r}: the column in {piece.path} (row groups "
+                             f"{piece.start}-{piece.end - 1}) holds bytes that are not UTF-8 text; write it "
+                             "again as UTF-8 strings") from None
         if texts and not isinstance(texts[0], str):
             raise ValueError(f"data.text_field={text_field!r}: the column in {piece.path} holds "
                              f"{type(texts[0]).__name__}, not text")

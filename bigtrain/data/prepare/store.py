@@ -11,6 +11,7 @@ The corpus is the shards concatenated in order: documents joined with EOS, in so
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,47 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def damaged_shards(root: str | Path, manifest: dict[str, Any]) -> dict[str, str]:
+    """{shard name: what is wrong} for the manifest's shards whose files are missing or of another size
+    (deleted, truncated, copied in part); empty when all are there. Stats only: nothing is read."""
+    shard_dir = Path(root).expanduser() / "shards"
+    itemsize = np.dtype(manifest["dtype"]).itemsize
+    damaged: dict[str, str] = {}
+    for shard in manifest["shards"]:
+        tokens, index = shard_dir / f"{shard['name']}.bin", shard_dir / f"{shard['name']}.idx.npy"
+        expected = int(shard["tokens"]) * itemsize
+        if not tokens.is_file():
+            damaged[shard["name"]] = f"shards/{tokens.name} is missing"
+        elif tokens.stat().st_size != expected:
+            damaged[shard["name"]] = (f"shards/{tokens.name} holds {tokens.stat().st_size} bytes where the manifest "
+                                      f"says {shard['tokens']} tokens ({expected} bytes)")
+        elif not index.is_file():
+            damaged[shard["name"]] = f"shards/{index.name} is missing"
+    return damaged
+
+
+def is_complete(path: str | Path) -> bool:
+    """Whether `path` is a finished prepare output with every shard intact."""
+    return is_prepared(path) and not damaged_shards(path, read_manifest(path))
+
+
+def repair_command(root: str | Path, manifest: dict[str, Any]) -> str:
+    """The `bigtrain prepare` command that makes a damaged directory's shards again from its source. It
+    keeps the intact shards, and reuses ROOT/tokenizer since it names none (see `prepare`)."""
+    source = manifest["source"]
+    argv = ["bigtrain", "prepare", "--data", source["text"], "--out", str(root)]
+    if source.get("text_field", "text") != "text":
+        argv += ["--text-field", source["text_field"]]
+    hub = source.get("hub") or {}
+    if hub.get("split") not in (None, "train"):
+        argv += ["--split", hub["split"]]
+    if hub.get("revision"):
+        argv += ["--revision", hub["revision"]]
+    if source.get("hash_content"):  # the identity of the shards kept depends on how the files were hashed
+        argv.append("--hash-content")
+    return shlex.join(argv)
+
+
 class PreparedCorpus:
     """The token stream of a prepared directory, memory-mapped shard by shard (nothing read up front)."""
 
@@ -48,6 +90,13 @@ class PreparedCorpus:
         self.manifest = read_manifest(self.root)
         self.dtype = np.dtype(self.manifest["dtype"])
         shard_dir = self.root / "shards"
+        damaged = damaged_shards(self.root, self.manifest)
+        if damaged:  # deleted or truncated after prepare: say so before any rank maps a file
+            shards = len(self.manifest["shards"])
+            raise ValueError(f"{self.root} is incomplete: {next(iter(damaged.values()))} ({len(damaged)} of "
+                             f"{shards} shards damaged or missing); run `{repair_command(self.root, self.manifest)}` "
+                             f"to make {'it' if len(damaged) == 1 else 'them'} again from the source (the intact "
+                             "shards are kept)")
         counts = [int(s["tokens"]) for s in self.manifest["shards"]]
         self.num_tokens = int(sum(counts))
         self._shards: list[np.ndarray] = []
@@ -56,9 +105,6 @@ class PreparedCorpus:
         for shard, count in zip(self.manifest["shards"], counts):
             if count:
                 path = shard_dir / f"{shard['name']}.bin"
-                if path.stat().st_size != count * self.dtype.itemsize:
-                    raise ValueError(f"{path} holds {path.stat().st_size} bytes, the manifest says {count} tokens: "
-                                     "the prepared data was changed after prepare; prepare it again")
                 self._shards.append(np.memmap(path, dtype=self.dtype, mode="r", shape=(count,)))
                 self._starts.append(start)
             start += count
