@@ -240,16 +240,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     manifest = json.loads(Path(args.manifest).read_text())
     entries = [e for e in manifest["files"] if not args.only or e["file"] in args.only]
+    missing = set(args.only) - {e["file"] for e in entries}
+    if missing:  # a new file needs its manifest entry (repo, path, commit) before it can be judged
+        parser.error(f"not in {args.manifest}: {', '.join(sorted(missing))}")
+    now = versions()
+    recorded = {k: v for k, v in manifest.get("judged_with", {}).items() if k in now}
     start = time.time()
     for i, entry in enumerate(entries):
         verdict = run_child(entry["file"], 29600 + i % 200, args.timeout)
+        if args.only and recorded and recorded != now:  # judged later than the rest: say with what
+            verdict["versions"] = now
         entry.update(verdict=verdict.pop("verdict"), judged=verdict)
         print(f"{entry['verdict']:6s} {entry['file']}: {verdict.get('reason') or ''}", flush=True)
     if not args.print:
         seconds = round(time.time() - start)
         if args.only:
             seconds += manifest.get("judged_with", {}).get("seconds", 0)
-        manifest["judged_with"] = {**versions(), "how": __doc__.split("\n\n", 2)[2].strip(), "seconds": seconds}
+        # --only keeps the versions the whole corpus was judged with; the files judged now carry their own
+        base = recorded if args.only and recorded else now
+        manifest["judged_with"] = {**base, "how": __doc__.split("\n\n", 2)[2].strip(), "seconds": seconds}
         Path(args.manifest).write_text(json.dumps(manifest, indent=1) + "\n")
     return 0
 

@@ -262,3 +262,110 @@ def test_schema_follows_the_installed_deepspeed(monkeypatch):
         monkeypatch.undo()
         schema.probe.cache_clear()
         schema.top_level.cache_clear()
+
+
+# --- the whole `bigtrain lint` path judges a user's JSON by DeepSpeed's rules ----------------------
+# Each case below is a config DeepSpeed 0.19.8 accepts (verdicts from scripts/judge_ds_configs.py
+# --child on each dict) that `bigtrain lint` used to refuse through the run config's own rules.
+
+HF_AUTO = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+           "gradient_clipping": "auto"}
+
+
+def test_cli_takes_auto_where_deepspeeds_models_drop_it(tmp_path, capsys):
+    """`bfloat16` is DeepSpeed's old name of `bf16`; a pydantic field DeepSpeed's model drops "auto" from keeps
+    its default. Neither is filled by the HF Trainer or accelerate, and DeepSpeed takes both."""
+    config = {**HF_AUTO, "bfloat16": {"enabled": "auto"},
+              "zero_optimization": {"stage": 3, "prefetch_bucket_size": "auto",
+                                    "offload_param": {"device": "cpu", "buffer_size": "auto"}}}
+    code, out, err = run_cli(tmp_path, capsys, config, "--world-size", "2", "--device", "cuda")
+    assert code == 0, err
+    ds = json.loads(out)
+    assert ds["bfloat16"] == {"enabled": True} and "bf16" not in ds  # the run config's precision, under its old name
+    assert 'bfloat16.enabled="auto": bfloat16 is DeepSpeed\'s old name for bf16' in err
+    assert ds["zero_optimization"]["offload_param"] == {"device": "cpu"}  # DeepSpeed's default buffer size applies
+    assert 'zero_optimization.offload_param.buffer_size="auto": DeepSpeed\'s DeepSpeedZeroOffloadParamConfig drops ' \
+           '"auto" here: its default 100000000 applies' in err
+    assert "prefetch_bucket_size" not in ds["zero_optimization"]  # the HF Trainer fills only the stage3_ name
+    assert 'zero_optimization.prefetch_bucket_size="auto": DeepSpeed\'s DeepSpeedZeroConfig drops "auto" here: ' \
+           'its default 50000000 applies' in err
+    assert "cannot derive" not in err
+
+
+@pytest.mark.parametrize("key, value, run_field", [
+    ("zero_optimization.sub_group_size", 0, "zero.sub_group_size"),  # axolotl's ZeRO-3 configs
+    ("zero_optimization.allgather_bucket_size", 0, "zero.allgather_bucket_size"),
+    ("gradient_clipping", -1.0, "optimizer.grad_clip"),
+    ("optimizer.params.lr", 0.0, "optimizer.lr"),
+    ("optimizer.params.eps", 0.0, "optimizer.eps"),
+    ("optimizer.params.weight_decay", -0.1, "optimizer.weight_decay"),
+    ("optimizer.params.betas", [0.9, 1.0], "optimizer.betas"),
+    ("activation_checkpointing.cpu_checkpointing", True, "activation_checkpointing.cpu_checkpointing"),
+    ("scheduler.params.warmup_min_ratio", 1.5, "schedule.min_lr_ratio"),
+])
+def test_cli_judges_a_json_value_by_deepspeeds_bound_not_the_run_configs(tmp_path, capsys, key, value, run_field):
+    config = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+              "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10}},
+              "zero_optimization": {"stage": 3}}
+    node = config
+    *parents, last = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    code, out, err = run_cli(tmp_path, capsys, config, "--world-size", "2", "--device", "cuda")
+    assert code == 0, err
+    ds = json.loads(out)
+    node = ds
+    for part in key.split("."):
+        node = node[part]
+    assert node == value  # it runs as the JSON says
+    lines = [line for line in err.splitlines() if line.startswith(f"note: {key}=")]
+    assert len(lines) == 1 and f"the recorded run config keeps {run_field}=" in lines[0], err
+
+
+def test_cli_offload_below_its_stage_is_a_warning_naming_the_json_key(tmp_path, capsys):
+    """DeepSpeed runs these and ignores the offload (the README says lint warns)."""
+    for stage, key in ((2, "offload_param"), (0, "offload_optimizer")):
+        config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": stage, key: {"device": "cpu"}}}
+        code, out, err = run_cli(tmp_path, capsys, config, "--world-size", "2", "--device", "cuda")
+        assert code == 0, err
+        warns = [line for line in err.splitlines() if line.startswith("warning: ")]
+        assert len(warns) == 1 and warns[0].startswith(f"warning: zero_optimization.{key} needs stage"), err
+        assert "(DeepSpeed ignores it at this stage)" in warns[0]
+        assert "offload.param" not in err and "offload.optimizer" not in err  # never the run config's field names
+        assert json.loads(out)["zero_optimization"][key] == {"device": "cpu"}
+    # NVMe optimizer offload below stage 3: DeepSpeed's stage 1-2 optimizer offloads any device but "none" to CPU
+    # memory (judged: accepted, NVMe run as CPU offload as the judge runs it on a GPU host's behalf)
+    config = {"train_micro_batch_size_per_gpu": 4,
+              "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}}}
+    code, out, err = run_cli(tmp_path, capsys, config, "--world-size", "2", "--device", "cuda")
+    assert code == 0, err
+    warns = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warns) == 1 and warns[0].startswith("warning: zero_optimization.offload_optimizer.device=nvme needs "
+                                                   "stage 3") and "DeepSpeed offloads to CPU memory" in warns[0], err
+
+
+@pytest.mark.parametrize("batch, named", [
+    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1},
+     "train_batch_size=10 is not a multiple of train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 1"),
+    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4},
+     "train_batch_size=10 is not a multiple of train_micro_batch_size_per_gpu 4"),
+])
+def test_cli_batch_that_holds_at_no_world_size_is_an_error(tmp_path, capsys, batch, named):
+    """DeepSpeed refuses it at every world size; fitting is for a triple written for another size."""
+    code, out, err = run_cli(tmp_path, capsys, batch, "--world-size", "2", "--device", "cuda")
+    assert code == 2 and out == ""
+    problems = [line for line in err.splitlines() if line.startswith("bigtrain lint: ")]
+    assert len(problems) == 1 and named in problems[0] and "no world size fits" in problems[0], err
+
+
+def test_cli_fits_a_batch_written_for_another_world_size_and_says_so(tmp_path, capsys):
+    triple = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}
+    code, out, err = run_cli(tmp_path, capsys, triple, "--world-size", "4", "--device", "cuda")
+    assert code == 0 and json.loads(out)["gradient_accumulation_steps"] == 1
+    assert "note: batch triple recomputed for data-parallel size 4 (was 2)" in err
+    pair = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4}  # holds at 1, 2, 4; not at 8
+    code, out, err = run_cli(tmp_path, capsys, pair, "--world-size", "8", "--device", "cuda")
+    assert code == 0 and json.loads(out)["train_batch_size"] == 32
+    assert any(line.startswith("note: batch triple recomputed for data-parallel size 8") and "16 -> 32" in line
+               for line in err.splitlines()), err

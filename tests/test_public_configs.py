@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from bigtrain.cli import main
 from bigtrain.ds import schema
 from bigtrain.ds.lint import DeviceCaps, LintError, errors, lint_problems, read_ds_json
+from bigtrain.ds.resolve import triple_world
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "public_ds_configs"
@@ -48,6 +50,47 @@ def test_every_public_config_gets_deepspeeds_verdict():
           f"= {agree / len(files):.1%}")
     assert len(files) >= 40
     assert not mismatches, "\n".join(mismatches)
+
+
+# DeepSpeed accepts these alone, and `bigtrain lint` refuses them for a reason of bigtrain's own that its line
+# names: a section the JSON leaves out comes from the run config (README, "Precedence"), here ZeRO-1, and DeepSpeed
+# refuses Lamb under ZeRO unless zero_allow_untested_optimizer is set.
+BIGTRAIN_FILLS = {"dsexamples__cifar__ds_config_lamb.json": "zero_optimization is not in the JSON: bigtrain filled it "
+                                                             "from the run config"}
+
+
+def test_every_config_deepspeed_accepts_passes_the_whole_lint_command(capsys):
+    """`bigtrain lint` as users run it: the run config, "auto" resolution and batch fitting included, at the
+    data-parallel size each file's triple was written for. The lint checks alone (above) are not enough: the
+    run config's own rules once refused what DeepSpeed takes (axolotl's sub_group_size 0, bfloat16 "auto")."""
+    mismatches = []
+    for entry in MANIFEST["files"]:
+        if entry["verdict"] != "accept":
+            continue
+        world = triple_world(read_ds_json(DATA / entry["file"]))
+        code = main(["lint", str(DATA / entry["file"]), "--world-size", str(world), "--device", "cuda"])
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err
+        said = [line for line in err.splitlines() if line.startswith("bigtrain lint: ")]
+        if entry["file"] in BIGTRAIN_FILLS:
+            assert code == 2 and len(said) == 1 and BIGTRAIN_FILLS[entry["file"]] in said[0], err
+        elif code != 0:
+            mismatches.append(f"{entry['file']}: DeepSpeed accepts it, `bigtrain lint` says {said}")
+    assert not mismatches, "\n".join(mismatches)
+
+
+def test_the_lint_command_warns_where_deepspeed_ignores_a_section():
+    """zero_optimization.offload_param at stage 2: DeepSpeed runs it without the offload; lint says so, naming the
+    JSON's key (not the run config's offload.param)."""
+    import contextlib
+    import io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["lint", str(DATA / "efficientdl__deepspeed__zero2-offload-model.json"), "--world-size", "1",
+                     "--device", "cuda"])
+    assert code == 0, err.getvalue()
+    assert "warning: zero_optimization.offload_param needs stage 3 (got stage 2)" in err.getvalue()
+    assert "offload.param=" not in err.getvalue()
 
 
 @pytest.mark.parametrize("name, key", [

@@ -91,6 +91,9 @@ def batch_problems(config: dict, world_size: int | None, pipeline_stages: int | 
     if total is None and micro is None:
         return [Problem("train_batch_size", "missing: give train_batch_size or train_micro_batch_size_per_gpu "
                                             "(DeepSpeed needs one of them)")]
+    nowhere = holds_nowhere(total, micro, accum)
+    if nowhere:
+        return [nowhere]
     stages = pipeline_stages_of(config, pipeline_stages)
     if world_size is not None:
         problem = divisibility_problem(world_size, stages)
@@ -98,14 +101,27 @@ def batch_problems(config: dict, world_size: int | None, pipeline_stages: int | 
             return [Problem("pipeline.stages", problem)]
         dp = world_size // stages
     elif None not in (total, micro, accum):
-        if total % (micro * accum):
-            return [Problem("train_batch_size", f"={total} is not a multiple of train_micro_batch_size_per_gpu {micro} "
-                                                f"x gradient_accumulation_steps {accum}: no world size fits; set "
-                                                f"train_batch_size to a multiple of {micro * accum}")]
-        return []
+        return []  # it holds at the data-parallel size it was written for
     else:
         dp = 1
     return _triple_at(total, micro, accum, dp)
+
+
+def holds_nowhere(total: Any, micro: Any, accum: Any) -> Problem | None:
+    """A batch DeepSpeed refuses at every world size: train_batch_size is micro x accum x data-parallel, so it must
+    be a multiple of the members given with it. (One written for another world size is fitted, not refused.)"""
+    given = [(key, value) for key, value in zip(BATCH_KEYS[1:], (micro, accum)) if value is not None]
+    if not (is_int(total) and given and all(is_int(v) and v > 0 for _, v in given)):
+        return None
+    per_rank = 1
+    for _, value in given:
+        per_rank *= value
+    if total % per_rank == 0:
+        return None
+    factors = " x ".join(f"{key} {value}" for key, value in given)
+    return Problem("train_batch_size", f"={total} is not a multiple of {factors}: no world size fits (DeepSpeed "
+                                       f"refuses it at any); set train_batch_size to a multiple of {per_rank}, or "
+                                       "leave one of the three out (or \"auto\") for bigtrain to derive")
 
 
 def _triple_at(total: int | None, micro: int | None, accum: int | None, dp: int) -> list[Problem]:
@@ -156,11 +172,19 @@ def layout_lint(config: dict, pipeline_stages: int | None) -> list[Problem]:
     opt, param = offload_device(zero, "offload_optimizer"), offload_device(zero, "offload_param")
     stages = pipeline_stages_of(config, pipeline_stages)
     every = layout_problems(Layout(stage, opt, param, stages), DS_KEYS)
-    # DeepSpeed runs these, ignoring the offload: offload_param below stage 3, offload_optimizer at stage 0.
-    hard = layout_problems(Layout(stage, "none" if stage == 0 else opt, param if stage == 3 else "none", stages),
-                           DS_KEYS)
-    return [Problem("zero_optimization", line if line in hard else f"{line} (DeepSpeed ignores it at this stage)",
-                    level="error" if line in hard else "warning") for line in every]
+    # What DeepSpeed runs instead of refusing: offload_param below stage 3 and offload_optimizer at stage 0 are
+    # ignored; its stage 1-2 optimizer offloads any device but "none" to CPU memory, NVMe included.
+    ran = "none" if stage == 0 else "cpu" if opt == "nvme" and stage in (1, 2) else opt
+    hard = layout_problems(Layout(stage, ran, param if stage == 3 else "none", stages), DS_KEYS)
+    problems = []
+    for line in every:
+        if line in hard:
+            problems.append(Problem("zero_optimization", line))
+        else:
+            nvme_as_cpu = line.startswith(f"{DS_KEYS.optimizer_device}=nvme") and ran == "cpu"
+            why = "DeepSpeed offloads to CPU memory instead" if nvme_as_cpu else "DeepSpeed ignores it"
+            problems.append(Problem("zero_optimization", f"{line} ({why} at this stage)", level="warning"))
+    return problems
 
 
 def parallel_problems(config: dict, world_size: int | None) -> list[Problem]:

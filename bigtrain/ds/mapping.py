@@ -82,14 +82,57 @@ def stated(config: dict) -> dict[str, Any]:
 
 def absorb(run: RunConfig, config: dict) -> RunConfig:
     """The run config that `config`, a complete DeepSpeed dict, trains with: every field it carries,
-    keys it leaves out read as DeepSpeed's defaults (ZeRO knobs, scheduler parameters)."""
+    keys it leaves out read as DeepSpeed's defaults (ZeRO knobs, scheduler parameters). A value the run
+    config cannot hold (`with_json_fields`) keeps `run`'s; `config` is the record of what ran."""
     values = stated(config)
     zero = config.get(Z) if isinstance(config.get(Z), dict) else {}
     values.update({k: v for k, v in zero_effective(zero).items() if k not in values})
     values.update({k: v for k, v in _schedule_defaults(config.get(SCHED)).items() if k not in values})
     values.setdefault("activation_checkpointing.enabled", False)
     values.setdefault("pipeline.stages", 1)
-    return with_fields(run, values)
+    return with_json_fields(run, values)[0]
+
+
+def with_json_fields(run: RunConfig, values: dict[str, Any]) -> tuple[RunConfig, dict[str, str]]:
+    """`run` with the fields a DeepSpeed JSON gives, and {field: why} for those the run config cannot hold.
+
+    A JSON value is DeepSpeed's to judge (the lint does, with DeepSpeed's own models and parser); the run
+    config's bounds are stricter in places (sub_group_size 0, lr 0, a negative gradient_clipping,
+    cpu_checkpointing without partition_activations all run in DeepSpeed). Such a field keeps `run`'s
+    value: the JSON's still runs, and the caller says that the record differs.
+    """
+    try:
+        return with_fields(run, values), {}
+    except ValueError:
+        pass
+    kept: dict[str, Any] = {}
+    refused: dict[str, str] = {}
+    pending = list(values)
+    while pending:  # a field refused only beside another one's old value is taken once that one moved
+        progress, retry = False, []
+        for field in pending:
+            try:
+                with_fields(run, {**kept, field: values[field]})
+            except ValueError as err:
+                retry.append(field)
+                refused[field] = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+            else:
+                kept[field] = values[field]
+                refused.pop(field, None)
+                progress = True
+        if not progress:
+            break
+        pending = retry
+    return with_fields(run, kept), refused
+
+
+def json_key(field: str, config: dict) -> str:
+    """The key path that carries run-config `field` in `config` (dotted), as the user wrote it."""
+    for path in LINKS.get(field, ()):
+        for spelled in (path, (*path[:-1], path[-1].removeprefix("stage3_"))):
+            if get_path(config, spelled) is not _MISSING:
+                return ".".join(spelled)
+    return BATCH_FIELDS.get(field, field)
 
 
 def with_fields(run: RunConfig, values: dict[str, Any]) -> RunConfig:
@@ -166,9 +209,17 @@ def _zero_stated(zero: Any) -> dict[str, Any]:
     for field, key in ZERO_KEYS.items():
         _take(out, field, zero, key)
         _take(out, field, zero, key.removeprefix("stage3_"))
+    stage = zero.get("stage", 0)
     for kind in ("optimizer", "param"):
         section = zero.get(f"offload_{kind}")
         device = section.get("device", "none") if isinstance(section, dict) else "none"
+        # DeepSpeed runs offload_param below stage 3 and offload_optimizer at stage 0 without the offload, and an
+        # NVMe optimizer offload at stage 1-2 as CPU offload (the lint warns, naming the JSON's key): the run
+        # config records what runs, not what its own rules refuse.
+        if isinstance(stage, int) and (stage != 3 if kind == "param" else stage == 0):
+            device = "none"
+        elif kind == "optimizer" and device == "nvme" and stage in (1, 2):
+            device = "cpu"
         if device != "auto":
             out[f"offload.{kind}"] = device if device is not None else "none"
         _take(out, "offload.nvme_path", section, "nvme_path")

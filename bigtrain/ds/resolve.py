@@ -11,10 +11,16 @@ tests. Precedence, field by field:
   precision) comes from the run config, each named in one line; a key left out of a section the
   JSON has is DeepSpeed's to default, unless the user gave that field (`--config`/`--set`);
   missing optimizer parameters come from the run config;
-- HF-style "auto" takes the run config's value;
+- HF-style "auto" takes the run config's value, else DeepSpeed's default where DeepSpeed or the HF
+  integration would leave it to that (`bigtrain.ds.auto`);
+- a value the JSON gives is judged by DeepSpeed's rules (the lint), not the run config's: one the
+  run config cannot hold (axolotl's `sub_group_size: 0`) runs as written, and one line says the
+  recorded run config keeps its own value; a setting DeepSpeed ignores (`offload_param` below
+  stage 3) is recorded as what runs;
 - the batch triple is solved for the real data-parallel size: a triple written for another
   world size is fitted (global batch kept where possible), and on resume the checkpoint's
-  global batch is kept unless `batch.global_batch` is given; one line says what changed;
+  global batch is kept unless `batch.global_batch` is given; one line says what changed. A batch
+  that holds at no world size (`train_batch_size` not a multiple of micro x accum) is an error;
 - `train.steps` decides the schedule length, whatever the file was written for.
 
 The result is checked by the lint (`bigtrain.ds.lint`) before any rank trains.
@@ -24,20 +30,23 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from bigtrain.config import rules
 from bigtrain.config.run_config import RunConfig
+from bigtrain.ds.auto import resolve_auto
 from bigtrain.ds.batch import BatchTriple, solve_batch
 from bigtrain.ds.generate import build_ds_config
+from bigtrain.ds.lint_checks import holds_nowhere
 from bigtrain.ds.lint import BATCH_KEYS, DeviceCaps, LintError, lint_problems, read_ds_json, semantic_problems, \
     unknown_keys, validate_with_deepspeed
 from bigtrain.ds.lint import errors as lint_errors
 from bigtrain.ds.lint import warnings as lint_warnings
-from bigtrain.ds.mapping import (BATCH_FIELDS, LINKS, MISSING, absorb, field_value, get_path, set_path, stated,
-                                 with_fields)
+from bigtrain.ds.mapping import (BATCH_FIELDS, LINKS, MISSING, absorb, field_value, get_path, json_key, set_path,
+                                 stated, with_fields, with_json_fields)
 from bigtrain.ds.runtime import fit_to_device
 
 FILLED = ("zero_optimization", "optimizer", "scheduler", "gradient_clipping")
@@ -74,6 +83,7 @@ def resolve(run: RunConfig, user_json: dict | str | Path | None = None, world_si
     if pipeline_stages is not None:
         run = with_fields(run, {"pipeline.stages": pipeline_stages})
         sources["pipeline.stages"] = "--set"
+    filled: list[str] = []  # sections bigtrain added to the user's JSON: an error in one must say so
     if user_json is None:
         config, run = _generated(run, world_size, sources, resume_batch, notes)
     else:
@@ -87,8 +97,9 @@ def resolve(run: RunConfig, user_json: dict | str | Path | None = None, world_si
             raise
         except ValueError as err:
             raise LintError(_json_problems(user, world_size, device) or [f"DeepSpeed JSON: {err}"]) from None
+        filled = [key for key in config if key not in user]
     config = fit_to_device(config, run, out_dir, device.name, notes)
-    _check(config, world_size, device, notes)
+    _check(config, world_size, device, notes, filled)
     return Resolved(config, absorb(run, config), notes)
 
 
@@ -132,7 +143,11 @@ def _from_user(user: dict, run: RunConfig, world_size: int | None, sources: dict
                resume_batch: int | None, notes: list[str]) -> tuple[dict, RunConfig]:
     said = stated(user)
     mixed = _precedence(said, run, sources, notes)
-    mixed_run = with_fields(run, mixed)
+    mixed_run, refused = with_json_fields(run, mixed)
+    notes += [f"{json_key(field, user)}={_show(mixed[field])}: DeepSpeed takes it, but bigtrain's run config cannot "
+              f"hold it ({why}); it runs as the JSON says, and the recorded run config keeps {field}="
+              f"{_show(field_value(run, field))} (the recorded DeepSpeed dict is what ran)"
+              for field, why in refused.items()]
     triple = _user_batch(said, mixed_run, world_size, sources, fit_world, resume_batch, notes)
     if triple is not None:
         mixed_run = _with_triple(mixed_run, triple)
@@ -150,7 +165,7 @@ def _from_user(user: dict, run: RunConfig, world_size: int | None, sources: dict
     if "aio" in generated and "aio" not in config:
         config["aio"] = generated["aio"]
     _fill_optimizer_params(config, generated, notes)
-    _resolve_auto(config, generated, mixed_run, notes)
+    resolve_auto(config, generated, mixed_run, notes)
     if triple is not None:
         config.update(zip(BATCH_KEYS, (triple.global_batch, triple.micro_batch, triple.grad_accum)))
     return config, mixed_run
@@ -222,44 +237,15 @@ def _fill_optimizer_params(config: dict, generated: dict, notes: list[str]) -> N
                      + ", ".join(f"optimizer.params.{k}={_show(params[k])}" for k in added))
 
 
-def _resolve_auto(config: dict, generated: dict, run: RunConfig, notes: list[str]) -> None:
-    """HF-style "auto" takes the run config's value; a key the HF integration fills that bigtrain does
-    not generate is left to DeepSpeed's default; anything else is an error."""
-    extra = {("zero_optimization", "offload_optimizer", "device"): run.offload.optimizer,
-             ("zero_optimization", "offload_param", "device"): run.offload.param,
-             ("zero_optimization", "offload_optimizer", "nvme_path"): run.offload.nvme_path,
-             ("zero_optimization", "offload_param", "nvme_path"): run.offload.nvme_path}
-    left = []
-    for path in list(_auto_paths(config)):
-        if path[0] in BATCH_KEYS:
-            continue  # the batch solver decides these
-        value = get_path(generated, path)
-        if value is MISSING and path in extra:
-            value = extra[path]
-        if value is not MISSING:
-            set_path(config, path, value)
-        elif ".".join(path) in _hf_auto_keys():
-            set_path(config, path, MISSING)
-            notes.append(f"{'.'.join(path)}=\"auto\": bigtrain has no setting for it; DeepSpeed's default applies")
-        else:
-            left.append(".".join(path))
-    if left:
-        raise LintError([f"{p}=\"auto\": bigtrain cannot derive this key; give it a value" for p in left])
-
-
-def _hf_auto_keys() -> frozenset[str]:
-    """The keys the Hugging Face integration fills when they say "auto" (read by the schema)."""
-    try:
-        from bigtrain.ds.schema import hf_auto_keys
-    except ImportError:
-        return frozenset()
-    return hf_auto_keys()
-
-
 # --- the batch triple ------------------------------------------------------------------------------
 
 def _user_batch(said: dict, run: RunConfig, world_size: int | None, sources: Mapping[str, str], fit_world: bool,
                 resume_batch: int | None, notes: list[str]) -> BatchTriple | None:
+    written = {m: said[f"batch.{m}"] for m in MEMBERS
+               if f"batch.{m}" in said and sources.get(f"batch.{m}") != "--set"}  # what the JSON decides
+    nowhere = holds_nowhere(*(written.get(m) for m in MEMBERS))
+    if nowhere:  # no world size fits it: refused, as DeepSpeed refuses it, never fitted
+        raise LintError([nowhere])
     known: dict[str, tuple[int, int]] = {}
     for member in MEMBERS:
         field, value = f"batch.{member}", getattr(run.batch, member)
@@ -277,15 +263,25 @@ def _user_batch(said: dict, run: RunConfig, world_size: int | None, sources: Map
         return None  # a mistyped batch size: the lint names it
     dp = rules.data_parallel_size(world_size, run.pipeline.stages)
     triple = _batch(known, dp, resume_batch, sources, notes)
-    written = {m: v for m, (v, rank) in known.items() if f"batch.{m}" in said}
-    if len(written) == 3 and resume_batch is None and (triple.global_batch, triple.micro_batch,
-                                                         triple.grad_accum) != tuple(written[m] for m in MEMBERS):
-        g, m, a = (written[k] for k in MEMBERS)
-        was = f"was {g // (m * a)}" if g % (m * a) == 0 else "written for none"
-        kept = "kept the global batch" if triple.global_batch == g else f"global batch {g} -> {triple.global_batch}"
-        notes.append(f"batch triple recomputed for data-parallel size {dp} ({was}): {triple}; the JSON says "
-                     f"{g} = micro {m} x accum {a}; {kept}")
+    if resume_batch is None and any(getattr(triple, m) != v for m, v in written.items()):
+        notes.append(_fitted_line(written, triple))
     return triple
+
+
+def _fitted_line(written: dict[str, int], triple: BatchTriple) -> str:
+    """One line for a JSON batch fitted to this world size: what it said, what trains, what was kept."""
+    if len(written) == 3:
+        g, m, a = (written[k] for k in MEMBERS)
+        said = f"{g} = micro {m} x accum {a}"
+        was = f"was {g // (m * a)}"
+    else:
+        said = ", ".join(f"{BATCH_FIELDS['batch.' + k]} {v}" for k, v in written.items())
+        was = "the JSON's values do not hold there"
+    g = written.get("global_batch")
+    kept = ("derived the global batch" if g is None else "kept the global batch" if g == triple.global_batch
+            else f"global batch {g} -> {triple.global_batch}")
+    return (f"batch triple recomputed for data-parallel size {triple.dp_size} ({was}): {triple}; the JSON says "
+            f"{said}; {kept}")
 
 
 def _batch(known: dict[str, tuple[int, int]], dp: int, resume_batch: int | None, sources: Mapping[str, str],
@@ -351,12 +347,22 @@ def triple_world(config: dict) -> int:
 
 # --- checks ----------------------------------------------------------------------------------------
 
-def _check(config: dict, world_size: int | None, device: DeviceCaps, notes: list[str]) -> None:
-    """The lint on the dict the engine will get: errors stop the job, warnings go to the notes."""
+def _check(config: dict, world_size: int | None, device: DeviceCaps, notes: list[str], filled: list[str]) -> None:
+    """The lint on the dict the engine will get: errors stop the job, warnings go to the notes. An error that
+    names a section bigtrain filled in says so, since the user's JSON does not have that key."""
     problems = lint_problems(config, device, world_size)
     notes += [str(p) for p in lint_warnings(problems)]
-    if lint_errors(problems):
-        raise LintError(lint_errors(problems))
+    lines = []
+    for problem in map(str, lint_errors(problems)):
+        ours = [key for key in filled if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", problem)]
+        if ours:
+            one = len(ours) == 1
+            problem += (f" ({', '.join(ours)} {'is' if one else 'are'} not in the JSON: bigtrain filled "
+                        f"{'it' if one else 'them'} from the run config; write {'it' if one else 'them'} in the JSON, "
+                        "or change the run config's field)")
+        lines.append(problem)
+    if lines:
+        raise LintError(lines)
 
 
 def _json_problems(user: dict, world_size: int | None, device: DeviceCaps) -> list[str]:
@@ -383,11 +389,3 @@ def _same(a: Any, b: Any) -> bool:
 
 def _show(value: Any) -> str:
     return json.dumps(list(value) if isinstance(value, tuple) else value)
-
-
-def _auto_paths(node: Any, prefix: tuple[str, ...] = ()):
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _auto_paths(value, (*prefix, key))
-    elif node == "auto":
-        yield prefix

@@ -247,6 +247,23 @@ def model_fields(model: Any) -> dict[str, Any]:
     return keys
 
 
+def model_default(path: tuple[str, ...]) -> tuple[Any, Any]:
+    """(model, default) for the field at `path` inside a section one of DeepSpeed's pydantic models validates;
+    (None, NO_DEFAULT) where none does. DeepSpeedConfigModel drops "auto" before it validates, so "auto" at such
+    a field means the field's default (DeepSpeed's config_utils: the HF models' "auto" left to it)."""
+    for cut in range(1, len(path)):
+        model = probe(path[:cut]).model
+        for part in path[cut:-1]:
+            model = model_fields(model).get(part) if model is not None else None
+        if model is None:
+            continue
+        for name, info in model.model_fields.items():
+            if path[-1] in (name, info.alias):
+                default = info.get_default(call_default_factory=True)
+                return model, int(default) if isinstance(default, int) and not isinstance(default, bool) else default
+    return None, NO_DEFAULT
+
+
 def _nested_model(annotation: Any) -> Any:
     for candidate in (annotation, *getattr(annotation, "__args__", ())):
         if inspect.isclass(candidate) and hasattr(candidate, "model_fields"):
