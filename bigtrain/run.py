@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
     p.add_argument("--out", help="output directory (train.out_dir)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start fresh in an --out that holds an earlier run's checkpoints, deleting them (and its "
+                        "summary) first; without it such a folder is refused")
     p.add_argument("--trust-checkpoint", "--trust_checkpoint", dest="trust_checkpoint", action="store_true",
                    help="--resume may unpickle any type in the checkpoint's files (runs code from them); only for "
                         "checkpoints you trust. Without it a file needing more than DeepSpeed's types is refused")
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from bigtrain.train.job import run_job
     return run_job(run, ds_config_path=args.deepspeed_config, resume=args.resume, stop_after=args.stop_after,
-                   trust_checkpoint=args.trust_checkpoint, sources=config_sources(args))
+                   trust_checkpoint=args.trust_checkpoint, sources=config_sources(args), overwrite=args.overwrite)
 
 
 def exit_now(code: int) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.state import CheckpointState
+from bigtrain.distributed.world import World
 from launch import REPO, TINY, deepspeed_cmd, free_port, rank_env, run_train, summary
 
 RANKS_LINE = re.compile(r"ranks: 0 pid (\d+) on (\S+), 1 pid (\d+) on (\S+)")
@@ -155,12 +156,12 @@ class FileWritingEngine:
 def _save_while_peer_dies(rank: int, port: int, ckpt: str, result: "mp.Queue") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-    checkpoint.save(FileWritingEngine(rank), ckpt, 2, CheckpointState(step=2, world_size=2), rank, keep_last=2)
+    checkpoint.save(FileWritingEngine(rank), ckpt, 2, CheckpointState(step=2, world_size=2), World(rank, rank, 2), keep_last=2)
     if rank == 1:
         os._exit(0)  # the first complete save is done; the next one loses this rank before its barrier
     try:
         start = time.monotonic()
-        checkpoint.save(FileWritingEngine(rank), ckpt, 4, CheckpointState(step=4, world_size=2), rank, keep_last=2)
+        checkpoint.save(FileWritingEngine(rank), ckpt, 4, CheckpointState(step=4, world_size=2), World(rank, rank, 2), keep_last=2)
         result.put(("saved", 0.0))
     except RuntimeError as err:
         result.put((str(err).splitlines()[0][:200], time.monotonic() - start))

@@ -2,30 +2,33 @@
 
 Layout: CKPT_DIR/step_000120/ holds DeepSpeed's files for that step, one `rng_rank{r}.pt`
 per rank, and, written last by rank 0 after every rank finished, `bigtrain.json` (the saved
-`CheckpointState` and the list of files). A tag directory without that marker is incomplete (the
-job died while saving), and one with a listed file missing or a torch file cut short is damaged:
-neither is used. Loading never runs code from the files (`safe_load`).
+`CheckpointState` and every file's size and digest). A tag directory without that marker is incomplete
+(the job died while saving), and one with a listed file missing, cut short or changed is damaged:
+neither is used (`integrity`). Loading never runs code from the files (`safe_load`).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import random
 import re
 import shutil
-import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
+from bigtrain.checkpoint.integrity import DIGESTS, MANIFEST, check_complete, damaged_files, digests, tag_files
 from bigtrain.checkpoint.safe_load import checkpoint_loading, load_torch_file
 from bigtrain.checkpoint.state import MARKER, CheckpointState, read_state
-from bigtrain.distributed.world import barrier
+from bigtrain.distributed.world import World, barrier
 
+__all__ = ["MANIFEST", "MARKER", "DiskFull", "check_complete", "find_resumable", "load", "save", "tag_for",
+           "write_marker"]
 log = logging.getLogger("bigtrain")
-MANIFEST = "files"  # in the marker: relative path -> size in bytes of every file of the tag at save time
 TAG_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -33,69 +36,127 @@ def tag_for(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def save(ds_engine: Any, ckpt_dir: str | Path, step: int, state: CheckpointState, rank: int,
+class DiskFull(ValueError):
+    """The disk filled up during a save: one line for the user, not torch's C++ frames."""
+
+
+def save(ds_engine: Any, ckpt_dir: str | Path, step: int, state: CheckpointState, world: World,
          keep_last: int) -> Path:
     """Collective: every rank calls it. `state` (step, data position, config...) goes in the marker only."""
     ckpt_dir = Path(ckpt_dir)
     tag = tag_for(step)
-    ds_engine.save_checkpoint(str(ckpt_dir), tag=tag)
-    torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{rank}.pt")
+    if world.is_main:  # a tag saved again (a resumed run passing it once more) is incomplete until re-marked
+        (ckpt_dir / tag / MARKER).unlink(missing_ok=True)
+    with _disk_full_as_one_line(ckpt_dir, tag):
+        ds_engine.save_checkpoint(str(ckpt_dir), tag=tag)
+        torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{world.rank}.pt")
     barrier()  # every rank's files are on disk before the marker says so
-    if rank == 0:
-        write_marker(ckpt_dir / tag, state)
+    names = tag_files(ckpt_dir / tag)
+    hashed = digests(ckpt_dir / tag, names, world)  # every rank hashes a share of the files
+    if world.is_main:
+        with _disk_full_as_one_line(ckpt_dir, tag):
+            write_marker(ckpt_dir / tag, state, hashed)
         _prune(ckpt_dir, keep_last)
     barrier()
     return ckpt_dir / tag
 
 
-def write_marker(tag_dir: Path, state: CheckpointState) -> None:
-    """Declare `tag_dir` complete: `state` plus every file's name and size, so a deleted file is caught."""
-    files = {str(p.relative_to(tag_dir)): p.stat().st_size for p in sorted(tag_dir.rglob("*"))
-             if p.is_file() and p.name != MARKER and not p.name.endswith(".tmp")}
-    _write_atomic(tag_dir / MARKER, json.dumps({**state.to_json(tag_dir), MANIFEST: files}, indent=2))
+def write_marker(tag_dir: Path, state: CheckpointState, hashed: dict[str, str] | None = None) -> None:
+    """Declare `tag_dir` complete: `state` plus every file's name, size and digest (`hashed`, else computed here),
+    so a deleted, truncated or overwritten file is caught."""
+    names = tag_files(tag_dir)
+    hashed = hashed if hashed is not None else digests(tag_dir, names)
+    sizes = {name: (tag_dir / name).stat().st_size for name in names}
+    _write_atomic(tag_dir / MARKER, json.dumps({**state.to_json(tag_dir), MANIFEST: sizes,
+                                                DIGESTS: {n: hashed[n] for n in names if n in hashed}}, indent=2))
 
 
-def find_resumable(ckpt_dir: str | Path) -> tuple[str, CheckpointState] | None:
-    """Newest complete checkpoint (tag, state); incomplete or corrupt ones are skipped with a warning.
+def find_resumable(ckpt_dir: str | Path, world: World | None = None) -> tuple[str, CheckpointState] | None:
+    """Newest complete, undamaged checkpoint (tag, state); incomplete or damaged ones are skipped with a warning.
+    Every file's bytes are checked against the digests recorded at save time: a collective when `world` has
+    several ranks (each reads a share, and rank 0's view of which tags are complete decides for all).
     ValueError for a complete one of a layout version this bigtrain does not read (never skipped:
     resuming from an older step instead would silently lose work)."""
-    for tag in sorted(_tags(Path(ckpt_dir)), key=_step_of, reverse=True):
-        problem = check_complete(Path(ckpt_dir) / tag)
+    ckpt_dir = Path(ckpt_dir)
+    for tag in sorted(_tags(ckpt_dir), key=_step_of, reverse=True):
+        problem = _agreed(check_complete(ckpt_dir / tag), world)
         if problem is None:
-            return tag, read_state(Path(ckpt_dir) / tag)
-        log.warning("skipping checkpoint %s: %s; using an earlier one", Path(ckpt_dir) / tag, problem)
+            damaged = damaged_files(ckpt_dir / tag, world)
+            if damaged:
+                problem = (f"{', '.join(damaged[:3])} changed since it was saved (its bytes no longer match the "
+                           "digest in the marker: the file is damaged)")
+        if problem is None:
+            return tag, read_state(ckpt_dir / tag)
+        if world is None or world.is_main:
+            log.warning("skipping checkpoint %s: %s; using an earlier one", ckpt_dir / tag, problem)
     return None
 
 
-def check_complete(tag_dir: Path) -> str | None:
-    """Why `tag_dir` cannot be resumed from, or None if it can."""
-    marker = tag_dir / MARKER
-    if not marker.is_file():
-        return "no completion marker (the save was interrupted)"
+def set_aside(tag_dir: Path, world: World) -> Path:
+    """Collective: rename a checkpoint out of resume's and export's way (`step_N_diverged`), keeping its files."""
+    target = tag_dir.with_name(f"{tag_dir.name}_diverged")
+    if world.is_main:
+        n = 1
+        while target.exists():
+            n += 1
+            target = tag_dir.with_name(f"{tag_dir.name}_diverged{n}")
+        tag_dir.rename(target)
+        latest = tag_dir.parent / "latest"  # DeepSpeed's pointer, read by its zero_to_fp32 script
+        if latest.is_file() and latest.read_text().strip() == tag_dir.name:
+            newest = newest_complete(tag_dir.parent)
+            latest.write_text(newest) if newest else latest.unlink()
+    shared = [target]
+    if world.size > 1 and torch.distributed.is_initialized():
+        torch.distributed.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
+def newest_complete(ckpt_dir: Path, before: str | None = None) -> str | None:
+    """The newest tag that passes the cheap check, older than `before` (for messages, not for loading)."""
+    for tag in sorted(_tags(ckpt_dir), key=_step_of, reverse=True):
+        if (before is None or _step_of(tag) < _step_of(before)) and check_complete(ckpt_dir / tag) is None:
+            return tag
+    return None
+
+
+def _agreed(problem: str | None, world: World | None) -> str | None:
+    """Rank 0's answer on every rank: the collective checks that follow must run on all ranks or none."""
+    if world is None or world.size == 1 or not torch.distributed.is_initialized():
+        return problem
+    shared = [problem]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    return shared[0]
+
+
+@contextlib.contextmanager
+def _disk_full_as_one_line(ckpt_dir: Path, tag: str) -> Iterator[None]:
     try:
-        state = json.loads(marker.read_text())
-    except json.JSONDecodeError:
-        return "its completion marker is not valid JSON"
-    world = int(state.get("world_size", 1))
-    expected = set(state.get(MANIFEST) or {}) | {f"rng_rank{r}.pt" for r in range(world)}
-    missing = sorted(name for name in expected if not (tag_dir / name).is_file())
-    if missing:
-        return f"missing {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-    return _damaged_file(tag_dir, state.get(MANIFEST) or {})
+        yield
+    except (OSError, RuntimeError) as err:
+        free = shutil.disk_usage(ckpt_dir).free if ckpt_dir.exists() else 0
+        if not _is_disk_full(err, free):
+            raise
+        last = newest_complete(ckpt_dir, before=tag)
+        kept = (f"the last complete checkpoint, {ckpt_dir / last}, is kept" if last
+                else "no earlier complete checkpoint exists")
+        raise DiskFull(f"the disk holding {ckpt_dir} is full ({free / 2**20:.0f} MB free) while saving checkpoint "
+                       f"{tag}: {kept} and the incomplete {tag} is skipped on resume; free some space (or lower "
+                       "checkpoint.keep_last) and continue with --resume") from None
 
 
-def _damaged_file(tag_dir: Path, sizes: dict) -> str | None:
-    """The first torch file that is empty or cut short. torch.save writes a zip archive whose
-    directory sits at the end, so a truncated file fails `is_zipfile`, which reads only the tail.
-    A file rewritten whole (a converted checkpoint) is still a complete archive and passes."""
-    for path in sorted(tag_dir.rglob("*.pt")):
-        name, size = str(path.relative_to(tag_dir)), path.stat().st_size
-        if size == 0:
-            return f"{name} is empty"
-        if not zipfile.is_zipfile(path):
-            saved = f", {sizes[name]} when it was saved" if name in sizes else ""
-            return f"{name} is truncated or corrupt (not a complete torch file: {size} bytes{saved})"
-    return None
+def _is_disk_full(err: BaseException, free_bytes: int) -> bool:
+    """Python says errno 28; torch's zip writer says only "unexpected pos ..." or "file write failed", which other
+    write errors could say too, so those count when the disk is (nearly) full as well."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(seen)
+        if "No space left on device" in text or (
+                ("unexpected pos" in text or "file write failed" in text) and free_bytes < 1 << 30):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def load(ds_engine: Any, ckpt_dir: str | Path, tag: str, load_optimizer: bool = True, trust: bool = False) -> None:

@@ -89,18 +89,15 @@ class ResumePlan:
         return self.tag + SUFFIX if self.universal else self.tag
 
 
-def plan_resume(ckpt_dir: Path, current: Shape, world: World, global_batch: int | None = None,
-                trust: bool = False) -> ResumePlan:
-    """Find the newest complete checkpoint and, if its shape differs, convert it (collective).
+def plan_resume(ckpt_dir: Path, found: tuple[str, CheckpointState], current: Shape, world: World,
+                global_batch: int | None = None, trust: bool = False) -> ResumePlan:
+    """How to load the checkpoint `found` (`store.find_resumable`) and, if its shape differs, convert it (collective).
 
     Every rank calls this before the engine exists. Rank 0 converts while the others wait;
     unsupported shape changes, and files that would need types outside the allow-list (unless
     `trust`, see `safe_load`), raise the same ValueError on every rank before that.
     `global_batch` (this job's train_batch_size) is compared with the saved one for a warning.
     """
-    found = checkpoint.find_resumable(ckpt_dir)
-    if found is None:
-        raise ValueError(f"--resume: no complete checkpoint in {ckpt_dir}; drop --resume to start fresh")
     tag, state = found
     if not trust:
         refuse_unsafe_files(ckpt_dir / tag)  # before the engine and data are built: fail fast

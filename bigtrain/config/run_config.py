@@ -209,6 +209,8 @@ class TrainConfig:
     out_dir: str = doc("runs/latest", "Where checkpoints, logs, exports and summary.json go.")
     peak_tflops: float | None = doc(None, "Per-rank peak TFLOP/s for MFU; None measures it at start.")
     sample_tokens: int = doc(48, "Tokens generated as a sample at the end (GPT-2; 0 disables).")
+    max_loss: float | None = doc(None, "Stop the run (exit 3, nothing saved from it) when the training loss "
+                                 "exceeds this; a non-finite loss always stops it. None: no bound.")
     compile: Literal["auto", "deepcompile"] | bool = doc(
         "auto", "true, false, auto or deepcompile: torch.compile of the model with its loss (DeepSpeed's "
         "engine.compile); auto = on GPUs at ZeRO 0-2, else off; deepcompile = DeepCompile (CUDA, ZeRO 1-3).")
@@ -220,6 +222,8 @@ class TrainConfig:
         _positive(self, "steps")
         if self.eval_interval < 0 or self.eval_batches < 0:
             raise ValueError("train.eval_interval and train.eval_batches must be >= 0")
+        if self.max_loss is not None and not self.max_loss > 0:
+            raise ValueError(f"train.max_loss={self.max_loss}: must be > 0 (or null for no bound)")
 
 
 @dataclass

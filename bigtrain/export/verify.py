@@ -53,4 +53,7 @@ def largest_logit_difference(written: nn.Module, reloaded: nn.Module, spec: Mode
     if a.shape != b.shape:
         raise ValueError(f"the reloaded export gives logits of shape {tuple(b.shape)}, the trained model "
                          f"{tuple(a.shape)}: the directory builds another model")
+    if not bool(torch.isfinite(a).all()):
+        raise ValueError("the checkpoint's model gives non-finite logits on a fixed batch (its weights overflow): "
+                         "its run diverged before this save; export an earlier checkpoint with --tag")
     return float((a - b).abs().max())

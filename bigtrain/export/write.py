@@ -79,6 +79,10 @@ def load_into(model: nn.Module, tensors: Mapping[str, Any]) -> None:
             if pair not in done:
                 own[name].copy_(value.contiguous())  # one parameter materialised at a time
                 done.add(pair)
+                if own[name].is_floating_point() and not bool(torch.isfinite(own[name]).all()):
+                    raise ValueError(f"the checkpoint holds non-finite weights ({name} has NaN or infinite "
+                                     "values): its run diverged before this save; export an earlier checkpoint "
+                                     "with --tag")
 
 
 def _alias_loaded(own: dict[str, torch.Tensor], key: str, tensors: Mapping[str, Any]) -> bool:

@@ -159,13 +159,14 @@ def worker_main(config: dict) -> None:
         # Ray restarted the group: continue from bigtrain's newest complete checkpoint in that directory
         # (the registered one, or a later one saved just before the failure), as --resume does.
         args.set = [*args.set, f"checkpoint.dir={resume_tag.parent}"]
-        args.resume = True
+        args.resume, args.overwrite = True, False
     run = run_config_from_args(args)
     rank = ray.train.get_context().get_world_rank()
     bridge = RayReporter(rank, _test_exit_step(rank) if resume_tag is None else None, Path(run.train.out_dir))
     remove = add_listener(bridge)
     try:
-        code = run_job(run, ds_config_path=args.deepspeed_config, resume=args.resume, stop_after=args.stop_after)
+        code = run_job(run, ds_config_path=args.deepspeed_config, resume=args.resume, stop_after=args.stop_after,
+                       overwrite=args.overwrite)
     finally:
         remove()
     if code != 0:

@@ -47,6 +47,7 @@ class Engine:
         params = [p for p in model.parameters() if p.requires_grad]
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, model_parameters=params, config=fast_path.with_compile_section(ds_config, compile_mode))
+        start_schedule(self.scheduler)
         self.device = get_accelerator().current_device_name()
         self.float_dtype = _float_dtype(ds_config)
         if loss_impl == "chunked" and zero3:
@@ -87,7 +88,23 @@ class Engine:
         return self.ds.gradient_accumulation_steps()
 
     def lr(self) -> float:
+        """The learning rate the next optimizer step applies."""
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def weights_finite(self) -> bool:
+        """Whether every weight is finite on every rank (a collective; each rank looks at what it holds:
+        its ZeRO-3 partition, its pipeline stage)."""
+        finite = True
+        for param in self.ds.module.parameters():
+            held = getattr(param, "ds_tensor", None)
+            held = param.data if held is None else held
+            if held.numel() and not bool(torch.isfinite(held).all()):
+                finite = False
+                break
+        flag = torch.tensor([1.0 if finite else 0.0], device=self.device)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        return bool(flag.item())
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -166,6 +183,21 @@ class Engine:
 
     def module(self) -> torch.nn.Module:
         return self.ds.module
+
+
+def start_schedule(scheduler: Any) -> None:
+    """Set the optimizer's rate to the schedule's first one before step 1, and after a resume to the one the
+    restored schedule is at.
+
+    DeepSpeed's schedulers (WarmupLR, WarmupCosineLR, ...) start at iteration -1, where WarmupCosineLR gives a
+    rate of 0, and the engine steps them after each optimizer step: step 1 would apply no update at all. One
+    step here puts iteration 0's rate in place, so step k trains at iteration k-1's rate, as the schedule
+    promises; the checkpointed iteration is then the next step's, and `step(last_batch_iteration)` after a
+    load sets exactly that rate again (the rate itself is not in every checkpoint: universal ones drop it)."""
+    iteration = getattr(scheduler, "last_batch_iteration", None)
+    if iteration is None:
+        return
+    scheduler.step(0 if iteration < 0 else iteration)
 
 
 def _float_dtype(ds_config: dict) -> torch.dtype:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +10,8 @@ import numpy as np
 import torch
 
 from bigtrain.checkpoint import store as checkpoint
+from bigtrain.checkpoint.claim import claim_run_dir
+from bigtrain.checkpoint.resume import check_same_model
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 
 from bigtrain import models
@@ -18,7 +19,8 @@ from bigtrain.config.run_config import RunConfig
 from bigtrain.config.load import to_dict
 from bigtrain.distributed.device import fix_cuda_arch_list
 from bigtrain.distributed.lifeline import Lifeline
-from bigtrain.distributed.world import (PeerWatch, World, collective_timeout_s, init_distributed, return_freed_memory,
+from bigtrain.distributed.peers import PeerWatch
+from bigtrain.distributed.world import (World, collective_timeout_s, init_distributed, return_freed_memory,
                                         shutdown)
 from bigtrain.ds.lint import LintError
 from bigtrain.ds.resolve import resolve
@@ -26,7 +28,8 @@ from bigtrain.train import autobatch
 from bigtrain.train.engine import Engine, EngineOptions
 from bigtrain.train.inputs import TrainingData, build_training_data, model_overrides
 from bigtrain.train.report import Reporter, write_summary
-from bigtrain.train.loop import LoopResult, LoopSettings, train_loop
+from bigtrain.train.engine import start_schedule
+from bigtrain.train.loop import Diverged, LoopResult, LoopSettings, train_loop
 from bigtrain.metrics.logs import attach_log_file
 from bigtrain.metrics.plot import write_loss_plot
 from bigtrain.checkpoint.universal import ResumePlan, Shape, plan_resume, restore_rng, universal_ds_config
@@ -37,9 +40,11 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = False,
             stop_after: int | None = None, trust_checkpoint: bool = False,
-            sources: dict[str, str] | None = None) -> int:
-    """Exit code: 0 done, 2 a user's mistake (one line on stderr). Any other exception on a multi-rank
-    job ends this rank with exit 1 and a line naming the dead peer, or this rank if it is the origin.
+            sources: dict[str, str] | None = None, overwrite: bool = False) -> int:
+    """Exit code: 0 done, 2 a user's mistake (one line on stderr, from rank 0 only, whichever rank saw it),
+    3 a diverging run (one line naming the step and the last good checkpoint). Any other exception on a
+    multi-rank job ends this rank with exit 1 and a line naming the dead peer, or this rank if it is the origin.
+    `overwrite` (--overwrite) deletes an earlier run's checkpoints in the output folder first.
     `trust_checkpoint` (--trust-checkpoint) lets --resume unpickle any type (bigtrain.checkpoint.safe_load).
     `sources`: the run-config fields the user gave, and where (`config.load.field_sources`), for the
     precedence between them and a DeepSpeed JSON. Never hangs: SIGTERM/SIGINT or the launcher's death
@@ -51,17 +56,15 @@ def run_job(run: RunConfig, ds_config_path: str | None = None, resume: bool = Fa
     if world.is_main and world.size > 1:
         log.info("%s", watch.describe())
     try:
-        train(run, world, ds_config_path, resume, stop_after, trust_checkpoint, sources, lifeline)
+        train(run, world, ds_config_path, resume, stop_after, trust_checkpoint, sources, lifeline, overwrite)
+    except Diverged as err:
+        return watch.stop_job(str(err), Diverged.code)
     except (LintError, ValueError) as err:
         if not users_mistake(err):
             if world.size > 1:
                 watch.fail(err)
             raise
-        watch.leave()
-        if world.is_main:
-            for line in str(err).splitlines():
-                print(f"bigtrain: {line}", file=sys.stderr)
-        return 2
+        return watch.stop_job(str(err), 2)
     except Exception as err:  # noqa: BLE001 -- a peer died, or this rank failed: name it and exit 1
         if world.size > 1:
             watch.fail(err)
@@ -107,14 +110,19 @@ def slow_vocab_hint(spec: models.ModelSpec) -> str | None:
 
 def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool, stop_after: int | None,
           trust_checkpoint: bool = False, sources: dict[str, str] | None = None,
-          lifeline: Lifeline | None = None) -> dict:
-    """One job on an initialised process group; returns the summary. Without a `lifeline` (tests
-    running several jobs in one process) it makes its own for this job."""
+          lifeline: Lifeline | None = None, overwrite: bool = False) -> dict:
+    """One job on an initialised process group; returns the summary (Diverged after writing it, when the
+    run diverged). The output folder is this job's alone while it runs (`claim_run_dir`). Without a
+    `lifeline` (tests running several jobs in one process) it makes its own for this job."""
     own = lifeline is None
     lifeline = lifeline or Lifeline.start(world.rank)
+    out = Path(run.train.out_dir)
+    lock = claim_run_dir(out, Path(run.checkpoint.dir or out / "checkpoints"), world, resume=resume,
+                         overwrite=overwrite)
     try:
         return _train(run, world, ds_config_path, resume, stop_after, trust_checkpoint, sources, lifeline)
     finally:
+        lock.release()
         if own:
             lifeline.close()
 
@@ -125,17 +133,20 @@ def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: boo
     run, auto_micro = autobatch.defer_auto(run)  # batch.micro_batch=auto: probed before the engine is built
     open_run_log(out, world)
     ckpt_dir = Path(run.checkpoint.dir or out / "checkpoints")
-    found = checkpoint.find_resumable(ckpt_dir) if resume else None
+    found = find_checkpoint(ckpt_dir, world) if resume else None
     run, ds_config = resolve_ds_config(run, ds_config_path, world, sources,
                                        resume_batch=found[1].ds_config.get("train_batch_size") if found else None)
     seed_everything(run.train.seed)
-    # Before the engine: loading a checkpoint saved at another shape switches DeepSpeed's config.
-    plan = plan_resume(ckpt_dir, Shape.of_job(world.size, ds_config, run.pipeline.stages), world,
-                       None, trust_checkpoint) if resume else None
     data = build_training_data(run.data, run.model, out, world, run.train.seed)
     if world.is_main:
         log.info("data: %s", data.bundle.description)
-    spec, model_build = build_model(run, data, world)
+    model_build = ModelBuild(run.model.family, run.model.size, model_overrides(run.model, data, run.data.seq_len))
+    if found:
+        check_same_model(ckpt_dir / found[0], found[1], model_build)
+    # Before the engine: loading a checkpoint saved at another shape switches DeepSpeed's config.
+    plan = plan_resume(ckpt_dir, found, Shape.of_job(world.size, ds_config, run.pipeline.stages), world,
+                       None, trust_checkpoint) if found else None
+    spec = build_model(model_build, world)
     options = engine_options(run)
     if auto_micro:
         run, ds_config = autobatch.apply_probe(run, spec, ds_config, options, data, world)
@@ -148,10 +159,13 @@ def _train(run: RunConfig, world: World, ds_config_path: str | None, resume: boo
         log.info("model %s/%s: %.2fM parameters; %s", spec.family, spec.size, spec.num_params / 1e6,
                  _batch_line(ds_config, engine, world))
     reporter = Reporter(run, spec, ds_config, engine, world, out, prior_losses=saved.losses if saved else None)
-    result = train_loop(engine, world=world, settings=loop_settings(run, ckpt_dir, stop_after), data=data,
-                        record=RunRecord(run, ds_config, world, data, model_build), reporter=reporter,
+    settings = loop_settings(run, ckpt_dir, stop_after, resumed_from=plan.ckpt_dir / plan.tag if plan else None)
+    result = train_loop(engine, world=world, settings=settings, data=data,
+                        record=RunRecord(run, ds_config, world, data, model_build.to_json()), reporter=reporter,
                         start_step=saved.step if saved else 0, stop=lifeline)
     summary = finish(run, ds_config, world, out, reporter, result, lifeline)
+    if result.diverged:
+        raise Diverged(diverged_line(result))
     if not result.stopped_by and run.train.sample_tokens and data.tokenizer is not None:
         from bigtrain.train.sample import print_sample
         with lifeline.bound("the end-of-run sample", end_of_run_bound_s(),
@@ -184,16 +198,34 @@ def resolve_ds_config(run: RunConfig, ds_config_path: str | None, world: World, 
     return resolved.run, resolved.ds_config
 
 
-def build_model(run: RunConfig, data: TrainingData, world: World) -> tuple[models.ModelSpec, dict]:
-    """The model, and how to rebuild it (recorded in every checkpoint for resume and export)."""
-    model_build = {"family": run.model.family, "size": run.model.size,
-                   "overrides": model_overrides(run.model, data, run.data.seq_len)}
-    spec = models.build(model_build["family"], model_build["size"], **model_build["overrides"])
+def find_checkpoint(ckpt_dir: Path, world: World) -> tuple[str, CheckpointState]:
+    """The newest complete, undamaged checkpoint to resume from (a collective: the ranks check its bytes)."""
+    found = checkpoint.find_resumable(ckpt_dir, world)
+    if found is None:
+        raise ValueError(f"--resume: no complete checkpoint in {ckpt_dir}; drop --resume to start fresh")
+    return found
+
+
+def build_model(model_build: ModelBuild, world: World) -> models.ModelSpec:
+    """The model `model_build` describes (it is recorded in every checkpoint for resume and export)."""
+    spec = models.build(model_build.family, model_build.size, **model_build.overrides)
     if world.is_main and (hint := slow_vocab_hint(spec)):
         log.warning("%s", hint)
     if world.is_main and spec.extra.get("weights_note"):  # a config-only Hugging Face directory
         log.info("%s", spec.extra["weights_note"])
-    return spec, model_build
+    return spec
+
+
+def diverged_line(result: LoopResult) -> str:
+    """One line: where the run diverged, that nothing was saved from it, and where to go on from."""
+    aside = (f"; {result.set_aside.name.removesuffix('_diverged')}, whose weights gave that loss, was set aside as "
+             f"{result.set_aside}" if result.set_aside else "")
+    if result.last_checkpoint is not None:
+        after = (f"the last complete checkpoint is {result.last_checkpoint} (resume from it with --resume and a "
+                 "lower optimizer.lr)")
+    else:
+        after = "no checkpoint was saved before it: start again with a lower optimizer.lr"
+    return f"the run diverged at {result.diverged}; nothing was saved from it{aside}; {after}"
 
 
 def engine_options(run: RunConfig) -> EngineOptions:
@@ -204,10 +236,12 @@ def engine_options(run: RunConfig) -> EngineOptions:
         compile=run.train.compile, loss_impl=run.train.loss_impl)
 
 
-def loop_settings(run: RunConfig, ckpt_dir: Path, stop_after: int | None) -> LoopSettings:
+def loop_settings(run: RunConfig, ckpt_dir: Path, stop_after: int | None,
+                  resumed_from: Path | None = None) -> LoopSettings:
     return LoopSettings(steps=run.train.steps, eval_interval=run.train.eval_interval,
                         eval_batches=run.train.eval_batches, ckpt_dir=ckpt_dir, ckpt_interval=run.checkpoint.interval,
-                        keep_last=run.checkpoint.keep_last, stop_after=stop_after)
+                        keep_last=run.checkpoint.keep_last, stop_after=stop_after, max_loss=run.train.max_loss,
+                        resumed_from=resumed_from)
 
 
 def finish(run: RunConfig, ds_config: dict, world: World, out: Path, reporter: Reporter, result: LoopResult,
@@ -230,6 +264,7 @@ def resume_from(engine: Engine, plan: ResumePlan, world: World, data: TrainingDa
     data-parallel size.
     """
     checkpoint.load(engine.ds, plan.ckpt_dir, plan.load_tag, trust=trust)
+    start_schedule(engine.scheduler)  # the restored iteration's rate (universal checkpoints do not hold it)
     rng = restore_rng(plan, world.rank, seed, trust)
     data.load_state_dict(plan.state.data)
     if world.is_main:
@@ -246,7 +281,7 @@ class RunRecord:
     ds_config: dict
     world: World
     data: TrainingData
-    model_build: dict
+    model_build: dict  # ModelBuild.to_json()
 
     def state_at(self, step: int, losses: list[float]) -> CheckpointState:
         data = self.data

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol
@@ -26,6 +27,15 @@ class LoopSettings:
     ckpt_interval: int  # 0: only at the end / on a signal
     keep_last: int
     stop_after: int | None = None  # stop (and save) after this step: for tests and time-boxed jobs
+    max_loss: float | None = None  # train.max_loss: a loss above it stops the run, as a non-finite one does
+    resumed_from: Path | None = None  # the checkpoint this job resumed from: the last good one until it saves
+
+
+class Diverged(Exception):
+    """The loss (or the weights) stopped being finite, or the loss passed train.max_loss: the run stops without
+    saving, and the job exits with `code`."""
+
+    code = 3
 
 
 class Batches(Protocol):
@@ -47,7 +57,10 @@ class LoopResult:
     last_step: int
     losses: list[float]  # one per step run in this process, starting at the resumed step
     val_losses: list[tuple[int, float]]
-    stopped_by: str  # "", "SIGTERM", "SIGINT", "the launcher ... is gone", "stop_after"
+    stopped_by: str  # "", "SIGTERM", "SIGINT", "the launcher ... is gone", "stop_after", "diverged"
+    diverged: str = ""  # what went wrong at which step, when the run diverged
+    last_checkpoint: Path | None = None  # the newest complete checkpoint of this run
+    set_aside: Path | None = None  # the checkpoint whose weights gave the diverged loss, renamed out of the way
 
 
 def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Batches, record: CheckpointRecord,
@@ -69,18 +82,27 @@ def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Ba
 def _run(engine: Engine, world: World, settings: LoopSettings, data: Batches, record: CheckpointRecord,
          reporter: Any, start_step: int, stop: Lifeline) -> LoopResult:
     train_batches = data.train_batches(engine.micro_batch)
-    result = LoopResult(start_step, [], [], "")
+    result = LoopResult(start_step, [], [], "", last_checkpoint=settings.resumed_from)
     step = start_step
+    saved_at = start_step if settings.resumed_from else -1  # the step of result.last_checkpoint
     # The step clock runs from one step's end to the next, like a hand-written loop's: everything
     # the loop does between steps (stop flag, logging) counts; eval and checkpoints restart it.
     reporter.clock_restart()
     stopped_by = ""
     while step < settings.steps:
         stop.set_phase(f"training step {step + 1}")
+        lr = engine.lr()  # the rate this step's update uses (the scheduler moves on after it)
         loss, stop_now = reduce_step(engine.train_step(train_batches), stop.requested)
         step += 1
-        reporter.on_step(step, loss, engine.lr())
+        reporter.on_step(step, loss, lr)
         result.losses.append(loss)
+        if problem := loss_problem(loss, settings.max_loss):
+            result.diverged, result.stopped_by = f"step {step}: {problem}", "diverged"
+            if saved_at == step - 1:  # that checkpoint holds the very weights that gave this loss
+                result.set_aside = checkpoint.set_aside(result.last_checkpoint, world)
+                newest = checkpoint.newest_complete(settings.ckpt_dir)
+                result.last_checkpoint = settings.ckpt_dir / newest if newest else None
+            break
         last = step == settings.steps
         eval_due = (settings.eval_interval and step % settings.eval_interval == 0) or last
         evaluated = eval_due and settings.eval_batches > 0
@@ -89,12 +111,17 @@ def _run(engine: Engine, world: World, settings: LoopSettings, data: Batches, re
         if settings.stop_after is not None and step >= settings.stop_after and not last:
             stop_now, stopped_by = True, stop.reason or "stop_after"
         periodic = settings.ckpt_interval and step % settings.ckpt_interval == 0
+        if (periodic or last or stop_now) and not engine.weights_finite():  # never save non-finite weights
+            result.diverged = f"step {step}: its update left non-finite weights (the loss was {loss:.4g})"
+            result.stopped_by = "diverged"
+            break
         if periodic or last or stop_now:
             what = f"saving the checkpoint of step {step}"
             with stop.bound(what, collective_timeout_s() + 60, "every rank to write its part") \
                     if (last or stop_now) else _phase(stop, what):
-                path = checkpoint.save(engine.ds, settings.ckpt_dir, step, record.state_at(step, reporter.losses), world.rank,
+                path = checkpoint.save(engine.ds, settings.ckpt_dir, step, record.state_at(step, reporter.losses), world,
                                        settings.keep_last)
+            result.last_checkpoint, saved_at = path, step
             if world.is_main:
                 log.info("saved checkpoint %s", path)
             notify("checkpoint", step, {"path": str(path)})
@@ -107,6 +134,15 @@ def _run(engine: Engine, world: World, settings: LoopSettings, data: Batches, re
             reporter.clock_restart()
     result.last_step = step
     return result
+
+
+def loss_problem(loss: float, max_loss: float | None) -> str | None:
+    """Why this loss stops the run, or None. The loss is the all-reduced one: every rank decides alike."""
+    if not math.isfinite(loss):
+        return f"the loss is {loss} (not finite)"
+    if max_loss is not None and loss > max_loss:
+        return f"the loss {loss:.4g} is above train.max_loss={max_loss:g}"
+    return None
 
 
 @contextlib.contextmanager

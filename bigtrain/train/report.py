@@ -43,9 +43,20 @@ def write_summary(out: Path, summary: dict) -> Path:
     file or the new one, never half of one."""
     path = Path(out) / "summary.json"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.write_text(json.dumps(finite_or_null(summary), indent=2, allow_nan=False))
     os.replace(tmp, path)
     return path
+
+
+def finite_or_null(value: Any) -> Any:
+    """NaN and infinities as null: strict JSON has no spelling for them (a diverged run's losses hold them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
 
 
 class Reporter:
@@ -128,7 +139,7 @@ class Reporter:
         self.bar.close()
         self.monitor.flush()
         summary = {
-            "steps": result.last_step, "stopped_by": result.stopped_by, "final_loss": self.losses[-1] if self.losses else None,
+            "steps": result.last_step, "stopped_by": result.stopped_by, "diverged": result.diverged or None, "final_loss": self.losses[-1] if self.losses else None,
             "losses": self.losses, "val_losses": [[s, v] for s, v in self.val_losses],
             "samples_per_s": samples_per_s, "step_s_median": self.meter.median_step_s(),
             "tflops": achieved_tflops(self.spec.flops_per_sample, samples_per_s),
