@@ -47,3 +47,27 @@ def pytest_runtest_protocol(item, nextitem):
     _current[0] = item
     yield
     _current[0] = None
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A 1-rank gloo group in this process (DeepSpeed's monitors and engine ask deepspeed.comm for the rank).
+    Torn down through deepspeed.comm, so that the next module's group is a fresh one in DeepSpeed's eyes too."""
+    import os
+
+    import deepspeed
+    from deepspeed import comm as dist
+
+    from launch import free_port
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    deepspeed.init_distributed(dist_backend="gloo")
+    yield dist
+    dist.destroy_process_group()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

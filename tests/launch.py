@@ -20,8 +20,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# What a launcher sets for its ranks: never inherited from a test process that made a process group of its own.
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def rank_env(**extra: str) -> dict:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     env.update(OMP_NUM_THREADS="1", DEEPSPEED_TIMEOUT="2", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.update(extra)

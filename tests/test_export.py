@@ -116,6 +116,12 @@ def test_pipeline_fp32_masters_map_to_layers(pp_run: Path) -> None:
             assert torch.equal(masters[idx][name], tensor), (idx, name)
 
 
+def resave_marker(tag_dir: Path) -> None:
+    from bigtrain.checkpoint.state import read_state
+    from bigtrain.checkpoint.store import write_marker
+    write_marker(tag_dir, read_state(tag_dir))
+
+
 @pytest.mark.dist
 def test_pipeline_bf16_layers_use_fp32_masters(pp_run: Path, tmp_path: Path) -> None:
     """As a bf16 pipeline run saves them (layer files = masters rounded to bf16), export takes the
@@ -125,6 +131,7 @@ def test_pipeline_bf16_layers_use_fp32_masters(pp_run: Path, tmp_path: Path) -> 
     fp32 = {p.name: torch.load(p) for p in (ckpt / TAG).glob("layer_*-model_states.pt")}
     for name, state in fp32.items():
         torch.save({k: v.bfloat16() for k, v in state.items()}, ckpt / TAG / name)
+    resave_marker(ckpt / TAG)  # as a run would have saved it: the marker's digests are of these files
     result = export_checkpoint(ckpt, tmp_path / "a")
     assert any("fp32 master" in n for n in result.notes), result.notes
     exported = load_exported(tmp_path / "a").state_dict()
@@ -134,6 +141,7 @@ def test_pipeline_bf16_layers_use_fp32_masters(pp_run: Path, tmp_path: Path) -> 
     bad = {k: v.bfloat16() for k, v in fp32["layer_04-model_states.pt"].items()}
     bad["weight"] = bad["weight"] + 1
     torch.save(bad, ckpt / TAG / "layer_04-model_states.pt")
+    resave_marker(ckpt / TAG)
     result = export_checkpoint(ckpt, tmp_path / "b")
     assert any("do not match at layer 4" in n for n in result.notes), result.notes
     exported = load_exported(tmp_path / "b").state_dict()

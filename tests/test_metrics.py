@@ -13,7 +13,7 @@ import torch
 
 from bigtrain.metrics import (MetricsLogger, ProgressBar, ThroughputMeter, achieved_tflops, format_log_line,
                               measure_peak_tflops, memory_report, mfu, peak_memory, reset_peak_memory)
-from launch import free_port
+
 
 
 def test_measure_peak_tflops_is_quick_and_plausible():
@@ -64,25 +64,6 @@ def test_memory_report_counts_params_grads_and_adam_states():
     tied = torch.nn.Linear(50, 50)
     shared = torch.nn.ModuleList([tied, tied])  # one storage counted once
     assert memory_report(shared)["params_bytes"] == 4 * (50 * 50 + 50)
-
-
-@pytest.fixture(scope="module")
-def one_rank_group():
-    """A 1-rank gloo group in this process (DeepSpeed's monitors and engine ask deepspeed.comm for the rank)."""
-    import deepspeed
-    from deepspeed import comm as dist
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    deepspeed.init_distributed(dist_backend="gloo")
-    yield dist
-    dist.destroy_process_group()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 # ZeRO-2 releases its gradient buckets at the end of backward; ZeRO-3 keeps one for the whole run.

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from launch import REPO, TINY, deepspeed_cmd, free_port, rank_env
+from launch import REPO, TINY, deepspeed_cmd, rank_env
 
 from bigtrain.checkpoint import store
 from bigtrain.checkpoint.claim import RunDirLock, claim_run_dir
@@ -172,20 +172,6 @@ def test_export_refuses_non_finite_weights():
         load_into(model, weights)
 
 
-@pytest.fixture(scope="module")
-def one_rank_group():
-    import deepspeed
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    deepspeed.init_distributed(dist_backend="gloo")
-    yield
-    torch.distributed.destroy_process_group()
-    for k, v in saved.items():
-        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-
-
 @pytest.mark.parametrize("kind", ["cosine", "linear", "constant"])
 def test_step_1_trains_at_the_schedules_first_rate(one_rank_group, kind):
     """AdamW's first update moves each weight by lr * g/|g| (weight decay 0): its size is the rate it used."""
@@ -229,6 +215,7 @@ def test_a_diverging_run_stops_with_one_line_and_saves_nothing_from_it(tmp_path)
     proc = subprocess.run(deepspeed_cmd(RUN_PY, args), cwd=REPO, env=rank_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 3, proc.stderr[-3000:]
+    assert len(bigtrain_lines(proc.stderr)) == 1, proc.stderr[-5000:]
     (line,) = bigtrain_lines(proc.stderr)
     ckpt = out / "checkpoints"
     assert line.startswith("bigtrain: the run diverged at step 3: the loss is nan (not finite); nothing was saved")
@@ -322,7 +309,9 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_last_checkpoint_stays(tmp
         proc = subprocess.run(deepspeed_cmd(RUN_PY, args), cwd=REPO, env=rank_env(), capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 2, proc.stderr[-3000:]
-        (line,) = bigtrain_lines(proc.stderr)
+        lines = bigtrain_lines(proc.stderr)
+        assert len(lines) == 1, proc.stderr[-5000:]
+        (line,) = lines
         assert f"the disk holding {ckpt} is full" in line and "Traceback" not in proc.stderr
         kept = store.find_resumable(ckpt)[0]
         assert f"the last complete checkpoint, {ckpt / kept}, is kept" in line

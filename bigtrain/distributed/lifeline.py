@@ -101,6 +101,9 @@ class Lifeline:
 
     def request(self, reason: str, signum: int = 0) -> None:
         """Ask this rank to stop (what a signal or the launcher's death does)."""
+        if _ending_code:  # the job is already ending on purpose: this is the launcher ending the ranks left
+            sys.stdout.flush()
+            os._exit(_ending_code[0])
         if self.requested:
             if signum == signal.SIGINT and self._signum == signal.SIGINT:
                 self._end(f"second SIGINT during {self.phase}: stopping now", 130)
@@ -166,6 +169,16 @@ class Lifeline:
               file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(code)
+
+
+_ending_code: list[int] = []
+
+
+def ending_on_purpose(code: int) -> None:
+    """The job stops on purpose with exit `code` (`PeerWatch.stop_job`) and this rank has said what it had to say.
+    The launcher ends every rank once one exits: a SIGTERM (or a launcher gone) from now on ends this rank quietly
+    with `code`, instead of asking it to save a checkpoint."""
+    _ending_code[:] = [code]
 
 
 def launcher_ancestors() -> list[Ancestor]:

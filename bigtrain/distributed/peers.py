@@ -13,6 +13,7 @@ from typing import Any, Callable, NoReturn
 
 import torch
 
+from bigtrain.distributed.lifeline import ending_on_purpose
 from bigtrain.distributed.world import World
 
 
@@ -141,8 +142,12 @@ class PeerWatch:
         self._store_call(lambda s: s.set(self.LEFT + str(self.world.rank), "1"))
         if self.world.is_main:
             _print_lines(message)
+        ending_on_purpose(code)
+        if self.world.is_main:
             self._store_call(lambda s: s.set(self.PRINTED, "1"))
-            self._wait_for(lambda: all(self._left(p) for p in self.peers if p.rank != 0), seconds=10.0)
+            # a peer's watch thread follows a stop within FOLLOW_GRACE_S and its interval, even from inside a collective
+            self._wait_for(lambda: all(self._left(p) for p in self.peers if p.rank != 0),
+                           seconds=3 * self.FOLLOW_GRACE_S + 3 * self.interval)
             time.sleep(0.2)  # the peers' last store reads return before the store goes
         else:  # leave once rank 0 has printed: a launcher ends every rank when the first one exits
             self._wait_for(lambda: self._store_call(lambda s: s.check([self.PRINTED])) is not False, seconds=10.0)
@@ -161,7 +166,17 @@ class PeerWatch:
             time.sleep(0.05)
 
     def fail(self, err: BaseException) -> NoReturn:
-        """The main thread's exception handler on a multi-rank job: one clear line, exit 1, no hang."""
+        """The main thread's exception handler on a multi-rank job: one clear line, exit 1, no hang.
+        Silent when the job is stopping on purpose (`stop_job`): then a collective broken by a peer that
+        already left is the stop's echo, not a failure to report."""
+        if self._stopping or self._store_call(lambda s: s.check([self.STOPPED])) is True:
+            self._main_stopping.set()
+            with self._ending:
+                taken, self._stopping = self._stopping, True
+            if taken:
+                time.sleep(60.0)  # the watch thread is ending this rank
+            sys.stdout.flush()
+            os._exit(self._leave_stopped(1))
         cause = self._diagnose_within(3 * self.interval + 3.0)
         me = self.peers[self.world.rank]
         if cause:
