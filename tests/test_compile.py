@@ -139,11 +139,14 @@ def test_bf16_configs_skip_deepspeeds_overflow_check_and_deepspeed_reads_the_key
 
 
 def test_vocabulary_padding_is_the_default_on_gpus_only():
-    from bigtrain.train.inputs import gpu_vocab_padding
-    assert gpu_vocab_padding("gpt2", "cuda") == {"vocab_multiple": 64}
-    assert gpu_vocab_padding("gpt2", "cpu") == {} and gpu_vocab_padding("resnet", "cuda") == {}
-    spec = models.build("gpt2", "small", vocab_size=50257, **gpu_vocab_padding("gpt2", "cuda"))
-    assert spec.extra["vocab_size"] == 50304
+    from bigtrain.models.registry import DataFacts, model_overrides
+    facts = DataFacts(seq_len=1024, vocab_size=50257, num_classes=10)
+    padded = model_overrides("gpt2", "small", facts, None, {}, "cuda")
+    assert padded["vocab_multiple"] == 64
+    assert "vocab_multiple" not in model_overrides("gpt2", "small", facts, None, {}, "cpu")
+    assert "vocab_multiple" not in model_overrides("resnet", "18", facts, None, {}, "cuda")
+    assert model_overrides("gpt2", "small", facts, None, {"vocab_multiple": 1}, "cuda")["vocab_multiple"] == 1
+    assert models.build("gpt2", "small", **padded).extra["vocab_size"] == 50304
 
 
 # -- batch.micro_batch=auto ---------------------------------------------------------------------

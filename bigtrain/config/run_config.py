@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from bigtrain.config.fields import doc
+from bigtrain.models.names import canonical, default_size
 from bigtrain.config.rules import RUN_KEYS, Layout, check_layout, optimizer_problems, partition_problem
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -26,10 +27,9 @@ class ModelConfig:
                                  "from (gpt2, llama, hf); its tokenizer is the default data.tokenizer.")
 
     def __post_init__(self) -> None:
-        if self.family == "transformer":
-            self.family = "encoder"  # the mission's "Transformer" is the encoder classifier
+        self.family = canonical(self.family)  # "transformer" is the encoder classifier
         if self.size is None:
-            self.size = "custom" if self.pretrained or self.family == "hf" else "mini"
+            self.size = default_size(self.family, self.pretrained)
 
 
 @dataclass

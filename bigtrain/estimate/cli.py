@@ -142,18 +142,13 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
 
 def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape:
     """The memory model's view of `spec`; non-transformer activations are measured for `precision`."""
+    from bigtrain.models.registry import estimate_shape
     numel, numels, largest = parameter_layout(_meta_module(spec))
     assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec {spec.num_params}"
-    cfg = spec.config
     common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest)
-    if spec.family == "gpt2":
-        attn = getattr(cfg, "_attn_implementation", None) or "sdpa"
-        return ModelShape(**common, n_layer=cfg.n_layer, hidden=cfg.n_embd, heads=cfg.n_head,
-                          seq_len=spec.extra["seq_len"], vocab=cfg.vocab_size, profile=f"gpt2-{attn}",
-                          dropout=cfg.resid_pdrop)
-    if spec.family == "encoder":
-        return ModelShape(**common, n_layer=cfg.n_layer, hidden=cfg.n_embd, heads=cfg.n_head, seq_len=cfg.seq_len,
-                          profile="encoder-sdpa", dropout=cfg.dropout)
+    analytic = estimate_shape(spec)  # the family's closed form, where it has one
+    if analytic is not None:
+        return ModelShape(**common, **analytic)
     import torch
     dtypes = {4: torch.float32, 2: torch.bfloat16}
     sizes = [PRECISIONS[precision]] if precision else sorted(set(PRECISIONS.values()))
@@ -206,7 +201,7 @@ def run_settings(best: Setup, model_overrides: dict[str, Any]) -> str:
 
 def run_estimate(args: argparse.Namespace) -> int:
     """Print the table and the recommendation; 0 when a setup fits, 1 when none does."""
-    from bigtrain.models import build
+    from bigtrain.models import build, modality
     overrides = _parse_overrides(args.set)
     if args.pretrained:
         overrides["pretrained"] = args.pretrained
@@ -214,8 +209,8 @@ def run_estimate(args: argparse.Namespace) -> int:
     if size is None:
         raise ValueError("--size is missing: give a named size (see `bigtrain models`), or --pretrained DIR")
     if args.seq_len is not None:
-        if args.model == "resnet":
-            raise ValueError("--seq-len applies to token models (gpt2, encoder); ResNet takes --set image_size=N")
+        if modality(args.model, overrides) == "image":
+            raise ValueError(f"--seq-len applies to token models; {args.model} takes --set image_size=N")
         overrides["seq_len"] = args.seq_len
     gpu_mem = parse_gpu_mem(args.gpu_mem, "--gpu-mem")
     cpu_mem = parse_gpu_mem(args.cpu_mem, "--cpu-mem") if args.cpu_mem else None

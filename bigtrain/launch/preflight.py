@@ -170,34 +170,27 @@ def batch_report(run: RunConfig, world: int, ds_path: str | None, device: Device
     return lines, resolved.run
 
 
-def estimate_overrides(run: RunConfig) -> dict:
-    """The model shape the runner would build, with the data's vocabulary / classes / length (as job.py)."""
+def estimate_overrides(run: RunConfig, device_name: str = "cuda") -> dict:
+    """The model shape the runner would build on `device_name`, with the data's vocabulary / classes / length
+    (the same derivation as the runner's, `bigtrain.models.registry.model_overrides`); a tokenizer given by
+    name is not loaded here, so its vocabulary is the model's default."""
+    from bigtrain.models.registry import DataFacts, model_overrides
     model, data = run.model, run.data
-    derived: dict = {}
-    if model.family == "gpt2":
-        from bigtrain.models.gpt2 import FAMILY
-        positions = FAMILY.sizes.get(model.size, {}).get("n_positions", 1024)
-        if data.tokenizer is None:
-            derived["vocab_size"] = data.vocab_size
-        derived.update(n_positions=max(positions, data.seq_len), seq_len=data.seq_len)
-    elif model.family == "encoder":
-        derived.update(num_classes=data.num_classes, seq_len=data.seq_len)
-        if data.tokenizer is None:
-            derived["vocab_size"] = data.vocab_size
-    elif model.family == "resnet":
-        derived["num_classes"] = data.num_classes
-    return {**derived, **model.overrides}
+    facts = DataFacts(seq_len=data.seq_len, vocab_size=data.vocab_size if data.tokenizer is None else None,
+                      num_classes=data.num_classes)
+    return model_overrides(model.family, model.size, facts, model.pretrained, model.overrides, device_name)
 
 
 def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int | None,
-                  headroom: float = 0.1) -> tuple[list[str], list[str]]:
-    """(lines, problems): the estimated peak per rank, and a problem if it does not fit `gpu_mem`."""
+                  headroom: float = 0.1, device_name: str = "cuda") -> tuple[list[str], list[str]]:
+    """(lines, problems): the estimated peak per rank on `device_name` ranks, and a problem if it does not
+    fit `gpu_mem`."""
     from bigtrain.estimate.memory_model import estimate, fits, setup_from_run
     from bigtrain.estimate.cli import shape_from_spec
     from bigtrain.models import build
     if run.model.pretrained:
         return ["memory: not estimated for a pretrained model directory (use `bigtrain estimate`)"], []
-    spec = build(run.model.family, run.model.size, **estimate_overrides(run))
+    spec = build(run.model.family, run.model.size, **estimate_overrides(run, device_name))
     est = estimate(shape_from_spec(spec, run.precision), setup_from_run(run, world, gpus_per_node))
     gib = 2**30
     lines = [f"memory per rank (estimate, {est.setup.label}, {run.precision}, micro-batch {est.setup.micro_batch}): "
@@ -251,9 +244,10 @@ def preflight(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         shorthands = [f"model.{key}={value}" for key, value in (("family", args.model), ("size", args.size)) if value]
         run = load_run_config(args.config, shorthands + list(args.set))
         sources = field_sources(args.config, shorthands + list(args.set))
-        batch_lines, run = batch_report(run, world, args.deepspeed_config, device_caps(args.device), sources)
+        device = device_caps(args.device)
+        batch_lines, run = batch_report(run, world, args.deepspeed_config, device, sources)
         lines += batch_lines
-        mem_lines, mem_problems = memory_report(run, world, per_node, gpu_mem, args.headroom)
+        mem_lines, mem_problems = memory_report(run, world, per_node, gpu_mem, args.headroom, device.name)
         lines += mem_lines
         problems += mem_problems
     except LintError as err:

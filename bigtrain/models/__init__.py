@@ -10,7 +10,8 @@ from typing import Any
 _WHERE = {
     "SequentialPipeline": "pipeline_form", "module_state_from_pipeline": "pipeline_form",
     "pipeline_state_from_module": "pipeline_form",
-    "build": "registry", "canonical": "registry", "families": "registry", "modality": "registry",
+    "build": "registry", "canonical": "names", "families": "registry", "family": "registry", "modality": "registry",
+    "model_overrides": "registry", "DataFacts": "family", "Family": "family",
     "LayerDef": "spec", "ModelSpec": "spec", "call_module": "spec", "output_logits": "spec", "pipeline_inputs": "spec",
 }
 __all__ = sorted(_WHERE)

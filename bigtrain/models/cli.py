@@ -19,17 +19,18 @@ def _parse_overrides(items: list[str]) -> dict[str, Any]:
 
 def table(family: str | None, overrides: dict[str, Any]) -> str:
     """One line per (family, named size); ValueError for an unknown family or override."""
-    from bigtrain.models.registry import _families, build, canonical, families  # torch: not for `bigtrain --help`
+    from bigtrain.models.registry import build, canonical, families  # torch: not for `bigtrain --help`
+    from bigtrain.models.registry import family as family_of
     fams = families()
     family = canonical(family) if family is not None else None
     if family is not None and family not in fams:
         raise ValueError(f"unknown model family {family!r}; choose one of: {', '.join(fams)}")
     lines = [f"{'family':<8} {'size':<7} {'params':>10} {'train GFLOP/sample':>19} {'tokens':>7} {'layers':>7}"]
     for fam in [family] if family else list(fams):
-        unknown = sorted(set(overrides) - set(_families()[fam].override_keys()))
+        keys = family_of(fam).override_keys()
+        unknown = sorted(set(overrides) - set(keys))
         if unknown:
-            raise ValueError(f"unknown override(s) {', '.join(unknown)} for {fam}; "
-                             f"allowed: {', '.join(_families()[fam].override_keys())}")
+            raise ValueError(f"unknown override(s) {', '.join(unknown)} for {fam}; allowed: {', '.join(keys)}")
         for size in fams[fam]:
             if size == "custom":
                 continue

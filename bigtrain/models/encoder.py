@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bigtrain.models.losses import classification_loss
-from bigtrain.models.registry import Family
+from bigtrain.models.family import DataFacts, Family
 from bigtrain.models.spec import LayerDef, ModelSpec
 
 
@@ -208,6 +208,17 @@ def make_spec(size: str, settings: dict[str, Any]) -> ModelSpec:
     )
 
 
+def data_overrides(family: Family, size: str, facts: DataFacts, pretrained: str | None) -> dict[str, Any]:
+    return {"vocab_size": facts.vocab_size, "num_classes": facts.num_classes, "seq_len": facts.seq_len}
+
+
+def estimator_shape(spec: ModelSpec) -> dict[str, Any]:
+    """The memory model's closed form for the encoder (`bigtrain.estimate.memory_model`)."""
+    cfg = spec.config
+    return dict(n_layer=cfg.n_layer, hidden=cfg.n_embd, heads=cfg.n_head, seq_len=cfg.seq_len,
+                profile="encoder-sdpa", dropout=cfg.dropout)
+
+
 FAMILY = Family(
     name="encoder",
     settings_cls=EncoderConfig,
@@ -220,4 +231,7 @@ FAMILY = Family(
         "large": {"n_layer": 24, "n_embd": 1024, "n_head": 16},
     },
     make=make_spec,
+    modality=lambda overrides: "classify",
+    derive=data_overrides,
+    analytic_shape=estimator_shape,
 )

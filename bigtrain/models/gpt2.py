@@ -27,7 +27,7 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 from bigtrain.models import hf_common, hf_dir
 from bigtrain.models.losses import causal_lm_loss
-from bigtrain.models.registry import Family
+from bigtrain.models.family import Family, decoder_modality, decoder_overrides
 from bigtrain.models.spec import LayerDef, ModelSpec
 
 SHAPE_KEYS = ("n_layer", "n_embd", "n_head", "n_positions", "vocab_size")
@@ -229,6 +229,14 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
     )
 
 
+def estimator_shape(spec: ModelSpec) -> dict[str, Any]:
+    """The memory model's closed form for GPT-2 (`bigtrain.estimate.memory_model`)."""
+    cfg = spec.config
+    attn = getattr(cfg, "_attn_implementation", None) or "sdpa"
+    return dict(n_layer=cfg.n_layer, hidden=cfg.n_embd, heads=cfg.n_head, seq_len=spec.extra["seq_len"],
+                vocab=cfg.vocab_size, profile=f"gpt2-{attn}", dropout=cfg.resid_pdrop)
+
+
 FAMILY = Family(
     name="gpt2",
     settings_cls=GPT2Settings,
@@ -241,4 +249,7 @@ FAMILY = Family(
         "xl": {"n_layer": 48, "n_embd": 1600, "n_head": 25, "n_positions": 1024},
     },
     make=make_spec,
+    modality=decoder_modality("gpt2"),
+    derive=decoder_overrides,
+    analytic_shape=estimator_shape,
 )

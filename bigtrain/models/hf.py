@@ -18,7 +18,7 @@ import torch
 
 from bigtrain.models import hf_common, hf_dir
 from bigtrain.models.losses import causal_lm_loss, classification_loss
-from bigtrain.models.registry import Family
+from bigtrain.models.family import DataFacts, Family
 from bigtrain.models.spec import LayerDef, ModelSpec
 
 log = logging.getLogger("bigtrain")
@@ -173,4 +173,17 @@ def modality(fields: dict[str, Any]) -> str:
     return "text" if (s.task or hf_dir.task_of(config, s.pretrained)) == "causal_lm" else "classify"
 
 
-FAMILY = Family(name="hf", settings_cls=HFSettings, sizes={}, make=make_spec)
+def data_overrides(family: Family, size: str, facts: DataFacts, pretrained: str | None) -> dict[str, Any]:
+    """The directory's shape, the data's length, a tokenizer's vocabulary (resized embeddings), the labels' count
+    for a classifier and the tokenizer's padding id."""
+    derived: dict[str, Any] = {"pretrained": pretrained, "seq_len": facts.seq_len,
+                               "vocab_size": facts.vocab_size or None}
+    if facts.num_classes:
+        derived["num_classes"] = facts.num_classes
+    if isinstance(facts.pad_token_id, int):
+        derived["pad_token_id"] = facts.pad_token_id
+    return derived
+
+
+FAMILY = Family(name="hf", settings_cls=HFSettings, sizes={}, make=make_spec, modality=modality,
+                derive=data_overrides)

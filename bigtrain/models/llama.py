@@ -21,7 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from bigtrain.models import hf_common
 from bigtrain.models.decoder_pipe import layer_defs
 from bigtrain.models.losses import causal_lm_loss
-from bigtrain.models.registry import Family
+from bigtrain.models.family import Family, decoder_modality, decoder_overrides
 from bigtrain.models.spec import ModelSpec
 
 SHAPE_KEYS = {"n_layer": "num_hidden_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads",
@@ -191,4 +191,6 @@ FAMILY = Family(
                 "n_positions": 131072, "rope": _llama3_rope(8.0)},
     },
     make=make_spec,
+    modality=decoder_modality("llama"),
+    derive=decoder_overrides,
 )

@@ -1,28 +1,22 @@
-"""The model zoo's front door: `build(family, size, **overrides) -> ModelSpec`.
+"""The model zoo's front door: the families (`bigtrain.models.family.Family`) and what the rest of bigtrain asks
+of them: `build(family, size, **overrides) -> ModelSpec`, the data a family trains on, the settings the data
+decides, the vocabulary hint, the estimator's shape and the parallel modes.
 
-Each family module declares a `FAMILY` (its named sizes, the override keys it accepts and
-a `make(size, fields) -> ModelSpec`). This file only checks names and merges the named
-size with the overrides; value checks live in each family's config.
+This file only checks names and merges the named size with the overrides; value checks live in each
+family's config. Family modules import `Family` from `family.py`, never this module: no import cycle.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
+from bigtrain.models.family import DataFacts, Family
+from bigtrain.models.names import ALIASES, canonical
 from bigtrain.models.spec import ModelSpec
 
-
-@dataclass(frozen=True)
-class Family:
-    """What the registry needs to know about a model family."""
-
-    name: str
-    settings_cls: type  # dataclass whose fields are the allowed override keys
-    sizes: dict[str, dict[str, Any]]  # named size -> settings; "custom" is added by the registry
-    make: Callable[[str, dict[str, Any]], ModelSpec]  # (size, merged settings) -> spec
-
-    def override_keys(self) -> list[str]:
-        return sorted(f.name for f in fields(self.settings_cls))
+__all__ = ["ALIASES", "DataFacts", "Family", "build", "canonical", "estimate_shape", "families", "family",
+           "modality", "model_overrides", "size_settings", "slow_vocab_hint"]
+GPU_VOCAB_MULTIPLE = 64
 
 
 def _families() -> dict[str, Family]:
@@ -32,12 +26,13 @@ def _families() -> dict[str, Family]:
     return {f.name: f for f in (encoder.FAMILY, gpt2.FAMILY, hf.FAMILY, llama.FAMILY, resnet.FAMILY)}
 
 
-ALIASES = {"transformer": "encoder"}  # the mission's "Transformer": the encoder classifier
-
-
-def canonical(family: str) -> str:
-    """The family an alias names (`transformer` -> `encoder`); other names unchanged."""
-    return ALIASES.get(family, family)
+def family(name: str) -> Family:
+    """The family `name` (or its alias) names; ValueError listing the families for an unknown one."""
+    fams = _families()
+    name = canonical(name)
+    if name not in fams:
+        raise ValueError(f"unknown model family {name!r}; choose one of: {', '.join(sorted(fams))}")
+    return fams[name]
 
 
 def families() -> dict[str, list[str]]:
@@ -45,48 +40,64 @@ def families() -> dict[str, list[str]]:
     return {name: [*fam.sizes, "custom"] for name, fam in sorted(_families().items())}
 
 
-def build(family: str, size: str, **overrides: Any) -> ModelSpec:
-    """Build the spec of `family` at named `size`, with `overrides` applied to its settings.
+def build(family_name: str, size: str, **overrides: Any) -> ModelSpec:
+    """Build the spec of `family_name` at named `size`, with `overrides` applied to its settings.
 
     Raises ValueError naming the allowed values for an unknown family, size or override key.
     Size "custom" takes its whole shape from the overrides (or a pretrained directory). An override
     set to None means "the default" (e.g. data.num_classes left to the labels)."""
-    fams = _families()
-    family = canonical(family)
-    if family not in fams:
-        raise ValueError(f"unknown model family {family!r}; choose one of: {', '.join(sorted(fams))}")
-    fam = fams[family]
+    fam = family(family_name)
     allowed_sizes = [*fam.sizes, "custom"]
     if not fam.sizes and size != "custom":
-        raise ValueError(f"--model {family} takes its shape from model.pretrained (a Hugging Face directory); "
+        raise ValueError(f"--model {fam.name} takes its shape from model.pretrained (a Hugging Face directory); "
                          f"drop --size {size}")
     if size not in allowed_sizes:
-        raise ValueError(f"unknown size {size!r} for {family}; choose one of: {', '.join(allowed_sizes)}")
+        raise ValueError(f"unknown size {size!r} for {fam.name}; choose one of: {', '.join(allowed_sizes)}")
     unknown = sorted(set(overrides) - set(fam.override_keys()))
     if unknown:
         raise ValueError(
-            f"unknown override(s) {', '.join(unknown)} for {family}; allowed: {', '.join(fam.override_keys())}")
+            f"unknown override(s) {', '.join(unknown)} for {fam.name}; allowed: {', '.join(fam.override_keys())}")
     merged = {**fam.sizes.get(size, {}), **{k: v for k, v in overrides.items() if v is not None}}
     return fam.make(size, merged)
 
 
-MODALITY = {"gpt2": "text", "llama": "text", "encoder": "classify", "resnet": "image"}
+def modality(family_name: str, overrides: dict[str, Any]) -> str:
+    """Which data the family trains on ('text', 'classify' or 'image'), known before the data is read (a
+    pretrained directory is asked, and checked against the family)."""
+    return family(family_name).modality(overrides)
 
 
-def modality(family: str, overrides: dict[str, Any]) -> str:
-    """Which data the family trains on ('text', 'classify' or 'image'), known before the data is read:
-    `hf` asks the pretrained directory (a causal LM or a classifier)."""
-    family = canonical(family)
-    if family == "hf":
-        from bigtrain.models.hf import modality as hf_modality
-        return hf_modality(overrides)
-    if family not in MODALITY:
-        raise ValueError(f"unknown model family {family!r}; choose one of: {', '.join(sorted(_families()))}")
-    return MODALITY[family]
-
-
-def size_settings(family: str, size: str) -> dict[str, Any]:
+def size_settings(family_name: str, size: str) -> dict[str, Any]:
     """A named size's settings merged over the family's defaults (empty for 'custom' but the defaults)."""
-    fam = _families()[canonical(family)]
-    defaults = {f.name: f.default for f in fields(fam.settings_cls) if not callable(f.default)}
-    return {**defaults, **fam.sizes.get(size, {})}
+    return family(family_name).settings(size)
+
+
+def model_overrides(family_name: str, size: str, facts: DataFacts, pretrained: str | None,
+                    overrides: dict[str, Any], device_name: str) -> dict[str, Any]:
+    """The overrides a job builds its model with: what the data decides, then the user's (which win).
+
+    On a GPU, a family that can pad its vocabulary pads it to a multiple of 64 (nanoGPT's 50257 -> 50304):
+    GPT-2's odd 50257 rows sent the output layer's matmuls to a slow kernel, 31 of 80 GPU ms per step on an
+    H100 (docs/benchmarks.md). The extra rows are never targets; pretrained shapes are left alone."""
+    fam = family(family_name)
+    pretrained = str(Path(pretrained).resolve()) if pretrained else None
+    derived = fam.derive(fam, size, facts, pretrained)
+    if fam.pads_vocabulary and not pretrained and device_name != "cpu":
+        derived["vocab_multiple"] = GPU_VOCAB_MULTIPLE
+    return {**derived, **overrides}
+
+
+def slow_vocab_hint(spec: ModelSpec, device_name: str) -> str | None:
+    """On a GPU, an output layer whose row count is no multiple of 64 runs on slow matmul kernels."""
+    vocab = spec.extra.get("vocab_size")
+    if (not family(spec.family).pads_vocabulary or vocab is None or vocab % GPU_VOCAB_MULTIPLE == 0
+            or device_name == "cpu" or spec.extra.get("pretrained")):
+        return None
+    return (f"vocabulary of {vocab} rows (not a multiple of 64): the output layer's matmuls take slow kernels on "
+            "GPUs; --set model.overrides.vocab_multiple=64 pads it (docs/benchmarks.md, On a GPU)")
+
+
+def estimate_shape(spec: ModelSpec) -> dict[str, Any] | None:
+    """The estimator's closed-form shape of `spec` (layers, hidden, heads, ...), or None: measure it."""
+    shape = family(spec.family).analytic_shape
+    return shape(spec) if shape is not None else None

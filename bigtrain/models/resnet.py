@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bigtrain.models.losses import classification_loss
-from bigtrain.models.registry import Family
+from bigtrain.models.family import DataFacts, Family
 from bigtrain.models.spec import LayerDef, ModelSpec
 
 EXPANSION = {"basic": 1, "bottleneck": 4}
@@ -237,6 +237,10 @@ def make_spec(size: str, settings: dict[str, Any]) -> ModelSpec:
     )
 
 
+def data_overrides(family: Family, size: str, facts: DataFacts, pretrained: str | None) -> dict[str, Any]:
+    return {"num_classes": facts.num_classes}
+
+
 FAMILY = Family(
     name="resnet",
     settings_cls=ResNetConfig,
@@ -249,4 +253,6 @@ FAMILY = Family(
         "152": {"block": "bottleneck", "layers": (3, 8, 36, 3)},
     },
     make=make_spec,
+    modality=lambda overrides: "image",
+    derive=data_overrides,
 )

@@ -17,10 +17,6 @@ def model_modality(model: ModelConfig) -> str:
     """'text' | 'classify' | 'image' for the model; checks a pretrained directory first (its model_type
     against --model, a trainable architecture), so a mismatch stops every rank before any data work."""
     from bigtrain import models
-    from bigtrain.models.hf_dir import read_config
-
-    if model.pretrained and model.family in ("gpt2", "llama"):
-        read_config(model.pretrained, expect=model.family)
     return models.modality(model.family, {**model.overrides, "pretrained": model.pretrained})
 
 
@@ -117,47 +113,14 @@ def patient_barrier(world: World) -> Callable[[], None]:
     return wait
 
 
-def gpu_vocab_padding(family: str, device_name: str | None = None) -> dict[str, int]:
-    """{"vocab_multiple": 64} for a model built from scratch on a GPU by a family that can pad its vocabulary
-    (nanoGPT's 50257 -> 50304): GPT-2's odd 50257 rows sent the output layer's matmuls to a slow kernel, 31 of
-    80 GPU ms per step on an H100 (docs/benchmarks.md). The extra rows are never targets; pretrained shapes
-    are left alone, and model.overrides.vocab_multiple wins."""
-    from bigtrain.models.registry import _families
-    if device_name is None:
-        from deepspeed.accelerator import get_accelerator
-        device_name = get_accelerator().device_name()
-    family_def = _families().get(family)
-    if device_name == "cpu" or family_def is None or "vocab_multiple" not in family_def.override_keys():
-        return {}
-    return {"vocab_multiple": 64}
-
-
 def model_overrides(model: ModelConfig, data: TrainingData, seq_len: int) -> dict:
     """The model's shape where the data decides it (vocabulary, classes, sequence length), then the user's."""
-    bundle = data.bundle
-    derived: dict[str, Any] = {}
-    pretrained = str(Path(model.pretrained).resolve()) if model.pretrained else None
-    if model.family in ("gpt2", "llama"):
-        if pretrained:
-            derived["pretrained"] = pretrained
-        else:
-            from bigtrain.models.registry import size_settings
-            if bundle.vocab_size:
-                derived["vocab_size"] = bundle.vocab_size
-            positions = size_settings(model.family, model.size).get("n_positions", 1024)
-            derived["n_positions"] = max(positions, seq_len)  # room for the data's sequence length
-            derived.update(gpu_vocab_padding(model.family))
-        derived["seq_len"] = seq_len
-    elif model.family == "hf":
-        derived.update(pretrained=pretrained, seq_len=seq_len, vocab_size=bundle.vocab_size or None)
-        if bundle.num_classes:
-            derived["num_classes"] = bundle.num_classes
-        pad = getattr(bundle.tokenizer, "pad_token_id", None)
-        if isinstance(pad, int):
-            derived["pad_token_id"] = pad
-    elif model.family == "encoder":
-        derived.update(vocab_size=bundle.vocab_size, num_classes=bundle.num_classes, seq_len=seq_len)
-    elif model.family == "resnet":
-        derived["num_classes"] = bundle.num_classes
-    return {**derived, **model.overrides}
+    from deepspeed.accelerator import get_accelerator
 
+    from bigtrain.models.registry import DataFacts, model_overrides as family_overrides
+    bundle = data.bundle
+    pad = getattr(bundle.tokenizer, "pad_token_id", None)
+    facts = DataFacts(seq_len=seq_len, vocab_size=bundle.vocab_size, num_classes=bundle.num_classes,
+                      pad_token_id=pad if isinstance(pad, int) else None)
+    return family_overrides(model.family, model.size, facts, model.pretrained, model.overrides,
+                            get_accelerator().device_name())

@@ -14,7 +14,10 @@ from bigtrain.checkpoint.claim import claim_run_dir
 from bigtrain.checkpoint.resume import check_same_model
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 
+from deepspeed.accelerator import get_accelerator
+
 from bigtrain import models
+from bigtrain.models.registry import slow_vocab_hint
 from bigtrain.config.run_config import RunConfig
 from bigtrain.config.load import to_dict
 from bigtrain.distributed.device import fix_cuda_arch_list
@@ -96,16 +99,6 @@ def users_mistake(err: Exception) -> bool:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     return tb is not None and Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(PACKAGE_DIR)
-
-
-def slow_vocab_hint(spec: models.ModelSpec) -> str | None:
-    """On a GPU, an output layer whose row count is no multiple of 64 runs on slow matmul kernels."""
-    from deepspeed.accelerator import get_accelerator
-    vocab = spec.extra.get("vocab_size") if spec.family == "gpt2" else None
-    if vocab is None or vocab % 64 == 0 or get_accelerator().device_name() == "cpu" or spec.extra.get("pretrained"):
-        return None
-    return (f"vocabulary of {vocab} rows (not a multiple of 64): the output layer's matmuls take slow kernels on "
-            "GPUs; --set model.overrides.vocab_multiple=64 pads it (docs/benchmarks.md, On a GPU)")
 
 
 def train(run: RunConfig, world: World, ds_config_path: str | None, resume: bool, stop_after: int | None,
@@ -209,7 +202,7 @@ def find_checkpoint(ckpt_dir: Path, world: World) -> tuple[str, CheckpointState]
 def build_model(model_build: ModelBuild, world: World) -> models.ModelSpec:
     """The model `model_build` describes (it is recorded in every checkpoint for resume and export)."""
     spec = models.build(model_build.family, model_build.size, **model_build.overrides)
-    if world.is_main and (hint := slow_vocab_hint(spec)):
+    if world.is_main and (hint := slow_vocab_hint(spec, get_accelerator().device_name())):
         log.warning("%s", hint)
     if world.is_main and spec.extra.get("weights_note"):  # a config-only Hugging Face directory
         log.info("%s", spec.extra["weights_note"])
