@@ -80,9 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"bigtrain: {err}", file=sys.stderr)
         return 2
-    from bigtrain.train.job import run_job
-    return run_job(run, ds_config_path=args.deepspeed_config, resume=args.resume, stop_after=args.stop_after,
-                   trust_checkpoint=args.trust_checkpoint, sources=config_sources(args), overwrite=args.overwrite)
+    from bigtrain.train.job import train
+    from bigtrain.train.process import JobProcess
+    with JobProcess.start() as job:  # the process group, the console, and the exit code of a stop
+        train(run, job.world, args.deepspeed_config, args.resume, args.stop_after, sources=config_sources(args),
+              trust_checkpoint=args.trust_checkpoint, overwrite=args.overwrite, lifeline=job.lifeline)
+    return job.code
 
 
 def exit_now(code: int) -> None:

@@ -16,6 +16,11 @@ from launch import launch_jobs
 from bigtrain import models
 from bigtrain.models.chunked_loss import causal_lm_chunked_loss, causal_lm_hidden_loss, linear_cross_entropy
 from bigtrain.models.losses import causal_lm_loss
+from bigtrain.config.load import load_run_config
+from bigtrain.ds.batch import largest_divisor_upto
+from bigtrain.ds.lint import DeviceCaps
+from bigtrain.ds.resolve import resolve
+from bigtrain.ds.runtime import resolve_compile
 from bigtrain.train import autobatch, fast_path
 
 TOL = 1e-5
@@ -74,23 +79,27 @@ def test_chunked_loss_on_gpt2_equals_the_module_loss_with_padded_vocabulary():
 
 
 def test_fast_path_defaults_follow_the_device_and_refuse_what_cannot_run(monkeypatch):
-    assert fast_path.resolve_compile("auto", "cuda", 1, 1) == "torch"
-    assert fast_path.resolve_compile("auto", "cpu", 1, 1) == "off"
-    assert fast_path.resolve_compile("auto", "cuda", 2, 1) == "off"  # pipelines stay eager
-    assert fast_path.resolve_compile("auto", "cuda", 1, 3) == "off"  # ZeRO-3: opt in (true or deepcompile)
-    assert fast_path.resolve_compile(True, "cpu", 1, 3) == "torch" and fast_path.resolve_compile(False, "cuda", 1, 1) == "off"
-    assert fast_path.resolve_compile("deepcompile", "cuda", 1, 3) == "deepcompile"
+    assert resolve_compile("auto", "cuda", 1, 1) == "torch"
+    assert resolve_compile("auto", "cpu", 1, 1) == "off"
+    assert resolve_compile("auto", "cuda", 2, 1) == "off"  # pipelines stay eager
+    assert resolve_compile("auto", "cuda", 1, 3) == "off"  # ZeRO-3: opt in (true or deepcompile)
+    assert resolve_compile(True, "cpu", 1, 3) == "torch" and resolve_compile(False, "cuda", 1, 1) == "off"
+    assert resolve_compile("deepcompile", "cuda", 1, 3) == "deepcompile"
     with pytest.raises(ValueError, match="deepcompile needs an NVIDIA GPU"):
-        fast_path.resolve_compile("deepcompile", "cpu", 1, 1)
+        resolve_compile("deepcompile", "cpu", 1, 1)
     with pytest.raises(ValueError, match="needs zero.stage 1, 2 or 3"):
-        fast_path.resolve_compile("deepcompile", "cuda", 1, 0)
+        resolve_compile("deepcompile", "cuda", 1, 0)
     with pytest.raises(ValueError, match="pipeline.stages=2"):
-        fast_path.resolve_compile(True, "cuda", 2, 1)
+        resolve_compile(True, "cuda", 2, 1)
     monkeypatch.setenv("CXX", "no-such-compiler")
     with pytest.raises(ValueError, match="train.compile=true on a CPU needs a C\\+\\+ compiler"):
-        fast_path.resolve_compile(True, "cpu", 1, 1)
+        resolve_compile(True, "cpu", 1, 1)
     monkeypatch.delenv("CXX")
-    assert fast_path.with_compile_section({"a": 1}, "deepcompile") == {"a": 1, "compile": {"deepcompile": True}}
+    fake_gpu = DeviceCaps("cuda", fp16=True, bf16=True)
+    run = load_run_config(None, ["train.compile=deepcompile", "zero.stage=1", "precision=bf16"])
+    assert resolve(run, None, 1, fake_gpu).ds_config["compile"] == {"deepcompile": True}  # resolve writes it
+    assert "compile" not in resolve(load_run_config(None, ["zero.stage=1", "precision=bf16"]), None, 1,
+                                    fake_gpu).ds_config
     gpt2 = models.build("gpt2", "tiny", vocab_size=128, seq_len=16)
     module = gpt2.build(seed=0)
     assert fast_path.resolve_loss_impl("auto", "cuda", gpt2, module) == "chunked"
@@ -163,7 +172,7 @@ def test_micro_batch_search_finds_the_largest_that_fits_a_fake_memory_limit(limi
     assert search.best == min(limit, upper)
     assert len(set(probed)) == len(probed) and max(probed) <= upper
     assert len(probed) <= 2 * math.ceil(math.log2(upper)) + 1  # doubling, then bisection
-    assert autobatch.largest_divisor_upto(48, 37) == 24 and autobatch.largest_divisor_upto(7, 5) == 1
+    assert largest_divisor_upto(48, 37) == 24 and largest_divisor_upto(7, 5) == 1
 
 
 class _FakeAccelerator:
@@ -220,10 +229,8 @@ def test_micro_batch_probe_keeps_the_global_batch_and_survives_out_of_memory(mon
     assert search.best == 26
     assert [n for n, _ in search.probes] == [1, 2, 4, 8, 16, 32, 24, 28, 26, 27]
     assert max(acc.steps) <= 40 and len(built) == 1  # predicted from the last fit: no real out-of-memory
-    micro = autobatch.largest_divisor_upto(96, search.best)
-    config = autobatch.with_micro_batch({"train_batch_size": 192, "train_micro_batch_size_per_gpu": 4,
-                                         "gradient_accumulation_steps": 24}, micro, 2)
-    assert (micro, config["gradient_accumulation_steps"], config["train_batch_size"]) == (24, 4, 192)
+    micro = largest_divisor_upto(96, search.best)
+    assert (micro, 96 // micro) == (24, 4)  # micro-batch x accumulation keeps the rank's 96 samples
     # A real out-of-memory error (no prediction yet) is an answer: the engine is rebuilt for the next probe.
     acc.__init__(states=1000, per_sample=100, capacity=5000)
     built.clear()

@@ -35,7 +35,7 @@ def tok(tmp_path_factory):
 
 def _one_line_users_mistake(err: pytest.ExceptionInfo) -> str:
     """The message, checked to be what `bigtrain train` prints as one `bigtrain: ...` line (no traceback)."""
-    from bigtrain.train.job import users_mistake
+    from bigtrain.train.process import users_mistake
 
     message = str(err.value)
     assert err.type is ValueError and users_mistake(err.value) and "\n" not in message, message

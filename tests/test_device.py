@@ -26,7 +26,7 @@ def test_the_launcher_environment_and_a_rank_get_a_readable_arch_list(monkeypatc
 
 def test_only_bigtrain_s_own_value_errors_read_as_a_users_mistake():
     from bigtrain.ds.lint import LintError
-    from bigtrain.train.job import users_mistake
+    from bigtrain.train.process import users_mistake
     from bigtrain.models import build
 
     def caught(fn):

@@ -157,7 +157,7 @@ def test_conversion_happens_once_and_is_redone_for_a_rewritten_checkpoint(runs, 
     ((2, 1, 1), (2, 1, 2), "pipeline checkpoints only at the shape"),
 ])
 def test_which_shape_changes_need_or_refuse_a_conversion(saved, current, expected):
-    from bigtrain.checkpoint.universal import Shape, needs_universal
+    from bigtrain.checkpoint.resume import Shape, needs_universal
 
     if isinstance(expected, bool):
         assert needs_universal(Shape(*saved), Shape(*current), Path("ckpt/step_000005")) is expected
@@ -168,7 +168,9 @@ def test_which_shape_changes_need_or_refuse_a_conversion(saved, current, expecte
 
 def test_shape_reads_the_checkpoint_marker_and_the_job_config():
     from bigtrain.checkpoint.state import CheckpointState
-    from bigtrain.checkpoint.universal import Shape, universal_ds_config
+    from bigtrain.checkpoint.resume import Shape
+    from bigtrain.config.load import load_run_config
+    from bigtrain.ds.resolve import resolve
 
     state = CheckpointState(step=5, world_size=2, ds_config={"zero_optimization": {"stage": 2}})
     assert Shape.of_checkpoint(state) == Shape(2, 2, 1, "none")
@@ -179,8 +181,10 @@ def test_shape_reads_the_checkpoint_marker_and_the_job_config():
     assert str(Shape(1, 3, 1, "cpu")) == "world size 1 / ZeRO-3 / optimizer offload cpu"
     config = {"zero_optimization": {"stage": 3}}
     assert Shape.of_job(1, config, 1) == Shape(1, 3, 1)
-    assert universal_ds_config(config) == {"zero_optimization": {"stage": 3}, "checkpoint": {"load_universal": True}}
-    assert config == {"zero_optimization": {"stage": 3}}
+    run = load_run_config(None, ["zero.stage=3", "precision=fp32"])
+    resolved = resolve(run, None, 1, load_universal=True)  # the engine's dict loads a universal checkpoint once
+    assert resolved.ds_config["checkpoint"] == {"load_universal": True} and "checkpoint" not in resolved.recorded
+    assert resolved.recorded == resolve(run, None, 1).ds_config
 
 
 def test_resumed_steps_see_the_same_samples_at_another_data_parallel_size():

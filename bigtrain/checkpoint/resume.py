@@ -1,4 +1,5 @@
-"""What a resumed job must agree on with its checkpoint before anything is loaded: the model.
+"""Resume planning: which checkpoint a resumed job loads, whether its model is the one asked for, and how
+DeepSpeed loads it (as saved, or converted to a universal checkpoint at another shape: `universal`).
 
 A checkpoint's marker records how its model was built (`ModelBuild`: family, size, overrides). A job
 that asks for another model would either fail deep inside DeepSpeed's load with a `size mismatch`
@@ -8,10 +9,22 @@ model and train on silently. Both are refused here with one line naming what dif
 from __future__ import annotations
 
 import json
+import logging
+import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from bigtrain.checkpoint import store as checkpoint
+from bigtrain.checkpoint.safe_load import refuse_unsafe_files
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
+from bigtrain.checkpoint.universal import SUFFIX, convert_collectively
+from bigtrain.distributed.world import World
+
+log = logging.getLogger("bigtrain")
 
 # The data's sequence length: it sizes batches and FLOPs, not the weights (positions are the model's
 # n_positions / max_position_embeddings, which are compared).
@@ -69,3 +82,123 @@ def _same_directory_config(before: Any, after: Any) -> bool:
 
 def _shown(value: Any) -> str:
     return "(not set)" if value is _ABSENT else json.dumps(value)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a ZeRO checkpoint's layout depends on.
+
+    The optimizer's offload device counts too: offloading swaps the optimizer class (torch's or
+    the fused Adam for DeepSpeedCPUAdam), whose saved param groups do not load into the other
+    one (KeyError 'bias_correction'), while the universal checkpoint loads into either.
+    """
+
+    world_size: int
+    zero_stage: int
+    pipeline_stages: int = 1
+    optimizer_offload: str = "none"
+
+    @classmethod
+    def of_checkpoint(cls, state: CheckpointState) -> "Shape":
+        """The shape recorded in a checkpoint's bigtrain.json marker."""
+        return cls.of_job(state.world_size, state.ds_config, state.pipeline_stages)
+
+    @classmethod
+    def of_job(cls, world_size: int, ds_config: dict, pipeline_stages: int) -> "Shape":
+        zero = ds_config.get("zero_optimization") or {}
+        offload = (zero.get("offload_optimizer") or {}).get("device") or "none"
+        return cls(world_size, int(zero.get("stage", 0)), pipeline_stages, str(offload))
+
+    def __str__(self) -> str:
+        text = f"world size {self.world_size} / ZeRO-{self.zero_stage}"
+        text += f" / {self.pipeline_stages} pipeline stages" if self.pipeline_stages > 1 else ""
+        return text + (f" / optimizer offload {self.optimizer_offload}" if self.optimizer_offload != "none" else "")
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Which checkpoint to resume from and how DeepSpeed loads it."""
+
+    ckpt_dir: Path
+    tag: str  # the checkpoint found: step_NNNNNN
+    state: CheckpointState  # its bigtrain.json marker
+    saved: Shape
+    current: Shape
+    universal: bool  # load CKPT/<tag>_universal with checkpoint.load_universal
+
+    @property
+    def load_tag(self) -> str:
+        return self.tag + SUFFIX if self.universal else self.tag
+
+
+def plan_resume(ckpt_dir: Path, found: tuple[str, CheckpointState], current: Shape, world: World,
+                global_batch: int | None = None, trust: bool = False) -> ResumePlan:
+    """How to load the checkpoint `found` (`store.find_resumable`) and, if its shape differs, convert it (collective).
+
+    Every rank calls this before the engine exists. Rank 0 converts while the others wait;
+    unsupported shape changes, and files that would need types outside the allow-list (unless
+    `trust`, see `safe_load`), raise the same ValueError on every rank before that.
+    `global_batch` (this job's train_batch_size) is compared with the saved one for a warning.
+    """
+    tag, state = found
+    if not trust:
+        refuse_unsafe_files(ckpt_dir / tag)  # before the engine and data are built: fail fast
+    saved = Shape.of_checkpoint(state)
+    saved_batch = state.ds_config.get("train_batch_size")
+    if world.is_main and global_batch and saved_batch and saved_batch != global_batch:
+        log.warning("checkpoint %s trained with a global batch of %d, this job has %d: the run continues with "
+                    "another batch size; set batch.global_batch=%d to keep it", ckpt_dir / tag, saved_batch,
+                    global_batch, saved_batch)
+    universal = needs_universal(saved, current, ckpt_dir / tag)
+    if universal:
+        path, reused = _convert_collectively(ckpt_dir, tag, world, trust)
+        if world.is_main:
+            done = "reusing the universal checkpoint at" if reused else "converted to a universal checkpoint at"
+            log.info("checkpoint saved at %s, this job is %s: %s %s", saved, current, done, path)
+    return ResumePlan(ckpt_dir, tag, state, saved, current, universal)
+
+
+def needs_universal(saved: Shape, current: Shape, where: Path) -> bool:
+    """False when DeepSpeed loads the checkpoint as is; ValueError when no conversion can help."""
+    if saved == current:
+        return False
+    if saved.pipeline_stages > 1 or current.pipeline_stages > 1:
+        raise ValueError(f"checkpoint {where} was saved at {saved}, this job is {current}: bigtrain resumes "
+                         "pipeline checkpoints only at the shape they were saved at (pipeline layers are not "
+                         "named like the plain module's parameters, so the universal conversion has no mapping); "
+                         f"resume with world size {saved.world_size}, pipeline.stages={saved.pipeline_stages} "
+                         f"and zero.stage={saved.zero_stage}")
+    if saved.zero_stage == 0 and current.zero_stage == 0:
+        return False  # the whole optimizer state is in one file: any world size loads it
+    if saved.zero_stage == 0:
+        raise ValueError(f"checkpoint {where} was saved with ZeRO-0, which writes no optimizer partitions for "
+                         f"DeepSpeed's universal checkpoint conversion, so it cannot resume at ZeRO-"
+                         f"{current.zero_stage}; resume with zero.stage=0 (any world size works)")
+    if current.zero_stage == 0:
+        raise ValueError(f"checkpoint {where} was saved at {saved}; DeepSpeed loads a converted (universal) "
+                         "checkpoint only into ZeRO stages 1-3, not ZeRO-0; resume with zero.stage=1 (the "
+                         "same memory as ZeRO-0 at one rank)")
+    if "nvme" in (saved.optimizer_offload, current.optimizer_offload):
+        raise ValueError(f"checkpoint {where} was saved at {saved}, this job is {current}: DeepSpeed neither "
+                         "converts nor loads universal checkpoints with the optimizer offloaded to NVMe; resume "
+                         "at the saved shape, or from a checkpoint saved with offload.optimizer=none or cpu")
+    return True
+
+
+def restore_rng(plan: ResumePlan, rank: int, seed: int, trust: bool = False) -> str:
+    """This rank's RNG after a resume (the one place it is set); returns how it was set (for the log).
+
+    At the saved world size each rank takes back its own stream. At another one, per-rank
+    streams have no 1:1 mapping (dropout masks of the uninterrupted run fall on other
+    samples anyway), so every rank is re-seeded from (seed, step, rank): reproducible, and
+    different on every rank.
+    """
+    rng_file = plan.ckpt_dir / plan.tag / f"rng_rank{rank}.pt"
+    if plan.saved.world_size == plan.current.world_size and rng_file.is_file():
+        checkpoint.set_rng_state(checkpoint.load_rng_file(rng_file, trust))
+        return "restored"
+    derived = int(np.random.SeedSequence([seed, plan.state.step, rank]).generate_state(1)[0])
+    random.seed(derived)
+    np.random.seed(derived)
+    torch.manual_seed(derived)
+    return f"re-seeded from (seed {seed}, step {plan.state.step}, rank)"

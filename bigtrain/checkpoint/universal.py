@@ -5,9 +5,10 @@ load it only at the data-parallel size and stage it was saved with. When `--resu
 checkpoint saved at another shape, rank 0 converts it once with DeepSpeed's `ds_to_universal`
 into CKPT/step_N_universal/ (one fp32 / exp_avg / exp_avg_sq file per parameter), and every
 rank loads that with `checkpoint.load_universal`, re-slicing it for the new shape. Since that
-switch is part of the DeepSpeed config, the plan is made before the engine is created.
+switch is part of the DeepSpeed config, the plan (`bigtrain.checkpoint.resume`) is made before the
+engine is created.
 
-What is not convertible fails with a ValueError before any rank trains:
+What is not convertible fails with a ValueError before any rank trains (`resume.needs_universal`):
 - ZeRO-0 checkpoints keep the whole optimizer state in one file, with no partitions for
   ds_to_universal to read; they need no conversion at another world size either (ZeRO-0 to
   ZeRO-0 loads as is), but cannot move to ZeRO 1-3 (nor can ZeRO 1-3 move to ZeRO-0, which
@@ -19,135 +20,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import hashlib
 import json
 import logging
-import random
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from bigtrain.checkpoint import store as checkpoint
-from bigtrain.checkpoint.safe_load import checkpoint_loading, load_torch_file, refuse_unsafe_files
-from bigtrain.checkpoint.state import CheckpointState
+from bigtrain.checkpoint.safe_load import checkpoint_loading, load_torch_file
 from bigtrain.distributed.world import World
 
 log = logging.getLogger("bigtrain")
 SUFFIX = "_universal"
 MARKER = "bigtrain_universal.json"  # written last: the conversion is complete
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What a ZeRO checkpoint's layout depends on.
-
-    The optimizer's offload device counts too: offloading swaps the optimizer class (torch's or
-    the fused Adam for DeepSpeedCPUAdam), whose saved param groups do not load into the other
-    one (KeyError 'bias_correction'), while the universal checkpoint loads into either.
-    """
-
-    world_size: int
-    zero_stage: int
-    pipeline_stages: int = 1
-    optimizer_offload: str = "none"
-
-    @classmethod
-    def of_checkpoint(cls, state: CheckpointState) -> "Shape":
-        """The shape recorded in a checkpoint's bigtrain.json marker."""
-        return cls.of_job(state.world_size, state.ds_config, state.pipeline_stages)
-
-    @classmethod
-    def of_job(cls, world_size: int, ds_config: dict, pipeline_stages: int) -> "Shape":
-        zero = ds_config.get("zero_optimization") or {}
-        offload = (zero.get("offload_optimizer") or {}).get("device") or "none"
-        return cls(world_size, int(zero.get("stage", 0)), pipeline_stages, str(offload))
-
-    def __str__(self) -> str:
-        text = f"world size {self.world_size} / ZeRO-{self.zero_stage}"
-        text += f" / {self.pipeline_stages} pipeline stages" if self.pipeline_stages > 1 else ""
-        return text + (f" / optimizer offload {self.optimizer_offload}" if self.optimizer_offload != "none" else "")
-
-
-@dataclass(frozen=True)
-class ResumePlan:
-    """Which checkpoint to resume from and how DeepSpeed loads it."""
-
-    ckpt_dir: Path
-    tag: str  # the checkpoint found: step_NNNNNN
-    state: CheckpointState  # its bigtrain.json marker
-    saved: Shape
-    current: Shape
-    universal: bool  # load CKPT/<tag>_universal with checkpoint.load_universal
-
-    @property
-    def load_tag(self) -> str:
-        return self.tag + SUFFIX if self.universal else self.tag
-
-
-def plan_resume(ckpt_dir: Path, found: tuple[str, CheckpointState], current: Shape, world: World,
-                global_batch: int | None = None, trust: bool = False) -> ResumePlan:
-    """How to load the checkpoint `found` (`store.find_resumable`) and, if its shape differs, convert it (collective).
-
-    Every rank calls this before the engine exists. Rank 0 converts while the others wait;
-    unsupported shape changes, and files that would need types outside the allow-list (unless
-    `trust`, see `safe_load`), raise the same ValueError on every rank before that.
-    `global_batch` (this job's train_batch_size) is compared with the saved one for a warning.
-    """
-    tag, state = found
-    if not trust:
-        refuse_unsafe_files(ckpt_dir / tag)  # before the engine and data are built: fail fast
-    saved = Shape.of_checkpoint(state)
-    saved_batch = state.ds_config.get("train_batch_size")
-    if world.is_main and global_batch and saved_batch and saved_batch != global_batch:
-        log.warning("checkpoint %s trained with a global batch of %d, this job has %d: the run continues with "
-                    "another batch size; set batch.global_batch=%d to keep it", ckpt_dir / tag, saved_batch,
-                    global_batch, saved_batch)
-    universal = needs_universal(saved, current, ckpt_dir / tag)
-    if universal:
-        path, reused = _convert_collectively(ckpt_dir, tag, world, trust)
-        if world.is_main:
-            done = "reusing the universal checkpoint at" if reused else "converted to a universal checkpoint at"
-            log.info("checkpoint saved at %s, this job is %s: %s %s", saved, current, done, path)
-    return ResumePlan(ckpt_dir, tag, state, saved, current, universal)
-
-
-def needs_universal(saved: Shape, current: Shape, where: Path) -> bool:
-    """False when DeepSpeed loads the checkpoint as is; ValueError when no conversion can help."""
-    if saved == current:
-        return False
-    if saved.pipeline_stages > 1 or current.pipeline_stages > 1:
-        raise ValueError(f"checkpoint {where} was saved at {saved}, this job is {current}: bigtrain resumes "
-                         "pipeline checkpoints only at the shape they were saved at (pipeline layers are not "
-                         "named like the plain module's parameters, so the universal conversion has no mapping); "
-                         f"resume with world size {saved.world_size}, pipeline.stages={saved.pipeline_stages} "
-                         f"and zero.stage={saved.zero_stage}")
-    if saved.zero_stage == 0 and current.zero_stage == 0:
-        return False  # the whole optimizer state is in one file: any world size loads it
-    if saved.zero_stage == 0:
-        raise ValueError(f"checkpoint {where} was saved with ZeRO-0, which writes no optimizer partitions for "
-                         f"DeepSpeed's universal checkpoint conversion, so it cannot resume at ZeRO-"
-                         f"{current.zero_stage}; resume with zero.stage=0 (any world size works)")
-    if current.zero_stage == 0:
-        raise ValueError(f"checkpoint {where} was saved at {saved}; DeepSpeed loads a converted (universal) "
-                         "checkpoint only into ZeRO stages 1-3, not ZeRO-0; resume with zero.stage=1 (the "
-                         "same memory as ZeRO-0 at one rank)")
-    if "nvme" in (saved.optimizer_offload, current.optimizer_offload):
-        raise ValueError(f"checkpoint {where} was saved at {saved}, this job is {current}: DeepSpeed neither "
-                         "converts nor loads universal checkpoints with the optimizer offloaded to NVMe; resume "
-                         "at the saved shape, or from a checkpoint saved with offload.optimizer=none or cpu")
-    return True
-
-
-def universal_ds_config(ds_config: dict) -> dict:
-    """`ds_config` with DeepSpeed's switch for loading universal checkpoints."""
-    config = copy.deepcopy(ds_config)
-    config.setdefault("checkpoint", {})["load_universal"] = True
-    return config
 
 
 def convert_to_universal(ckpt_dir: Path, tag: str, trust: bool = False) -> tuple[Path, bool]:
@@ -183,26 +71,7 @@ def convert_to_universal(ckpt_dir: Path, tag: str, trust: bool = False) -> tuple
     return final, False
 
 
-def restore_rng(plan: ResumePlan, rank: int, seed: int, trust: bool = False) -> str:
-    """This rank's RNG after a resume (the one place it is set); returns how it was set (for the log).
-
-    At the saved world size each rank takes back its own stream. At another one, per-rank
-    streams have no 1:1 mapping (dropout masks of the uninterrupted run fall on other
-    samples anyway), so every rank is re-seeded from (seed, step, rank): reproducible, and
-    different on every rank.
-    """
-    rng_file = plan.ckpt_dir / plan.tag / f"rng_rank{rank}.pt"
-    if plan.saved.world_size == plan.current.world_size and rng_file.is_file():
-        checkpoint.set_rng_state(checkpoint.load_rng_file(rng_file, trust))
-        return "restored"
-    derived = int(np.random.SeedSequence([seed, plan.state.step, rank]).generate_state(1)[0])
-    random.seed(derived)
-    np.random.seed(derived)
-    torch.manual_seed(derived)
-    return f"re-seeded from (seed {seed}, step {plan.state.step}, rank)"
-
-
-def _convert_collectively(ckpt_dir: Path, tag: str, world: World, trust: bool) -> tuple[Path, bool]:
+def convert_collectively(ckpt_dir: Path, tag: str, world: World, trust: bool) -> tuple[Path, bool]:
     """Rank 0 converts; its outcome (or its error) reaches every rank, so none waits forever."""
     outcome: list = [None]
     if world.is_main:

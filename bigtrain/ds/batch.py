@@ -36,7 +36,7 @@ def solve_batch(global_batch: int | None, micro_batch: int | None, grad_accum: i
             raise ValueError(f"batch.{name}={value}: must be a positive integer")
     given = sum(v is not None for v in (global_batch, micro_batch, grad_accum))
     if given < 2 and micro_batch is None:
-        micro_batch = DEFAULT_MICRO_BATCH if global_batch is None else _largest_divisor_upto(
+        micro_batch = DEFAULT_MICRO_BATCH if global_batch is None else largest_divisor_upto(
             global_batch // dp_size if global_batch % dp_size == 0 else 1, DEFAULT_MICRO_BATCH)
     if global_batch is None:
         grad_accum = grad_accum or 1
@@ -80,5 +80,7 @@ def _exact(total: int, divisor: int, name: str, global_batch: int, other: int, d
     return total // divisor
 
 
-def _largest_divisor_upto(n: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0) if n >= 1 else 1
+def largest_divisor_upto(n: int, cap: int) -> int:
+    """The largest divisor of n that is <= cap (1 at least): a micro-batch that keeps a rank's share of the
+    global batch whole."""
+    return max(d for d in range(1, max(1, min(n, cap)) + 1) if n % d == 0) if n >= 1 else 1

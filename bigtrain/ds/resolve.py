@@ -62,22 +62,41 @@ class Resolved:
     run: RunConfig  # the run config that dict trains with (every field it carries read back)
     notes: list[str]  # one line per decision: precedence, filled sections, batch fitting
 
+    @property
+    def recorded(self) -> dict:
+        """The dict as checkpoints and the summary record it: what trains, without the one-time switch that
+        loads this job's first checkpoint as a universal one (the next resume decides that afresh)."""
+        if not (self.ds_config.get("checkpoint") or {}).get("load_universal"):
+            return self.ds_config
+        config = copy.deepcopy(self.ds_config)
+        del config["checkpoint"]["load_universal"]
+        if not config["checkpoint"]:
+            del config["checkpoint"]
+        return config
+
 
 def resolve(run: RunConfig, user_json: dict | str | Path | None = None, world_size: int | None = None,
             device: DeviceCaps | None = None, *, sources: Mapping[str, str] | None = None,
             pipeline_stages: int | None = None, fit_world: bool = True, resume_batch: int | None = None,
-            out_dir: str | None = None) -> Resolved:
+            out_dir: str | None = None, batch: Mapping[str, int] | None = None,
+            load_universal: bool = False) -> Resolved:
     """The DeepSpeed dict for this job, checked; raises LintError (a ValueError) naming every problem.
+    It is the only producer of that dict: the engine gets exactly `ds_config`.
 
     `sources`: run-config field -> "--set" or "--config" (`config.load.field_sources`), what the
     user gave explicitly. `fit_world=False` (lint's strict mode) reports a complete triple written
     for another world size instead of fitting it. `resume_batch`: the global batch of the checkpoint
     this job resumes from, kept unless batch.global_batch is given. `out_dir`: where DeepSpeed's
-    monitors write (None: no monitors, as lint shows it).
+    monitors write (None: no monitors, as lint shows it). `batch`: members the job itself fixes (the
+    probed micro-batch with the global batch it keeps; a probe's one sample per rank), held like `--set`,
+    the members left out derived. `load_universal`: this job loads its checkpoint as a universal one
+    (`bigtrain.checkpoint.universal`); `Resolved.recorded` leaves that switch out.
     """
     device = device or DeviceCaps.detect()
     sources = dict(sources or {})
     notes: list[str] = []
+    if batch:
+        run, sources = _fixed_batch(run, batch, sources)
     if run.precision == "auto":
         run = with_fields(run, {"precision": _default_precision(device)})
     if pipeline_stages is not None:
@@ -99,8 +118,18 @@ def resolve(run: RunConfig, user_json: dict | str | Path | None = None, world_si
             raise LintError(_json_problems(user, world_size, device) or [f"DeepSpeed JSON: {err}"]) from None
         filled = [key for key in config if key not in user]
     config = fit_to_device(config, run, out_dir, device.name, notes)
+    if load_universal:
+        config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
     _check(config, world_size, device, notes, filled)
     return Resolved(config, absorb(run, config), notes)
+
+
+def _fixed_batch(run: RunConfig, batch: Mapping[str, int], sources: dict) -> tuple[RunConfig, dict]:
+    """`run` with the job's own batch members, held as `--set` holds them; the other members left to derive."""
+    fields = {f"batch.{m}": batch.get(m) for m in MEMBERS}
+    sources = {**{k: v for k, v in sources.items() if k not in fields},
+               **{field: "--set" for field, value in fields.items() if value is not None}}
+    return with_fields(run, fields), sources
 
 
 def generated_or_user(run: RunConfig, world_size: int, ds_path: str | None, device: DeviceCaps | None = None,

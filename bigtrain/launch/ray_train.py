@@ -141,7 +141,8 @@ def worker_main(config: dict) -> None:
     """Ray Train's per-worker function: bigtrain's job, resumed from Ray's checkpoint after a restart."""
     import ray.train
     from bigtrain.run import build_parser, run_config_from_args
-    from bigtrain.train.job import run_job
+    from bigtrain.train.job import train
+    from bigtrain.train.process import JobProcess
     from bigtrain.train.report import add_listener
     if os.path.isdir(config["cwd"]):
         os.chdir(config["cwd"])
@@ -165,8 +166,10 @@ def worker_main(config: dict) -> None:
     bridge = RayReporter(rank, _test_exit_step(rank) if resume_tag is None else None, Path(run.train.out_dir))
     remove = add_listener(bridge)
     try:
-        code = run_job(run, ds_config_path=args.deepspeed_config, resume=args.resume, stop_after=args.stop_after,
-                       overwrite=args.overwrite)
+        with JobProcess.start() as job:
+            train(run, job.world, args.deepspeed_config, args.resume, args.stop_after, overwrite=args.overwrite,
+                  lifeline=job.lifeline)
+        code = job.code
     finally:
         remove()
     if code != 0:

@@ -156,7 +156,8 @@ def trial_main(config: dict, job: dict) -> None:
     `config` holds the sampled settings, `job` the flags and directories shared by all trials."""
     import ray.tune
     from bigtrain.run import build_parser, run_config_from_args
-    from bigtrain.train.job import run_job
+    from bigtrain.train.job import train
+    from bigtrain.train.process import JobProcess
     from bigtrain.train.report import add_listener
     if os.path.isdir(job["cwd"]):
         os.chdir(job["cwd"])  # Tune starts trials in their own directory; the flags' paths are the user's
@@ -176,7 +177,9 @@ def trial_main(config: dict, job: dict) -> None:
 
     remove = add_listener(report)
     try:
-        code = run_job(run, ds_config_path=args.deepspeed_config, resume=False)
+        with JobProcess.start() as job:
+            train(run, job.world, args.deepspeed_config, lifeline=job.lifeline)
+        code = job.code
     finally:
         remove()
     if code != 0:

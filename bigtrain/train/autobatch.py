@@ -66,11 +66,6 @@ def search_micro_batch(fits: Callable[[int], bool], upper: int, start: int = 1) 
     return result
 
 
-def largest_divisor_upto(n: int, cap: int) -> int:
-    """The largest divisor of n that is <= cap (1 at least): a micro-batch that keeps the global batch."""
-    return max(d for d in range(1, max(1, min(n, cap)) + 1) if n % d == 0)
-
-
 def is_out_of_memory(err: BaseException) -> bool:
     """torch.OutOfMemoryError (CUDA, XPU, ...) or an allocator's "out of memory" RuntimeError."""
     return type(err).__name__ == "OutOfMemoryError" or "out of memory" in str(err).lower()
@@ -153,29 +148,20 @@ def _free(acc: Any) -> None:
     acc.empty_cache()
 
 
-def with_micro_batch(ds_config: dict, micro: int, dp_size: int) -> dict:
-    """The DeepSpeed config with `micro` per rank and the accumulation that keeps train_batch_size."""
-    total = ds_config["train_batch_size"]
-    assert total % (micro * dp_size) == 0, (total, micro, dp_size)
-    return {**ds_config, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": total // (micro * dp_size)}
-
-
-MONITOR_KEYS = ("tensorboard", "csv_monitor", "wandb", "comet")
-
-
-def choose_micro_batch(spec: Any, ds_config: dict, options: Any, data: Any, world: Any) -> tuple[dict, str]:
-    """The job's DeepSpeed config with the probed micro-batch (a divisor of the rank's share of the
-    global batch) and the accumulation that keeps the global batch; and a line for the log."""
+def choose_micro_batch(spec: Any, probe_config: dict, global_batch: int, options: Any, data: Any,
+                       world: Any) -> tuple[int, str]:
+    """The probed micro-batch (a divisor of the rank's share of `global_batch`, so accumulation keeps it) and a
+    line for the log. `probe_config`: the throw-away engines' DeepSpeed dict (one sample per rank, from
+    `bigtrain.ds.resolve`); the job's own dict is resolved again with the size chosen."""
     import os
     from dataclasses import replace
 
     from deepspeed.accelerator import get_accelerator
 
+    from bigtrain.ds.batch import largest_divisor_upto
     from bigtrain.train.engine import Engine
     dp = world.size  # micro_batch=auto runs without pipeline stages: every rank is data-parallel
-    per_rank = ds_config["train_batch_size"] // dp
-    probe_config = {k: v for k, v in ds_config.items() if k not in MONITOR_KEYS}
-    probe_config = with_micro_batch({**probe_config, "train_batch_size": dp}, 1, dp)
+    per_rank = global_batch // dp
     data.set_data_parallel(world.rank, dp)
     device_name = get_accelerator().device_name()
     ranks_on_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -187,10 +173,8 @@ def choose_micro_batch(spec: Any, ds_config: dict, options: Any, data: Any, worl
                          f"({search.describe()}); use zero.stage=3, offload or activation_checkpointing, or a shorter "
                          "data.seq_len")
     micro = largest_divisor_upto(per_rank, search.best)
-    config = with_micro_batch(ds_config, micro, dp)
-    return config, (f"batch.micro_batch=auto: probed {search.describe()}; micro-batch {micro} x accumulation "
-                    f"{config['gradient_accumulation_steps']} x data-parallel {dp} = train_batch_size "
-                    f"{config['train_batch_size']}")
+    return micro, (f"batch.micro_batch=auto: probed {search.describe()}; micro-batch {micro} x accumulation "
+                   f"{per_rank // micro} x data-parallel {dp} = train_batch_size {global_batch}")
 
 
 def defer_auto(run: Any) -> tuple[Any, bool]:
@@ -200,14 +184,3 @@ def defer_auto(run: Any) -> tuple[Any, bool]:
     if run.batch.micro_batch != "auto":
         return run, False
     return replace(run, batch=replace(run.batch, micro_batch=None)), True
-
-
-def apply_probe(run: Any, spec: Any, ds_config: dict, options: Any, data: Any, world: Any) -> tuple[Any, dict]:
-    """Probe, then the run config and the DeepSpeed config with the micro-batch and accumulation chosen."""
-    from dataclasses import replace
-    config, note = choose_micro_batch(spec, ds_config, options, data, world)
-    if world.is_main:
-        log.info("%s", note)
-    batch = replace(run.batch, micro_batch=config["train_micro_batch_size_per_gpu"],
-                    grad_accum=config["gradient_accumulation_steps"])
-    return replace(run, batch=batch), config

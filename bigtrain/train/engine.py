@@ -9,6 +9,7 @@ import torch
 from deepspeed.accelerator import get_accelerator
 
 from bigtrain.distributed.world import all_reduce_mean
+from bigtrain.ds.runtime import resolve_compile
 from bigtrain.models.losses import correct_counts
 from bigtrain.models.spec import ModelSpec, call_module, output_logits, pipeline_inputs
 from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
@@ -46,7 +47,7 @@ class Engine:
         compile_mode, loss_impl = self._fast_path(spec, None if self.is_pipeline else model, ds_config, options)
         params = [p for p in model.parameters() if p.requires_grad]
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, model_parameters=params, config=fast_path.with_compile_section(ds_config, compile_mode))
+            model=model, model_parameters=params, config=ds_config)  # exactly what bigtrain.ds.resolve returned
         start_schedule(self.scheduler)
         self.device = get_accelerator().current_device_name()
         self.float_dtype = _float_dtype(ds_config)
@@ -60,7 +61,7 @@ class Engine:
         when either is on (the loop then calls `module(inputs, loss_labels=labels)`)."""
         device_name = get_accelerator().device_name()
         stage = ds_config.get("zero_optimization", {}).get("stage", 0)
-        compile_mode = fast_path.resolve_compile(options.compile, device_name, options.pipeline_stages, stage)
+        compile_mode = resolve_compile(options.compile, device_name, options.pipeline_stages, stage)
         loss_impl = "plain" if model is None else fast_path.resolve_loss_impl(options.loss_impl, device_name, spec,
                                                                                 model)
         self.loss_in_forward = model is not None and (compile_mode != "off" or loss_impl == "chunked")

@@ -29,38 +29,6 @@ log = logging.getLogger("bigtrain")
 LossFn = Callable[[nn.Module, tuple, dict, torch.Tensor], torch.Tensor]
 
 
-def resolve_compile(setting: bool | str, device_name: str, pipeline_stages: int, zero_stage: int) -> str:
-    """`train.compile` -> "off" | "torch" | "deepcompile" for this job; a combination that cannot run is a
-    ValueError naming the fix."""
-    if setting == "auto":  # ZeRO-3: DeepSpeed's per-module hooks split the graph at every layer (see below)
-        return "torch" if device_name != "cpu" and pipeline_stages == 1 and zero_stage != 3 else "off"
-    if setting is False:
-        return "off"
-    if pipeline_stages > 1:
-        raise ValueError(f"train.compile={_text(setting)} with pipeline.stages={pipeline_stages}: bigtrain compiles "
-                         "plain modules only; set train.compile=false (or auto)")
-    if setting == "deepcompile":
-        if device_name != "cuda":
-            raise ValueError(f"train.compile=deepcompile needs an NVIDIA GPU (DeepSpeed's DeepCompile runs on CUDA "
-                             f"only; this job runs on {device_name}); use train.compile=true for torch.compile")
-        if zero_stage == 0:
-            raise ValueError("train.compile=deepcompile needs zero.stage 1, 2 or 3; use train.compile=true at "
-                             "ZeRO-0")
-        return "deepcompile"
-    if device_name == "cpu" and not cpp_compiler():
-        raise ValueError(f"train.compile={_text(setting)} on a CPU needs a C++ compiler (inductor builds C++ kernels) "
-                         "and none is on PATH: install g++ (scripts/setup.sh does), or set train.compile=false")
-    return "torch"
-
-
-def cpp_compiler() -> str | None:
-    """The C++ compiler inductor would use on a CPU ($CXX, else g++ or c++), or None."""
-    import os
-    import shutil
-    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++"]
-    return next((path for name in candidates if (path := shutil.which(name))), None)
-
-
 def resolve_loss_impl(setting: str, device_name: str, spec: ModelSpec, module: nn.Module | None) -> str:
     """`train.loss_impl` -> "plain" | "chunked" for this module (None: a pipeline, whose last stage
     computes the plain loss)."""
@@ -115,13 +83,6 @@ def install_loss_forward(module: nn.Module, loss: LossFn) -> None:
     module.forward = types.MethodType(forward, module)
 
 
-def with_compile_section(ds_config: dict, mode: str) -> dict:
-    """DeepCompile is switched on in the DeepSpeed config before `deepspeed.initialize`."""
-    if mode != "deepcompile":
-        return ds_config
-    return {**ds_config, "compile": {**ds_config.get("compile", {}), "deepcompile": True}}
-
-
 def compile_engine(ds_engine: Any, mode: str) -> None:
     """DeepSpeed's `engine.compile()`: torch.compile of the module (loss included) with the accelerator's
     backend (inductor), or DeepCompile's passes when the config switched it on."""
@@ -166,7 +127,3 @@ def register_head_for_zero3(ds_engine: Any, module: nn.Module) -> None:
     deepspeed.zero.register_external_parameter(module, head.weight)
     if head.bias is not None:
         deepspeed.zero.register_external_parameter(module, head.bias)
-
-
-def _text(setting: bool | str) -> str:
-    return str(setting).lower() if isinstance(setting, bool) else setting

@@ -64,23 +64,13 @@ class LoopResult:
 
 
 def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Batches, record: CheckpointRecord,
-               reporter: Any, start_step: int = 0, stop: Lifeline | None = None) -> LoopResult:
+               reporter: Any, stop: Lifeline, start_step: int = 0) -> LoopResult:
     """Run steps start_step+1 .. settings.steps; every checkpoint holds `record.state_at(step, losses)`.
 
     `stop` (the job's lifeline) says when SIGTERM/SIGINT or the launcher's death asks every rank
     to save and stop; the flag travels with each step's loss all-reduce, so all ranks stop at the
-    same step. The last save is bounded: a peer that never joins it ends the job with a line."""
-    own = stop is None
-    stop = stop or Lifeline.start(world.rank)
-    try:
-        return _run(engine, world, settings, data, record, reporter, start_step, stop)
-    finally:
-        if own:
-            stop.close()
-
-
-def _run(engine: Engine, world: World, settings: LoopSettings, data: Batches, record: CheckpointRecord,
-         reporter: Any, start_step: int, stop: Lifeline) -> LoopResult:
+    same step. The last save is bounded: a peer that never joins it ends the job with a line.
+    A non-finite loss, or one above settings.max_loss, ends the loop without a save (`result.diverged`)."""
     train_batches = data.train_batches(engine.micro_batch)
     result = LoopResult(start_step, [], [], "", last_checkpoint=settings.resumed_from)
     step = start_step

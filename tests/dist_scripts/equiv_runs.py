@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bigtrain.distributed.world import World, barrier, init_distributed, shutdown  # noqa: E402
-from bigtrain.train.job import setup_logging, train  # noqa: E402
+from bigtrain.train.job import train  # noqa: E402
+from bigtrain.train.process import setup_logging  # noqa: E402
 from bigtrain.run import build_parser, run_config_from_args  # noqa: E402
 
 

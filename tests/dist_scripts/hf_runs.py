@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from equiv_runs import run_one  # noqa: E402
 
 from bigtrain.distributed.world import World, barrier, init_distributed, shutdown  # noqa: E402
-from bigtrain.train.job import setup_logging  # noqa: E402
+from bigtrain.train.process import setup_logging  # noqa: E402
 
 LOGIT_IDS = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(5))
 

@@ -27,7 +27,8 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config  # noq
 
 from bigtrain.distributed.world import World, barrier, init_distributed, shutdown  # noqa: E402
 from bigtrain.run import build_parser, config_sources, run_config_from_args  # noqa: E402
-from bigtrain.train.job import setup_logging, train  # noqa: E402
+from bigtrain.train.job import train  # noqa: E402
+from bigtrain.train.process import setup_logging  # noqa: E402
 
 
 def run_one(root: Path, job: dict, world: World) -> None:
