@@ -155,7 +155,7 @@ def test_vocabulary_padding_is_the_default_on_gpus_only():
     assert "vocab_multiple" not in model_overrides("gpt2", "small", facts, None, {}, "cpu")
     assert "vocab_multiple" not in model_overrides("resnet", "18", facts, None, {}, "cuda")
     assert model_overrides("gpt2", "small", facts, None, {"vocab_multiple": 1}, "cuda")["vocab_multiple"] == 1
-    assert models.build("gpt2", "small", **padded).extra["vocab_size"] == 50304
+    assert models.build("gpt2", "small", **padded).vocab_size == 50304
 
 
 # -- batch.micro_batch=auto ---------------------------------------------------------------------

@@ -161,7 +161,7 @@ def test_config_only_directory_starts_from_seeded_random_weights(hf_dirs):
     spec = build("llama", "custom", pretrained=str(hf_dirs["config_only"]), seq_len=SEQ)
     assert spec.pretrained is None and spec.config.num_key_value_heads == 2
     assert torch.equal(spec.build(seed=3).lm_head.weight, spec.build(seed=3).lm_head.weight)
-    note = build("hf", "custom", pretrained=str(hf_dirs["config_only"])).extra["weights_note"]
+    note = build("hf", "custom", pretrained=str(hf_dirs["config_only"])).weights_note
     assert "has a config but no weights" in note and "starting from random weights" in note
 
 

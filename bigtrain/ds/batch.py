@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bigtrain.config import rules
 
 DEFAULT_MICRO_BATCH = 4
 
@@ -18,11 +17,6 @@ class BatchTriple:
     def __str__(self) -> str:
         return (f"train_batch_size {self.global_batch} = micro {self.micro_batch} x accum {self.grad_accum} "
                 f"x data-parallel {self.dp_size}")
-
-
-def data_parallel_size(world_size: int, pipeline_stages: int = 1) -> int:
-    """Ranks that hold a full replica's worth of data; a pipeline spends `stages` ranks per replica."""
-    return rules.data_parallel_size(world_size, pipeline_stages)
 
 
 def solve_batch(global_batch: int | None, micro_batch: int | None, grad_accum: int | None,

@@ -1,12 +1,12 @@
 """Run config + world size -> the DeepSpeed config dict. Pure: no I/O, no device queries."""
 from __future__ import annotations
 
-from bigtrain.ds.batch import BatchTriple, data_parallel_size, solve_batch
+from bigtrain.config.rules import data_parallel_size
 from bigtrain.config.run_config import (ActivationCheckpointConfig, OffloadConfig, OptimizerConfig, RunConfig,
-                             ScheduleConfig, ZeroConfig)
-
-# DeepSpeed's optimizer type names, by our config name.
-OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lamb": "Lamb"}
+                                        ScheduleConfig, ZeroConfig)
+from bigtrain.ds.batch import BatchTriple, solve_batch
+from bigtrain.ds.keys import (BATCH_FIELDS, OPTIMIZER_TYPES, SCHEDULER_TYPES, ZERO_COMMON, ZERO_STAGE_1_2,
+                              ZERO_STAGE_3)
 
 
 def build_ds_config(run: RunConfig, world_size: int) -> dict:
@@ -14,9 +14,8 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
     triple = batch_triple(run, world_size)
     precision = "bf16" if run.precision == "auto" else run.precision  # the runner resolves auto per device
     config = {
-        "train_batch_size": triple.global_batch,
-        "train_micro_batch_size_per_gpu": triple.micro_batch,
-        "gradient_accumulation_steps": triple.grad_accum,
+        **{BATCH_FIELDS[f"batch.{member}"]: getattr(triple, member)
+           for member in ("global_batch", "micro_batch", "grad_accum")},
         "gradient_clipping": run.optimizer.grad_clip,
         "steps_per_print": 1000,
         "optimizer": optimizer_section(run.optimizer),
@@ -60,15 +59,16 @@ def optimizer_section(opt: OptimizerConfig) -> dict:
 def scheduler_section(schedule: ScheduleConfig, lr: float, total_steps: int) -> dict:
     """Warm-up from min_lr_ratio * lr to lr, then cosine / linear decay to min_lr_ratio * lr, or constant."""
     warmup = min(schedule.warmup_steps, total_steps)
+    ds_type = SCHEDULER_TYPES[schedule.kind]
     if schedule.kind == "cosine":
-        return {"type": "WarmupCosineLR", "params": {
+        return {"type": ds_type, "params": {
             "total_num_steps": total_steps, "warmup_num_steps": warmup, "warmup_type": "linear",
             "warmup_min_ratio": schedule.min_lr_ratio, "cos_min_ratio": schedule.min_lr_ratio}}
     # WarmupDecayLR / WarmupLR take absolute rates, not ratios of the optimizer's lr.
     params = {"warmup_min_lr": lr * schedule.min_lr_ratio, "warmup_max_lr": lr, "warmup_num_steps": warmup, "warmup_type": "linear"}
     if schedule.kind == "linear":
-        return {"type": "WarmupDecayLR", "params": {**params, "total_num_steps": total_steps}}
-    return {"type": "WarmupLR", "params": params}
+        return {"type": ds_type, "params": {**params, "total_num_steps": total_steps}}
+    return {"type": ds_type, "params": params}
 
 
 def bf16_section(enabled: bool) -> dict:
@@ -89,15 +89,8 @@ def zero_section(zero: ZeroConfig, offload: OffloadConfig) -> dict:
     section: dict = {"stage": zero.stage}
     if zero.stage == 0:
         return section
-    section.update(overlap_comm=zero.overlap_comm, contiguous_gradients=zero.contiguous_gradients,
-                   reduce_bucket_size=zero.reduce_bucket_size)
-    if zero.stage < 3:
-        section["allgather_bucket_size"] = zero.allgather_bucket_size
-    else:
-        section.update(stage3_prefetch_bucket_size=zero.prefetch_bucket_size,
-                       stage3_param_persistence_threshold=zero.param_persistence_threshold,
-                       stage3_max_live_parameters=zero.max_live_parameters,
-                       stage3_max_reuse_distance=zero.max_reuse_distance, sub_group_size=zero.sub_group_size)
+    for field, key in {**ZERO_COMMON, **(ZERO_STAGE_3 if zero.stage == 3 else ZERO_STAGE_1_2)}.items():
+        section[key] = getattr(zero, field.removeprefix("zero."))
     if offload.optimizer != "none":
         section["offload_optimizer"] = _offload(offload.optimizer, offload, buffer_count=4)
     if offload.param != "none":

@@ -1,4 +1,4 @@
-"""Which run-config field each DeepSpeed key carries, in both directions.
+"""Which run-config field each DeepSpeed key carries, in both directions (the names: `keys.py`).
 
 `build_ds_config` (generate.py) writes a run config into DeepSpeed keys; this module reads
 them back: `stated` is what a DeepSpeed dict says explicitly (a key present and not "auto"),
@@ -14,18 +14,7 @@ from typing import Any
 
 from bigtrain.config.load import from_dict, set_dotted_value, to_dict
 from bigtrain.config.run_config import RunConfig
-from bigtrain.ds.generate import OPTIMIZER_TYPES
-
-BATCH_FIELDS = {"batch.global_batch": "train_batch_size", "batch.micro_batch": "train_micro_batch_size_per_gpu",
-                "batch.grad_accum": "gradient_accumulation_steps"}
-# run field -> key in zero_optimization (DeepSpeed also reads the pydantic field name without "stage3_")
-ZERO_KEYS = {"zero.overlap_comm": "overlap_comm", "zero.contiguous_gradients": "contiguous_gradients",
-             "zero.reduce_bucket_size": "reduce_bucket_size", "zero.allgather_bucket_size": "allgather_bucket_size",
-             "zero.prefetch_bucket_size": "stage3_prefetch_bucket_size",
-             "zero.param_persistence_threshold": "stage3_param_persistence_threshold",
-             "zero.max_live_parameters": "stage3_max_live_parameters",
-             "zero.max_reuse_distance": "stage3_max_reuse_distance", "zero.sub_group_size": "sub_group_size"}
-SCHEDULE_KINDS = {"WarmupCosineLR": "cosine", "WarmupDecayLR": "linear", "WarmupLR": "constant"}
+from bigtrain.ds.keys import BATCH_FIELDS, OPTIMIZER_TYPES, SCHEDULE_KINDS, ZERO_KEYS
 Z, OPT, SCHED = "zero_optimization", "optimizer", "scheduler"
 
 LINKS: dict[str, tuple[tuple[str, ...], ...]] = {

@@ -39,7 +39,7 @@ def _meta_module(spec: ModelSpec) -> torch.nn.Module:
     device cannot hold: its shape is built from the config instead (nothing is read but config.json)."""
     import torch
     construct = getattr(spec, "construct", None) or spec.build
-    if getattr(spec, "pretrained", None) or (spec.extra or {}).get("pretrained"):
+    if spec.pretrained or spec.source_dir:
         hf_class = getattr(spec, "hf_class", None) or type(None)
         if hasattr(hf_class, "_from_config"):
             with torch.device("meta"):
@@ -59,9 +59,9 @@ def _sample_batch(spec: ModelSpec, device: str) -> dict:
     import torch
     with torch.device(device):
         if spec.modality == "image":
-            size = spec.extra["image_size"]
+            size = spec.image_size
             return {"pixel_values": torch.zeros(1, 3, size, size), "labels": torch.zeros(1, dtype=torch.long)}
-        ids = torch.zeros(1, spec.extra["seq_len"], dtype=torch.long)
+        ids = torch.zeros(1, spec.seq_len, dtype=torch.long)
         if spec.modality == "text":
             return {"input_ids": ids, "labels": ids}
         batch = {"input_ids": ids, "labels": torch.zeros(1, dtype=torch.long)}

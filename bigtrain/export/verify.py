@@ -32,10 +32,10 @@ def fixed_batch(spec: ModelSpec) -> Any:
     """Inputs the model takes, the same every time: tokens (a padded second text for classifiers) or images."""
     gen = torch.Generator().manual_seed(0)
     if spec.modality == "image":
-        size = spec.extra["image_size"]
+        size = spec.image_size
         return torch.randn(BATCH, 3, size, size, generator=gen)
-    vocab = spec.extra.get("vocab_size") or spec.config.vocab_size
-    tokens = min(TOKENS, spec.extra.get("seq_len") or TOKENS)
+    vocab = spec.vocab_size or spec.config.vocab_size
+    tokens = min(TOKENS, spec.seq_len or TOKENS)
     ids = torch.randint(0, vocab, (BATCH, tokens), generator=gen)
     if spec.modality == "classify":
         mask = torch.ones_like(ids)

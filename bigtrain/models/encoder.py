@@ -204,7 +204,7 @@ def make_spec(size: str, settings: dict[str, Any]) -> ModelSpec:
         batch_to_inputs=classification_batch,
         num_params=num_params(cfg), flops_per_sample=flops_per_sample(cfg),
         tokens_per_sample=cfg.seq_len, modality="classify", checkpoint_blocks=_blocks, eval_metric="accuracy",
-        extra={"seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size, "num_classes": cfg.num_classes},
+        seq_len=cfg.seq_len, vocab_size=cfg.vocab_size, num_classes=cfg.num_classes,
     )
 
 

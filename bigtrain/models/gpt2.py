@@ -225,7 +225,7 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
         tokens_per_sample=seq_len, modality="text",
         checkpoint_blocks=_blocks, enable_native_checkpointing=_native_checkpointing,
         pretrained=weights, hf_class=GPT2LMHeadModel,
-        extra={"seq_len": seq_len, "vocab_size": cfg.vocab_size, "pretrained": settings.pretrained},
+        seq_len=seq_len, vocab_size=cfg.vocab_size, source_dir=settings.pretrained,
     )
 
 
@@ -233,7 +233,7 @@ def estimator_shape(spec: ModelSpec) -> dict[str, Any]:
     """The memory model's closed form for GPT-2 (`bigtrain.estimate.memory_model`)."""
     cfg = spec.config
     attn = getattr(cfg, "_attn_implementation", None) or "sdpa"
-    return dict(n_layer=cfg.n_layer, hidden=cfg.n_embd, heads=cfg.n_head, seq_len=spec.extra["seq_len"],
+    return dict(n_layer=cfg.n_layer, hidden=cfg.n_embd, heads=cfg.n_head, seq_len=spec.seq_len,
                 vocab=cfg.vocab_size, profile=f"gpt2-{attn}", dropout=cfg.resid_pdrop)
 
 

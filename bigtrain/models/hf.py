@@ -156,9 +156,8 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
         checkpoint_blocks=hf_common.decoder_blocks, enable_native_checkpointing=hf_common.native_checkpointing,
         pretrained=s.pretrained if weights else None, eval_metric="perplexity" if causal else "accuracy",
         hf_class=cls,
-        extra={"seq_len": seq_len, "vocab_size": getattr(text, "vocab_size", None), "pretrained": s.pretrained,
-               "model_type": config.model_type, "task": task,
-               "num_classes": None if causal else config.num_labels, "weights_note": hf_dir.weights_note(s.pretrained)},
+        seq_len=seq_len, vocab_size=getattr(text, "vocab_size", None), source_dir=s.pretrained,
+        num_classes=None if causal else config.num_labels, weights_note=hf_dir.weights_note(s.pretrained),
     )
 
 

@@ -154,7 +154,7 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
         tokens_per_sample=settings.seq_len, modality="text",
         checkpoint_blocks=hf_common.decoder_blocks, enable_native_checkpointing=hf_common.native_checkpointing,
         pretrained=_weights_dir(pretrained), hf_class=LlamaForCausalLM,
-        extra={"seq_len": settings.seq_len, "vocab_size": cfg.vocab_size, "pretrained": pretrained},
+        seq_len=settings.seq_len, vocab_size=cfg.vocab_size, source_dir=pretrained,
     )
 
 

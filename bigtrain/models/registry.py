@@ -89,9 +89,9 @@ def model_overrides(family_name: str, size: str, facts: DataFacts, pretrained: s
 
 def slow_vocab_hint(spec: ModelSpec, device_name: str) -> str | None:
     """On a GPU, an output layer whose row count is no multiple of 64 runs on slow matmul kernels."""
-    vocab = spec.extra.get("vocab_size")
+    vocab = spec.vocab_size
     if (not family(spec.family).pads_vocabulary or vocab is None or vocab % GPU_VOCAB_MULTIPLE == 0
-            or device_name == "cpu" or spec.extra.get("pretrained")):
+            or device_name == "cpu" or spec.source_dir):
         return None
     return (f"vocabulary of {vocab} rows (not a multiple of 64): the output layer's matmuls take slow kernels on "
             "GPUs; --set model.overrides.vocab_multiple=64 pads it (docs/benchmarks.md, On a GPU)")

@@ -233,7 +233,7 @@ def make_spec(size: str, settings: dict[str, Any]) -> ModelSpec:
         batch_to_inputs=image_batch,
         num_params=num_params(cfg), flops_per_sample=flops_per_sample(cfg),
         modality="image", checkpoint_blocks=_blocks,
-        extra={"image_size": cfg.image_size, "num_classes": cfg.num_classes},
+        image_size=cfg.image_size, num_classes=cfg.num_classes,
     )
 
 

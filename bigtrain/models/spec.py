@@ -7,7 +7,7 @@ layer list is plain data (classes + args) that `bigtrain.parallel` turns into
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 from torch import nn
@@ -55,6 +55,10 @@ def output_logits(output: Any) -> torch.Tensor:
     return output.logits if hasattr(output, "logits") else output
 
 
+Modality = Literal["text", "classify", "image"]  # which data the runner feeds a model
+EvalMetric = Literal["perplexity", "accuracy"]  # language models, classifiers
+
+
 @dataclass
 class ModelSpec:
     """Everything the engine and trainer need to know about a model, and nothing more."""
@@ -74,7 +78,7 @@ class ModelSpec:
     num_params: int
     flops_per_sample: float  # training FLOPs (fwd + bwd) for one sample
     tokens_per_sample: int = 0  # > 0 for token models; tokens/s = samples/s * this
-    modality: str = "text"  # "text" | "classify" | "image": which data the runner feeds it
+    modality: Modality = "text"
     checkpoint_blocks: Callable[[nn.Module], list[tuple[nn.Module, str]]] | None = None
     """(parent, attribute) of each repeated block in the plain module, for activation checkpointing."""
     enable_native_checkpointing: Callable[..., None] | None = None
@@ -82,9 +86,14 @@ class ModelSpec:
     Called as fn(module, every_n=1): checkpoint blocks 0, every_n, 2*every_n, ..."""
     pretrained: str | None = None
     """Directory whose weights `construct` loads; the pipeline form reads its layers from there too."""
-    eval_metric: str = "perplexity"  # "perplexity" (language models) | "accuracy" (classifiers)
+    eval_metric: EvalMetric = "perplexity"
     hf_class: type | None = None  # the transformers class of the plain module: export writes an HF directory
-    extra: dict = field(default_factory=dict)
+    seq_len: int | None = None  # token models: tokens per sample
+    vocab_size: int | None = None  # token models: rows of the embedding and output layer
+    num_classes: int | None = None  # classifiers
+    image_size: int | None = None  # image models: the side of a square input
+    source_dir: str | None = None  # the pretrained directory the shape came from (with weights or not)
+    weights_note: str | None = None  # what a directory without weights means for the initial weights
 
     def build(self, seed: int | None = None) -> nn.Module:
         """The plain module, fp32, initialised from `seed` (None: a seed drawn from torch's global RNG),

@@ -174,8 +174,8 @@ def build_model(model_build: ModelBuild, world: World) -> models.ModelSpec:
     spec = models.build(model_build.family, model_build.size, **model_build.overrides)
     if world.is_main and (hint := slow_vocab_hint(spec, get_accelerator().device_name())):
         log.warning("%s", hint)
-    if world.is_main and spec.extra.get("weights_note"):  # a config-only Hugging Face directory
-        log.info("%s", spec.extra["weights_note"])
+    if world.is_main and spec.weights_note:  # a config-only Hugging Face directory
+        log.info("%s", spec.weights_note)
     return spec
 
 

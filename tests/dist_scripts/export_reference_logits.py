@@ -67,7 +67,7 @@ def reference(tag_dir: Path, out: Path, rank: int) -> None:
     """Logits of the model in `tag_dir` before and after loading it, saved by the rank that has them."""
     state = read_state(tag_dir)
     engine = build_engine(state)
-    ids = fixed_input(engine.spec.config.vocab_size, engine.micro_batch, engine.spec.extra["seq_len"])
+    ids = fixed_input(engine.spec.config.vocab_size, engine.micro_batch, engine.spec.seq_len)
     fresh = logits_of(engine, ids)  # before loading: shows the load (and so the comparison) is not vacuous
     checkpoint.load(engine.ds, tag_dir.parent, tag_dir.name)
     logits = logits_of(engine, ids)

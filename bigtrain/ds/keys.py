@@ -1,0 +1,23 @@
+"""The one table of run-config field <-> DeepSpeed key: `generate` writes the keys from the fields, `mapping`
+reads the fields back from the keys, and the lint names them. No other module spells these keys."""
+from __future__ import annotations
+
+# run field -> top-level key (the batch triple)
+BATCH_FIELDS = {"batch.global_batch": "train_batch_size", "batch.micro_batch": "train_micro_batch_size_per_gpu",
+                "batch.grad_accum": "gradient_accumulation_steps"}
+BATCH_KEYS = tuple(BATCH_FIELDS.values())
+
+# run field -> key in zero_optimization (DeepSpeed also reads the pydantic field name without "stage3_")
+ZERO_COMMON = {"zero.overlap_comm": "overlap_comm", "zero.contiguous_gradients": "contiguous_gradients",
+               "zero.reduce_bucket_size": "reduce_bucket_size"}
+ZERO_STAGE_1_2 = {"zero.allgather_bucket_size": "allgather_bucket_size"}
+ZERO_STAGE_3 = {"zero.prefetch_bucket_size": "stage3_prefetch_bucket_size",
+                "zero.param_persistence_threshold": "stage3_param_persistence_threshold",
+                "zero.max_live_parameters": "stage3_max_live_parameters",
+                "zero.max_reuse_distance": "stage3_max_reuse_distance", "zero.sub_group_size": "sub_group_size"}
+ZERO_KEYS = {**ZERO_COMMON, **ZERO_STAGE_1_2, **ZERO_STAGE_3}
+
+# optimizer.name -> DeepSpeed's optimizer type; schedule.kind <-> DeepSpeed's scheduler type
+OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lamb": "Lamb"}
+SCHEDULER_TYPES = {"cosine": "WarmupCosineLR", "linear": "WarmupDecayLR", "constant": "WarmupLR"}
+SCHEDULE_KINDS = {ds_type: kind for kind, ds_type in SCHEDULER_TYPES.items()}
