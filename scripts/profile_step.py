@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 from bigtrain import models  # noqa: E402
-from bigtrain.bench.baseline_common import same_rank_setup, synthetic_batches, to_device  # noqa: E402
+from bigtrain.bench.baseline import same_rank_setup, synthetic_batches, to_device  # noqa: E402
 from bigtrain.bench.cases import Case, Strategy, Workload  # noqa: E402
 from bigtrain.bench.jobs import ds_config_for, job_description  # noqa: E402
 

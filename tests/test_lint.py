@@ -248,7 +248,7 @@ def test_schema_follows_the_installed_deepspeed(monkeypatch):
     """A key a newer DeepSpeed reads is known without a bigtrain change: the schema asks the parser."""
     from deepspeed.runtime import config as ds_config
 
-    from bigtrain.ds import schema
+    from bigtrain.ds.lint import schema
     config = with_(log_every_n_tokens=1000)
     assert "log_every_n_tokens" in lines(config)[1][0]  # unknown today: a warning
     original = ds_config.get_log_level

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bigtrain.cli import main
-from bigtrain.ds import schema
+from bigtrain.ds.lint import schema
 from bigtrain.ds.lint import DeviceCaps, LintError, errors, lint_problems, read_ds_json
 from bigtrain.ds.resolve import triple_world
 

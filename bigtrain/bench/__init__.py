@@ -5,9 +5,10 @@ Every configuration runs as a real 2-rank job through the deepspeed launcher. Fi
 `cases`      workloads (model + data + batch) and strategies (ZeRO x offload x checkpointing x pipeline)
 `hostenv`    the environment every job gets (threads, malloc tunables, core binding) and host facts
 `peak`       the bf16 / fp32 matmul peak, measured by concurrent ranks on the same cores
-`jobs`       launch one job (bigtrain, the deepspeed baseline, the DDP baseline) and read its result
+`jobs`       launch one job (bigtrain or a baseline) and read its result
 `timers`     DeepSpeed's wall-clock breakdown (forward / backward / step) from a job's log
-`baseline_deepspeed`, `baseline_ddp`   the two reference loops (scripts for the launcher)
+`baseline`   the one loop the reference baselines share: data, step clock, result file
+`baseline_deepspeed`, `baseline_ddp`, `baseline_nanogpt`   what each baseline wraps and steps (launcher scripts)
 `rows`       one table row per job: rates, TFLOP/s, MFU, memory, ratios
 `table`, `plots`, `doc`   markdown, PNGs, and the generated sections of docs/benchmarks.md
 `capacity`   the largest GPT-2 shape that trains, by bisection under a memory watchdog

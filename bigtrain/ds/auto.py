@@ -14,11 +14,11 @@ would keep as a string is the lint's to refuse (`bigtrain.ds.lint`), before this
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Iterator
 
 from bigtrain.config.run_config import RunConfig
 from bigtrain.ds.lint import BATCH_KEYS, LintError
+from bigtrain.ds.lint.checks import show
 from bigtrain.ds.mapping import MISSING, get_path, set_path
 
 # A section's old name DeepSpeed still reads -> the name bigtrain generates.
@@ -28,7 +28,7 @@ OLD_NAMES = {"bfloat16": "bf16"}
 def resolve_auto(config: dict, generated: dict, run: RunConfig, notes: list[str]) -> None:
     """Replace or remove every "auto" in `config` (in place) except the batch keys, one note per choice
     that is not plainly the run config's value."""
-    from bigtrain.ds import schema
+    from bigtrain.ds.lint import schema
     extra = {("zero_optimization", "offload_optimizer", "device"): run.offload.optimizer,
              ("zero_optimization", "offload_param", "device"): run.offload.param,
              ("zero_optimization", "offload_optimizer", "nvme_path"): run.offload.nvme_path,
@@ -43,7 +43,7 @@ def resolve_auto(config: dict, generated: dict, run: RunConfig, notes: list[str]
             value = get_path(generated, (old, *path[1:]))
             if value is not MISSING:
                 notes.append(f"{dotted}=\"auto\": {path[0]} is DeepSpeed's old name for {old}; took the run config's "
-                             f"value ({_show(value)}). The HF Trainer fills only {old}.{path[-1]}: under it DeepSpeed "
+                             f"value ({show(value)}). The HF Trainer fills only {old}.{path[-1]}: under it DeepSpeed "
                              f"drops this \"auto\" and its default applies")
         if value is MISSING and path in extra:
             value = extra[path]
@@ -57,7 +57,7 @@ def resolve_auto(config: dict, generated: dict, run: RunConfig, notes: list[str]
         elif model is not None:
             set_path(config, path, MISSING)
             notes.append(f"{dotted}=\"auto\": DeepSpeed's {model.__name__} drops \"auto\" here: its default "
-                         f"{_show(default)} applies")
+                         f"{show(default)} applies")
         else:
             left.append(dotted)
     if left:  # the lint refuses these first; kept so that no "auto" ever reaches DeepSpeed as a string
@@ -73,9 +73,3 @@ def auto_paths(node: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, .
     elif node == "auto":
         yield prefix
 
-
-def _show(value: Any) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)

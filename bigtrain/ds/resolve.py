@@ -40,9 +40,8 @@ from bigtrain.config.run_config import RunConfig
 from bigtrain.ds.auto import resolve_auto
 from bigtrain.ds.batch import BatchTriple, solve_batch
 from bigtrain.ds.generate import build_ds_config
-from bigtrain.ds.lint_checks import holds_nowhere
-from bigtrain.ds.lint import BATCH_KEYS, DeviceCaps, LintError, lint_problems, read_ds_json, semantic_problems, \
-    unknown_keys, validate_with_deepspeed
+from bigtrain.ds.lint import BATCH_KEYS, DeviceCaps, LintError, holds_nowhere, lint_problems, read_ds_json, \
+    semantic_problems, unknown_keys, validate_with_deepspeed
 from bigtrain.ds.lint import errors as lint_errors
 from bigtrain.ds.lint import warnings as lint_warnings
 from bigtrain.ds.mapping import (BATCH_FIELDS, LINKS, MISSING, absorb, field_value, get_path, json_key, set_path,
@@ -132,24 +131,11 @@ def _fixed_batch(run: RunConfig, batch: Mapping[str, int], sources: dict) -> tup
     return with_fields(run, fields), sources
 
 
-def generated_or_user(run: RunConfig, world_size: int, ds_path: str | None, device: DeviceCaps | None = None,
-                      sources: Mapping[str, str] | None = None) -> Resolved:
-    """`resolve` for callers that have a JSON path or none (kept for existing callers)."""
-    return resolve(run, ds_path, world_size, device, sources=sources)
-
-
 def resolve_ds_file(path: str | Path, run: RunConfig, world_size: int | None, pipeline_stages: int | None = None,
                     device: DeviceCaps | None = None, fit_world: bool = False,
                     sources: Mapping[str, str] | None = None) -> Resolved:
     """`resolve` of a JSON file, in lint's strict mode by default (a triple for another world size is reported)."""
     return resolve(run, path, world_size, device, sources=sources, pipeline_stages=pipeline_stages,
-                   fit_world=fit_world)
-
-
-def resolve_ds_dict(user: dict, run: RunConfig, world_size: int | None, pipeline_stages: int | None = None,
-                    device: DeviceCaps | None = None, fit_world: bool = False,
-                    sources: Mapping[str, str] | None = None) -> Resolved:
-    return resolve(run, user, world_size, device, sources=sources, pipeline_stages=pipeline_stages,
                    fit_world=fit_world)
 
 

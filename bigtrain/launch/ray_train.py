@@ -113,7 +113,7 @@ def train_on_ray(run_args: list[str], options: RayTrainOptions | None = None, **
 def check_run_args(run_args: list[str], world_size: int, use_gpu: bool) -> Path:
     """Parse and lint the job's flags as run.py will; returns the run's OUT directory."""
     from bigtrain.ds.lint import DeviceCaps
-    from bigtrain.ds.resolve import generated_or_user
+    from bigtrain.ds.resolve import resolve
     from bigtrain.run import build_parser, run_config_from_args
     args = parse_run_args(build_parser(), run_args)
     run = run_config_from_args(args)
@@ -123,7 +123,7 @@ def check_run_args(run_args: list[str], world_size: int, use_gpu: bool) -> Path:
         from dataclasses import replace
         from bigtrain.distributed.device import default_precision
         run = replace(run, precision=default_precision())
-    generated_or_user(run, world_size, args.deepspeed_config, device=device)  # raises LintError / ValueError
+    resolve(run, args.deepspeed_config, world_size, device)  # raises LintError / ValueError
     return Path(run.train.out_dir)
 
 

@@ -13,8 +13,8 @@ import difflib
 import inspect
 from typing import Any
 
-from bigtrain.ds import schema
-from bigtrain.ds.lint_checks import DeviceCaps, Problem, first_line, is_int, offload_device, show, zero_section
+from bigtrain.ds.lint import schema
+from bigtrain.ds.lint.checks import DeviceCaps, Problem, first_line, is_int, offload_device, show, zero_section
 
 GPU_ONLY_OPTIMIZERS = ("lamb",)  # FusedLamb: a CUDA kernel only
 # What the HF integration puts where a file says "auto" (TrainingArguments defaults), for the

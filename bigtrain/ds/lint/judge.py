@@ -4,7 +4,7 @@ Every problem in one pass, one line each naming the key path, the value and the 
 traceback. `lint_problems` is the entry point (`bigtrain.ds.resolve` calls it on the dict the
 engine will get); it returns errors (DeepSpeed would refuse the config, or bigtrain would not run
 it) and warnings (DeepSpeed would run it but ignore something). What DeepSpeed reads comes from
-`bigtrain.ds.schema`, which asks the installed DeepSpeed, so an upgrade does not leave this stale.
+`schema` (beside this file), which asks the installed DeepSpeed, so an upgrade does not leave this stale.
 
 Policy for keys DeepSpeed does not read: inside a section DeepSpeed validates with a pydantic
 model it is an error (DeepSpeed refuses it); elsewhere DeepSpeed ignores it, so it is a warning
@@ -18,13 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bigtrain.ds import schema
-from bigtrain.ds.lint_checks import (BATCH_KEYS, DeviceCaps, Problem, batch_problems, device_problems, layout_lint,
-                                     parallel_problems, parser_problems)
-from bigtrain.ds.lint_optim import FOREIGN_PARAMS, optimizer_problems, scheduler_problems
-
-__all__ = ["BATCH_KEYS", "DeviceCaps", "LintError", "Problem", "lint_problems", "errors", "warnings",
-           "read_ds_json", "unknown_keys", "key_warnings", "semantic_problems", "validate_with_deepspeed"]
+from bigtrain.ds.lint import schema
+from bigtrain.ds.lint.checks import (BATCH_KEYS, DeviceCaps, Problem, batch_problems, device_problems, first_line,
+                                     layout_lint, parallel_problems, parser_problems)
+from bigtrain.ds.lint.optim import FOREIGN_PARAMS, optimizer_problems, scheduler_problems
 
 # Names other tools (HF TrainingArguments, Megatron, Lightning, Apex) use for a DeepSpeed setting.
 FOREIGN = {
@@ -169,7 +166,7 @@ def _model_problems(path: tuple[str, ...], value: dict, model: Any) -> list[Prob
     except ValidationError as err:
         problems += [_field_problem(path, model, e) for e in err.errors()]
     except Exception as err:  # noqa: BLE001 - DeepSpeed's validators assert and raise ValueError
-        problems.append(Problem(".".join(path), f"DeepSpeed's {model.__name__} refuses it: {_first_line(err)}"))
+        problems.append(Problem(".".join(path), f"DeepSpeed's {model.__name__} refuses it: {first_line(err)}"))
     else:
         problems += _deprecated(path, body, built)
     return problems
@@ -250,10 +247,6 @@ def _edit_distance(a: str, b: str) -> int:
 
 def _show(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (str, bool, int, float, type(None), list)) else repr(value)
-
-
-def _first_line(err: BaseException) -> str:
-    return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
 
 
 # --- reading a file ----------------------------------------------------------------------------------

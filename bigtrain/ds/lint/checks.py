@@ -1,7 +1,7 @@
 """The checks `deepspeed.initialize` makes beyond the config's keys: batch, layout, device, parallelism.
 
-Each returns `Problem`s (one line each) instead of raising, so `bigtrain.ds.lint` reports them all
-in one pass; the optimizer and scheduler checks are in `lint_optim`.
+Each returns `Problem`s (one line each) instead of raising, so `lint_problems` (`judge`) reports them
+all in one pass; the optimizer and scheduler checks are in `optim`.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bigtrain.config.rules import DS_KEYS, Layout, divisibility_problem, layout_problems
-from bigtrain.ds import schema
+from bigtrain.ds.lint import schema
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
