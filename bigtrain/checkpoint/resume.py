@@ -151,7 +151,7 @@ def plan_resume(ckpt_dir: Path, found: tuple[str, CheckpointState], current: Sha
                     global_batch, saved_batch)
     universal = needs_universal(saved, current, ckpt_dir / tag)
     if universal:
-        path, reused = _convert_collectively(ckpt_dir, tag, world, trust)
+        path, reused = convert_collectively(ckpt_dir, tag, world, trust)
         if world.is_main:
             done = "reusing the universal checkpoint at" if reused else "converted to a universal checkpoint at"
             log.info("checkpoint saved at %s, this job is %s: %s %s", saved, current, done, path)
