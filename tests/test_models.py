@@ -344,3 +344,29 @@ def test_encoder_ignores_what_padding_holds():
         unmasked = model(other)
     torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     assert (unmasked - a).abs().max() > 1e-4
+
+
+def test_no_branch_on_a_family_name_outside_models():
+    """A family is one object (`bigtrain.models.family.Family`): code outside bigtrain/models asks it, never
+    compares a family's name (`family == "gpt2"`, `family in ("gpt2", "llama")`)."""
+    import ast
+    from pathlib import Path
+
+    from bigtrain.models.names import ALIASES
+    from bigtrain.models.registry import families
+    names = set(families()) | set(ALIASES)
+    package = Path(__file__).resolve().parents[1] / "bigtrain"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.is_relative_to(package / "models"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            constants = [c for side in sides for c in ([side] if not isinstance(side, (ast.Tuple, ast.List, ast.Set))
+                                                       else side.elts)
+                         if isinstance(c, ast.Constant) and c.value in names]
+            if constants:
+                found.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    assert found == [], f"branches on a family name outside bigtrain/models: {found}"

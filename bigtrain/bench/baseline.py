@@ -159,7 +159,7 @@ def synthetic_batches(job: dict, rank: int, world: int, micro_batch: int) -> Ite
     """Endless micro-batches of this rank's share of the same synthetic set bigtrain trains on."""
     from bigtrain.data.synthetic import SyntheticImages, synthetic_tokens
     n = job["synthetic_samples"]
-    if job["family"] == "gpt2":
+    if job["modality"] == "text":
         data: Any = synthetic_tokens(n, job["seq_len"], job["vocab_size"], job["seed"])
     else:
         data = SyntheticImages(n, job["image_size"], job["num_classes"], job["seed"])

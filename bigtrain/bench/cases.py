@@ -14,7 +14,6 @@ from bigtrain.config.rules import Layout, check_layout
 
 RUNNERS = ("bigtrain", "deepspeed", "ddp", "nanogpt")
 OFFLOADS = ("none", "optimizer", "all")  # all = optimizer and parameters (ZeRO-3 only)
-GPT2_POSITIONS = 1024  # n_positions of a custom GPT-2 shape (bigtrain's default for size "custom")
 
 
 @dataclass(frozen=True)
@@ -22,7 +21,7 @@ class Workload:
     """A model with its data shape, batch and precision: the part that every strategy shares."""
 
     name: str
-    family: str  # gpt2 | resnet
+    family: str  # a family that trains on text or images (synthetic data: tokens or pictures)
     size: str = "custom"
     overrides: dict = field(default_factory=dict)  # model.overrides (shape)
     seq_len: int = 256  # gpt2 tokens per sample
@@ -31,28 +30,30 @@ class Workload:
     num_classes: int = 10  # resnet
     micro_batch: int = 4
     precision: str = "bf16"
-    # gpt2: rows padded to a multiple of this. Stated for every runner: bigtrain pads to 64 by default on a
-    # GPU (train.inputs.gpu_vocab_padding), and the baselines must build the same model.
+    # text models: rows padded to a multiple of this. Stated for every runner: bigtrain pads to 64 by default
+    # on a GPU (models.registry.model_overrides), and the baselines must build the same model.
     vocab_multiple: int = 1
 
     def __post_init__(self) -> None:
-        if self.family not in ("gpt2", "resnet"):
-            raise ValueError(f"bench workload {self.name}: family {self.family!r}; use gpt2 or resnet")
+        if self.modality not in ("text", "image"):
+            raise ValueError(f"bench workload {self.name}: family {self.family!r} trains on {self.modality} data; "
+                             "the bench feeds synthetic tokens or images")
+
+    @property
+    def modality(self) -> str:
+        from bigtrain.models.registry import modality
+        return modality(self.family, self.overrides)
 
     def spec_kwargs(self) -> dict[str, Any]:
-        """`models.build(family, size, **spec_kwargs)`: the model bigtrain builds for this workload."""
-        if self.family == "gpt2":
-            derived = {"vocab_size": self.vocab_size, "n_positions": max(GPT2_POSITIONS, self.seq_len),
-                       "seq_len": self.seq_len}
-            if self.size != "custom":
-                from bigtrain.models.gpt2 import FAMILY
-                derived["n_positions"] = max(FAMILY.sizes[self.size].get("n_positions", 1024), self.seq_len)
-            return {**derived, **self.model_overrides()}
-        return {"num_classes": self.num_classes, **self.model_overrides()}
+        """`models.build(family, size, **spec_kwargs)`: the model bigtrain builds for this workload (the data's
+        shape decided as the runner decides it, the padding stated)."""
+        from bigtrain.models.registry import DataFacts, model_overrides
+        facts = DataFacts(seq_len=self.seq_len, vocab_size=self.vocab_size, num_classes=self.num_classes)
+        return model_overrides(self.family, self.size, facts, None, self.model_overrides(), "cpu")
 
     def model_overrides(self) -> dict[str, Any]:
-        """model.overrides for bigtrain: the shape, and for ResNet the image side its FLOPs count uses."""
-        if self.family == "resnet":
+        """model.overrides for bigtrain: the shape, and for an image model the image side its FLOPs count uses."""
+        if self.modality == "image":
             return {"image_size": self.image_size, **self.overrides}
         return {"vocab_multiple": self.vocab_multiple, **self.overrides}
 
@@ -127,7 +128,7 @@ class Case:
             sets["offload.optimizer"] = "cpu"
         if s.offload == "all":
             sets["offload.param"] = "cpu"
-        if w.family == "gpt2":
+        if w.modality == "text":
             sets.update({"data.seq_len": w.seq_len, "data.vocab_size": w.vocab_size})
         else:
             sets.update({"data.image_size": w.image_size, "data.num_classes": w.num_classes})

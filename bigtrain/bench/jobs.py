@@ -67,7 +67,8 @@ def job_description(case: Case, ds_config: dict) -> dict:
     """What a baseline needs to build the same model and data as bigtrain."""
     w = case.workload
     opt = ds_config["optimizer"]["params"]
-    return {"family": w.family, "size": w.size, "spec_kwargs": w.spec_kwargs(), "seq_len": w.seq_len,
+    return {"family": w.family, "modality": w.modality, "size": w.size, "spec_kwargs": w.spec_kwargs(),
+            "seq_len": w.seq_len,
             "vocab_size": w.vocab_size, "image_size": w.image_size, "num_classes": w.num_classes,
             "synthetic_samples": 4096, "seed": 1234, "steps": case.steps, "micro_batch": w.micro_batch,
             "precision": w.precision, "grad_clip": ds_config.get("gradient_clipping", 1.0),
