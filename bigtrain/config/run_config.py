@@ -10,7 +10,8 @@ from typing import Literal
 
 from bigtrain.config.fields import doc
 from bigtrain.models.names import canonical, default_size
-from bigtrain.config.rules import RUN_KEYS, Layout, check_layout, optimizer_problems, partition_problem
+from bigtrain.config.rules import (RUN_KEYS, Layout, check_layout, optimizer_problems, parallel_problems,
+                                   partition_problem)
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -173,6 +174,20 @@ class PipelineConfig:
 
 
 @dataclass
+class ParallelConfig:
+    tensor: int = doc(1, "Tensor-parallel ranks per layer (DeepSpeed AutoTP): each weight split over this many ranks, "
+                         "which see the same batch. Llama-family and Hugging Face decoders.")
+    sequence: int = doc(1, "Sequence-parallel ranks (DeepSpeed Ulysses / ALST): each sample's sequence split over "
+                           "this many ranks; data.seq_len and the attention heads must divide by it. Decoders "
+                           "with sdpa attention.")
+    expert: int = doc(1, "Expert-parallel ranks (DeepSpeed AutoEP); refused with the installed transformers: "
+                         "mixture-of-experts models train with ZeRO.")
+
+    def __post_init__(self) -> None:
+        _positive(self, "tensor", "sequence", "expert")
+
+
+@dataclass
 class LoggingConfig:
     interval: int = doc(10, "Log every N steps.")
     tensorboard: bool = doc(False, "Write TensorBoard events to OUT/tensorboard via DeepSpeed's monitor.")
@@ -239,6 +254,7 @@ class RunConfig:
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     activation_checkpointing: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -253,6 +269,14 @@ def check_combinations(run: RunConfig) -> None:
     problems = optimizer_problems(run.optimizer.name, run.precision, run.zero.stage)
     if problems:
         raise ValueError(problems[0])
+    problems = parallel_problems(run.pipeline.stages, run.parallel.tensor, run.parallel.sequence,
+                                 run.parallel.expert)
+    if problems:
+        raise ValueError("\n".join(problems))
+    if run.parallel.sequence > 1 and run.data.seq_len % run.parallel.sequence:
+        raise ValueError(f"data.seq_len={run.data.seq_len} is not divisible by parallel.sequence="
+                         f"{run.parallel.sequence}: each sequence-parallel rank takes an equal slice; choose a "
+                         f"multiple of {run.parallel.sequence}")
     if run.batch.micro_batch == "auto" and run.pipeline.stages > 1:
         raise ValueError(f"batch.micro_batch=auto with pipeline.stages={run.pipeline.stages}: the probe sizes plain "
                          "modules only; give batch.micro_batch as a number")

@@ -31,6 +31,10 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
                          "single_submit": False, "overlap_events": True}
     if run.optimizer.name in ("sgd", "lamb") and run.zero.stage >= 1:  # not on DeepSpeed's ZeRO-tested list
         config["zero_allow_untested_optimizer"] = True
+    if run.parallel.tensor > 1:  # DeepSpeed's AutoTP splits the layers inside deepspeed.initialize
+        config["tensor_parallel"] = {"autotp_size": run.parallel.tensor}
+    if run.parallel.sequence > 1:  # Ulysses: the engine gets its process groups (bigtrain.parallel.split)
+        config["sequence_parallel_size"] = run.parallel.sequence
     if run.pipeline.stages > 1:
         config["pipeline"] = {
             "stages": run.pipeline.stages,
@@ -42,7 +46,8 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
 
 
 def batch_triple(run: RunConfig, world_size: int) -> BatchTriple:
-    dp = data_parallel_size(world_size, run.pipeline.stages)
+    dp = data_parallel_size(world_size, run.pipeline.stages, tensor=run.parallel.tensor,
+                            sequence=run.parallel.sequence)
     micro = None if run.batch.micro_batch == "auto" else run.batch.micro_batch  # the job probes it (train.autobatch)
     return solve_batch(run.batch.global_batch, micro, run.batch.grad_accum, dp)
 

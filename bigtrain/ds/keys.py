@@ -17,6 +17,10 @@ ZERO_STAGE_3 = {"zero.prefetch_bucket_size": "stage3_prefetch_bucket_size",
                 "zero.max_reuse_distance": "stage3_max_reuse_distance", "zero.sub_group_size": "sub_group_size"}
 ZERO_KEYS = {**ZERO_COMMON, **ZERO_STAGE_1_2, **ZERO_STAGE_3}
 
+# run field -> key path of a parallel size (the pipeline's own section is generated whole)
+PARALLEL_KEYS = {"parallel.tensor": ("tensor_parallel", "autotp_size"), "parallel.sequence": ("sequence_parallel_size",),
+                 "parallel.expert": ("expert_parallel", "autoep_size")}
+
 # optimizer.name -> DeepSpeed's optimizer type; schedule.kind <-> DeepSpeed's scheduler type
 OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lamb": "Lamb"}
 SCHEDULER_TYPES = {"cosine": "WarmupCosineLR", "linear": "WarmupDecayLR", "constant": "WarmupLR"}

@@ -14,7 +14,7 @@ from typing import Any
 
 from bigtrain.config.load import from_dict, set_dotted_value, to_dict
 from bigtrain.config.run_config import RunConfig
-from bigtrain.ds.keys import BATCH_FIELDS, OPTIMIZER_TYPES, SCHEDULE_KINDS, ZERO_KEYS
+from bigtrain.ds.keys import BATCH_FIELDS, OPTIMIZER_TYPES, PARALLEL_KEYS, SCHEDULE_KINDS, ZERO_KEYS
 Z, OPT, SCHED = "zero_optimization", "optimizer", "scheduler"
 
 LINKS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -41,6 +41,7 @@ LINKS: dict[str, tuple[tuple[str, ...], ...]] = {
     "activation_checkpointing.partition_activations": (("activation_checkpointing", "partition_activations"),),
     "activation_checkpointing.cpu_checkpointing": (("activation_checkpointing", "cpu_checkpointing"),),
     "pipeline.stages": (("pipeline", "stages"),),
+    **{field: (path,) for field, path in PARALLEL_KEYS.items()},
     "pipeline.partition_method": (("pipeline", "partition"),),
 }
 
@@ -66,6 +67,11 @@ def stated(config: dict) -> dict[str, Any]:
             out.update({"activation_checkpointing.enabled": True, "activation_checkpointing.every_n_layers": interval})
     for field, key in BATCH_FIELDS.items():
         _take(out, field, config, key)
+    for field, path in PARALLEL_KEYS.items():
+        value = get_path(config, path)
+        if isinstance(value, int) and not isinstance(value, bool) and (path[0] != "expert_parallel" or (
+                config["expert_parallel"].get("enabled") is True)):
+            out[field] = value
     return out
 
 
@@ -79,6 +85,8 @@ def absorb(run: RunConfig, config: dict) -> RunConfig:
     values.update({k: v for k, v in _schedule_defaults(config.get(SCHED)).items() if k not in values})
     values.setdefault("activation_checkpointing.enabled", False)
     values.setdefault("pipeline.stages", 1)
+    for field in PARALLEL_KEYS:
+        values.setdefault(field, 1)
     return with_json_fields(run, values)[0]
 
 

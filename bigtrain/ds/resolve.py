@@ -146,7 +146,8 @@ def _generated(run: RunConfig, world_size: int | None, sources: dict, resume_bat
     """No JSON: the run config decides everything."""
     if world_size is None:
         raise LintError(["a generated DeepSpeed config needs the world size; pass --world-size N"])
-    dp = rules.data_parallel_size(world_size, run.pipeline.stages)
+    dp = rules.data_parallel_size(world_size, run.pipeline.stages, tensor=run.parallel.tensor,
+                                  sequence=run.parallel.sequence)
     known = {m: (getattr(run.batch, m), SET if sources.get(f"batch.{m}") == "--set" else CONFIG)
              for m in MEMBERS if getattr(run.batch, m) is not None}
     triple = _batch(known, dp, resume_batch, sources, notes)
@@ -276,7 +277,8 @@ def _user_batch(said: dict, run: RunConfig, world_size: int | None, sources: Map
         raise LintError(['batch sizes that are "auto" or missing need the world size; pass --world-size N'])
     if not all(isinstance(v, int) and not isinstance(v, bool) for v, _ in known.values()):
         return None  # a mistyped batch size: the lint names it
-    dp = rules.data_parallel_size(world_size, run.pipeline.stages)
+    dp = rules.data_parallel_size(world_size, run.pipeline.stages, tensor=run.parallel.tensor,
+                                  sequence=run.parallel.sequence)
     triple = _batch(known, dp, resume_batch, sources, notes)
     if resume_batch is None and any(getattr(triple, m) != v for m, v in written.items()):
         notes.append(_fitted_line(written, triple))

@@ -193,4 +193,5 @@ FAMILY = Family(
     make=make_spec,
     modality=decoder_modality("llama"),
     derive=decoder_overrides,
+    parallel=frozenset({"zero", "pipeline", "tensor", "sequence"}),
 )

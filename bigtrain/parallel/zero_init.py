@@ -27,12 +27,14 @@ def _gathered(params: list[nn.Parameter]) -> contextlib.AbstractContextManager:
     return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
 
 
-def build_module(spec: ModelSpec, zero3_init_config: dict | None = None, seed: int | None = None) -> nn.Module:
+def build_module(spec: ModelSpec, zero3_init_config: dict | None = None, seed: int | None = None,
+                 mpu: object = None) -> nn.Module:
     """`spec.build(seed)`, partitioned inside `deepspeed.zero.Init(config_dict_or_path=zero3_init_config)` when given.
 
     `zero3_init_config` is the run's resolved DeepSpeed config (ZeRO stage 3); its dtype
     (bf16/fp16) and `offload_param` device decide where and how the shards live. The initial
-    weights equal `spec.build(seed)`'s (needs the process group under ZeRO-3).
+    weights equal `spec.build(seed)`'s (needs the process group under ZeRO-3). `mpu`: the tensor-parallel
+    groups (`bigtrain.parallel.split`), so that zero.Init counts the data-parallel ranks as the engine does.
     """
     if zero3_init_config is None:
         return spec.build(seed)
@@ -45,7 +47,7 @@ def build_module(spec: ModelSpec, zero3_init_config: dict | None = None, seed: i
     # (from_pretrained, resize_token_embeddings, generate) that must also see ZeRO-3.
     hf_ds_config = HfDeepSpeedConfig(zero3_init_config)
     # prevent_arange_dtype_change: zero.Init would build rotary frequencies (arange) in bf16.
-    with untouched_global_rng(), prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=zero3_init_config):
+    with untouched_global_rng(), prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=zero3_init_config, mpu=mpu):
         module = spec.construct()
     spec.initialize(module, seed, gather=_gathered, writer=dist.get_rank() == 0)
     module.bigtrain_hf_ds_config = hf_ds_config

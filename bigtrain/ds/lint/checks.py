@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from bigtrain.config.rules import DS_KEYS, Layout, divisibility_problem, layout_problems
+from bigtrain.config.rules import DS_KEYS, DS_PARALLEL, Layout, divisibility_problem, layout_problems
+from bigtrain.config.rules import parallel_problems as split_problems
 from bigtrain.ds.lint import schema
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -99,7 +100,7 @@ def batch_problems(config: dict, world_size: int | None, pipeline_stages: int | 
         problem = divisibility_problem(world_size, stages)
         if problem:
             return [Problem("pipeline.stages", problem)]
-        dp = world_size // stages
+        dp = world_size // (stages * model_split(config))
     elif None not in (total, micro, accum):
         return []  # it holds at the data-parallel size it was written for
     else:
@@ -187,15 +188,34 @@ def layout_lint(config: dict, pipeline_stages: int | None) -> list[Problem]:
     return problems
 
 
+def split_sizes(config: dict) -> tuple[int, int, int]:
+    """(tensor, sequence, expert) parallel sizes a DeepSpeed dict asks for (1 where it asks for none)."""
+    tp = config.get("tensor_parallel")
+    ep = config.get("expert_parallel")
+    sizes = (tp.get("autotp_size", 1) if isinstance(tp, dict) else 1, config.get("sequence_parallel_size", 1),
+             ep.get("autoep_size", 1) if isinstance(ep, dict) and ep.get("enabled") else 1)
+    return tuple(size if is_int(size) and size >= 1 else 1 for size in sizes)  # type: ignore[return-value]
+
+
+def model_split(config: dict) -> int:
+    """Ranks that share one batch: a tensor-parallel group sees the same samples, a sequence-parallel one
+    splits each sample; the data-parallel size is the world over this (and over the pipeline stages)."""
+    tensor, sequence, _ = split_sizes(config)
+    return tensor * sequence
+
+
 def parallel_problems(config: dict, world_size: int | None) -> list[Problem]:
-    """Tensor parallelism splits the ranks: autotp_size must divide the world (one rank without --world-size)."""
-    section = config.get("tensor_parallel")
-    size = section.get("autotp_size", 1) if isinstance(section, dict) else 1
+    """Tensor / sequence / expert parallel sizes: combinations DeepSpeed cannot run, and sizes that do not divide
+    the world (one rank without --world-size)."""
+    tensor, sequence, expert = split_sizes(config)
+    stages = pipeline_stages_of(config, None)
+    problems = [Problem("", line) for line in split_problems(stages, tensor, sequence, expert, DS_PARALLEL)]
     world = world_size or 1
-    if not is_int(size) or size <= 1 or world % size == 0:
-        return []
     said = f"{world} rank(s)" + ("" if world_size else " (no world size given; pass --world-size)")
-    return [Problem("tensor_parallel.autotp_size", f"={size} needs a multiple of {size} ranks; checked for {said}")]
+    for key, size in (("tensor_parallel.autotp_size", tensor), ("sequence_parallel_size", sequence)):
+        if size > 1 and world % size:
+            problems.append(Problem(key, f"={size} needs a multiple of {size} ranks; checked for {said}"))
+    return problems
 
 
 def _enabled(config: dict, key: str) -> bool:
@@ -236,7 +256,7 @@ def parser_problems(config: dict, world_size: int | None, pipeline_stages: int |
     """DeepSpeed's own config parser as the last gate (HF "auto" stand-ins in place)."""
     body = _without_hf_auto(config)
     if world_size is not None:
-        dp = max(1, world_size // pipeline_stages_of(config, pipeline_stages))
+        dp = max(1, world_size // (pipeline_stages_of(config, pipeline_stages) * model_split(config)))
     else:
         total, micro, accum = (body.get(k) for k in BATCH_KEYS)
         dp = total // (micro * accum) if all(is_int(v) and v > 0 for v in (total, micro, accum)) \

@@ -1,0 +1,164 @@
+"""Splitting a plain module beyond ZeRO, from the outside: tensor parallelism (DeepSpeed AutoTP) and sequence
+parallelism (DeepSpeed Ulysses / ALST). The model family knows nothing of either.
+
+- Tensor: DeepSpeed's engine shards the layers itself (`"tensor_parallel": {"autotp_size": N}`); bigtrain makes
+  its process groups first and hands them to `deepspeed.initialize` (and to `zero.Init`) as the `mpu`, so that
+  DeepSpeed counts the data-parallel ranks, not every rank, in the batch triple. The ranks of a group see the
+  same batch (DeepSpeed checks the first one).
+- Sequence: Ulysses swaps the sdpa attention for an all-to-all around it; every rank of a group takes its slice
+  of each sample's sequence (with the positions of that slice), and the loss is summed over the group's tokens
+  here, weighted by the real (not ignored) tokens each rank holds.
+
+Ranks are laid out data-major: a group is `size` consecutive ranks, as DeepSpeed builds both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bigtrain.models.losses import lm_targets
+from bigtrain.models.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Topology:
+    """world = pipeline x tensor x sequence x data, as torchtitan's ParallelDims (experts would spread over
+    the data ranks)."""
+
+    world: int
+    pipeline: int = 1
+    tensor: int = 1
+    sequence: int = 1
+
+    @property
+    def data(self) -> int:
+        return self.world // (self.pipeline * self.tensor * self.sequence)
+
+    @property
+    def model_split(self) -> int:
+        """Ranks that share one batch (a tensor or sequence group)."""
+        return self.tensor * self.sequence
+
+    @classmethod
+    def of(cls, ds_config: dict, world: int) -> "Topology":
+        """The split a resolved DeepSpeed dict asks for."""
+        tensor = (ds_config.get("tensor_parallel") or {}).get("autotp_size") or 1
+        sequence = ds_config.get("sequence_parallel_size") or 1
+        pipeline = (ds_config.get("pipeline") or {}).get("stages") or 1
+        return cls(world, pipeline, tensor, sequence)
+
+
+class ModelSplit:
+    """What the engine needs for a split model: the `mpu` for DeepSpeed, the data-parallel coordinates, and for
+    sequence parallelism the batch slice and the loss."""
+
+    def __init__(self, topology: Topology, rank: int, mpu: Any = None):
+        self.topology, self.rank, self.mpu = topology, rank, mpu
+
+    @classmethod
+    def for_job(cls, spec: ModelSpec, topology: Topology, rank: int) -> "ModelSplit":
+        """Check the model can be split so, and make the tensor-parallel groups (before the model is built:
+        zero.Init needs them). Sequence parallelism is switched on by `attach`, once the model exists."""
+        check_split(spec, topology)
+        reset_groups()  # an earlier job's groups in this process would be taken for this one's
+        if topology.tensor == 1:
+            return cls(topology, rank)
+        from deepspeed.utils import groups
+        groups._init_tp_mesh_device(tensor_model_parallel_size=topology.tensor)
+        return cls(topology, rank, groups)
+
+    def attach(self, model: torch.nn.Module, spec: ModelSpec, micro_batch: int) -> None:
+        """Ulysses around the model's sdpa attention (process-wide in transformers' attention table)."""
+        if self.topology.sequence == 1:
+            return
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        _swapped_attention.setdefault("sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"])
+        self.mpu = UlyssesSPAttentionHF.register_with_transformers(
+            model_name_or_path=model, core_attn_implementation="sdpa", sequence_parallel_size=self.topology.sequence,
+            micro_batch_size=micro_batch, seq_length=spec.seq_len, seq_length_is_variable=False, disable_in_eval=True)
+
+    @property
+    def data_rank(self) -> int:
+        return self.rank // self.topology.model_split
+
+    @property
+    def data_size(self) -> int:
+        return self.topology.data
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.topology.sequence > 1
+
+    def shard(self, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        """This rank's slice of every sample's sequence: (inputs with their global positions, next-token targets)."""
+        size, seq = self.topology.sequence, input_ids.shape[-1]
+        chunk = seq // size
+        part = slice(self.mpu.get_sequence_parallel_rank() * chunk, (self.mpu.get_sequence_parallel_rank() + 1) * chunk)
+        positions = torch.arange(seq, device=input_ids.device).expand_as(input_ids)
+        targets = lm_targets(labels, seq)
+        return ({"input_ids": input_ids[:, part].contiguous(), "position_ids": positions[:, part].contiguous()},
+                targets[:, part].contiguous())
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The group's mean next-token loss over its real tokens, as this rank's share times the group size:
+        DeepSpeed averages gradients over every rank, so the shares sum to the loss one rank would compute."""
+        summed = F.cross_entropy(logits.float().flatten(0, -2), targets.reshape(-1), ignore_index=-100,
+                                 reduction="sum")
+        tokens = (targets != -100).sum().to(torch.float64).reshape(1)
+        torch.distributed.all_reduce(tokens, group=self.mpu.get_sequence_parallel_group())
+        return summed / tokens[0].clamp(min=1).to(summed.dtype) * self.topology.sequence
+
+
+def check_split(spec: ModelSpec, topology: Topology) -> None:
+    """ValueError (one line) for a model that cannot be split as asked: the family, the heads, the attention."""
+    from bigtrain.models.registry import family
+    modes = family(spec.family).parallel
+    config = getattr(spec.config, "get_text_config", lambda: spec.config)()
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", heads)
+    for mode, size in (("tensor", topology.tensor), ("sequence", topology.sequence)):
+        if size == 1:
+            continue
+        if mode not in modes:
+            raise ValueError(f"parallel.{mode}={size}: the {spec.family} family does not support {mode} "
+                             f"parallelism (it supports {', '.join(sorted(modes))}); {_why_not(spec.family, mode)}")
+        if heads is not None and heads % size:
+            raise ValueError(f"parallel.{mode}={size}: the model's {heads} attention heads do not divide by {size}; "
+                             f"choose parallel.{mode} dividing {heads}")
+    if topology.sequence > 1:
+        if kv_heads is not None and kv_heads % topology.sequence and topology.sequence % kv_heads:
+            raise ValueError(f"parallel.sequence={topology.sequence}: the model's {kv_heads} key-value heads neither "
+                             f"divide by it nor divide it (Ulysses splits or repeats them); choose another size")
+        attention = getattr(config, "_attn_implementation", None)
+        if attention not in (None, "sdpa"):
+            raise ValueError(f"parallel.sequence={topology.sequence}: Ulysses wraps sdpa attention, and this model "
+                             f"uses {attention}; set model.overrides.attn_implementation=sdpa (or parallel.sequence=1)")
+
+
+def _why_not(family_name: str, mode: str) -> str:
+    if mode == "tensor":
+        return "DeepSpeed's AutoTP has no sharding plan for it; use ZeRO-3 (states) or a Llama-family model"
+    return "Ulysses needs a decoder with sdpa attention; use a Llama-family model or a Hugging Face decoder"
+
+
+_swapped_attention: dict[str, Any] = {}  # transformers' attention functions as they were before Ulysses
+
+
+def reset_groups() -> None:
+    """Forget the process groups and the Ulysses attention of an earlier job in this process (test harnesses run
+    several): DeepSpeed keeps them in module globals, and would reuse groups of another size."""
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+    from deepspeed.utils import groups
+    if _swapped_attention:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        for name, function in _swapped_attention.items():
+            ALL_ATTENTION_FUNCTIONS[name] = function
+        _swapped_attention.clear()
+    parallel_state_sp._release_sequence_parallel_groups()
+    for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP",
+                 "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK", "mpu", "mesh_device"):
+        setattr(groups, name, None)
