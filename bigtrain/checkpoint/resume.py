@@ -97,6 +97,7 @@ class Shape:
     zero_stage: int
     pipeline_stages: int = 1
     optimizer_offload: str = "none"
+    tensor_parallel: int = 1  # AutoTP shards each weight over this many ranks (files mp_rank_00, mp_rank_01, ...)
 
     @classmethod
     def of_checkpoint(cls, state: CheckpointState) -> "Shape":
@@ -107,11 +108,13 @@ class Shape:
     def of_job(cls, world_size: int, ds_config: dict, pipeline_stages: int) -> "Shape":
         zero = ds_config.get("zero_optimization") or {}
         offload = (zero.get("offload_optimizer") or {}).get("device") or "none"
-        return cls(world_size, int(zero.get("stage", 0)), pipeline_stages, str(offload))
+        tensor = int((ds_config.get("tensor_parallel") or {}).get("autotp_size") or 1)
+        return cls(world_size, int(zero.get("stage", 0)), pipeline_stages, str(offload), tensor)
 
     def __str__(self) -> str:
         text = f"world size {self.world_size} / ZeRO-{self.zero_stage}"
         text += f" / {self.pipeline_stages} pipeline stages" if self.pipeline_stages > 1 else ""
+        text += f" / tensor parallel {self.tensor_parallel}" if self.tensor_parallel > 1 else ""
         return text + (f" / optimizer offload {self.optimizer_offload}" if self.optimizer_offload != "none" else "")
 
 
@@ -168,8 +171,12 @@ def needs_universal(saved: Shape, current: Shape, where: Path) -> bool:
                          "named like the plain module's parameters, so the universal conversion has no mapping); "
                          f"resume with world size {saved.world_size}, pipeline.stages={saved.pipeline_stages} "
                          f"and zero.stage={saved.zero_stage}")
-    if saved.zero_stage == 0 and current.zero_stage == 0:
+    if saved.zero_stage == 0 and current.zero_stage == 0 and saved.tensor_parallel == current.tensor_parallel:
         return False  # the whole optimizer state is in one file: any world size loads it
+    if saved.zero_stage == 0 and saved.tensor_parallel != current.tensor_parallel:
+        raise ValueError(f"checkpoint {where} was saved at {saved}: its weights are tensor-parallel shards and "
+                         "ZeRO-0 writes no optimizer partitions for DeepSpeed's universal conversion, so it resumes "
+                         f"only with parallel.tensor={saved.tensor_parallel}")
     if saved.zero_stage == 0:
         raise ValueError(f"checkpoint {where} was saved with ZeRO-0, which writes no optimizer partitions for "
                          f"DeepSpeed's universal checkpoint conversion, so it cannot resume at ZeRO-"

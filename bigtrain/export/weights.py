@@ -5,7 +5,10 @@ Layouts, recognised from the files of one tag:
   zero      mp_rank_00_model_states.pt + *zero_pp_rank_*_optim_states.pt (ZeRO-1/2): zero_to_fp32
   plain     mp_rank_00_model_states.pt alone (ZeRO-0): its 'module' weights
   pipeline  layer_XX-model_states.pt (one per layer, local names) mapped back with the spec
-Nothing here needs a process group, and nothing writes into the checkpoint.
+  tensor    mp_rank_01_* files beside mp_rank_00_*: tensor-parallel shards (AutoTP), which zero_to_fp32 cannot
+            merge; DeepSpeed's ds_to_universal can, into CKPT/step_N_universal/ (the copy a resume at another
+            shape would make too: reused, and the only thing written), whose fp32.pt files are whole parameters
+Nothing here needs a process group, and nothing writes into the checkpoint's own directory.
 
 Tensors may come back lazy (DeepSpeed's GatheredTensor for ZeRO-3): call `.contiguous()`
 on each when it is needed, so only one whole parameter is materialised at a time.
@@ -38,9 +41,11 @@ class Consolidated:
 
 
 def detect_layout(tag_dir: Path) -> str:
-    """'pipeline' | 'zero3' | 'zero' | 'plain'; ValueError for anything else."""
+    """'pipeline' | 'tensor' | 'zero3' | 'zero' | 'plain'; ValueError for anything else."""
     if any(tag_dir.glob("layer_*-model_states.pt")):
         return "pipeline"
+    if any(tag_dir.glob("*mp_rank_01_model_states.pt")):
+        return "tensor"
     if (tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt").is_file():
         return "zero3"
     if (tag_dir / "mp_rank_00_model_states.pt").is_file():
@@ -62,7 +67,23 @@ def consolidate(tag_dir: Path, spec: ModelSpec, pipeline_stages: int) -> Consoli
             return _pipeline(tag_dir, spec, pipeline_stages)
         if layout == "plain":
             return _plain(tag_dir)
+        if layout == "tensor":
+            return _tensor_parallel(tag_dir)
         return _zero(tag_dir, layout)
+
+
+def _tensor_parallel(tag_dir: Path) -> Consolidated:
+    """Whole fp32 parameters of a tensor-parallel checkpoint, through DeepSpeed's universal conversion."""
+    from deepspeed.checkpoint.constants import PARAM
+
+    from bigtrain.checkpoint.universal import convert_to_universal
+    universal, _ = convert_to_universal(tag_dir.parent, tag_dir.name)
+    tensors = {}
+    for param_dir in sorted(p for p in (universal / "zero").iterdir() if (p / "fp32.pt").is_file()):
+        saved = load_torch_file(param_dir / "fp32.pt")
+        tensors[param_dir.name] = saved[PARAM] if isinstance(saved, dict) else saved
+    return Consolidated(tensors, "tensor", [f"fp32 master weights, tensor-parallel shards merged by DeepSpeed's "
+                                            f"ds_to_universal ({universal})"])
 
 
 def _zero(tag_dir: Path, layout: str) -> Consolidated:
