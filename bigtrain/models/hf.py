@@ -148,7 +148,7 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
                            else hf_common.construct_hf(cls, config)),
         init_module=hf_common.hf_init_fn(cls, config),
         layers=lambda: _layers(config, task),
-        loss=hf_common.causal_module_loss if causal else _classify_loss,
+        loss=hf_common.causal_loss_for(config) if causal else _classify_loss,
         pipeline_loss=causal_lm_loss if causal else classification_loss,
         batch_to_inputs=hf_common.text_batch("hf") if causal else classifier_batch,
         num_params=n_all, flops_per_sample=seq_len * per_token, tokens_per_sample=seq_len,

@@ -83,6 +83,19 @@ def causal_module_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
     return causal_lm_loss(output.logits, labels)
 
 
+def causal_loss_for(config: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
+    """The training loss of a causal LM: next-token loss, plus a mixture of experts' router load-balancing loss
+    weighted as its config says (transformers adds it only when it computes the loss itself, from labels)."""
+    coef = router_aux_coef(config)
+    if coef is None:
+        return causal_module_loss
+
+    def with_router_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
+        return causal_lm_loss(output.logits, labels) + coef * output.aux_loss
+
+    return with_router_loss
+
+
 def text_batch(family: str) -> Callable[[dict], tuple[torch.Tensor, torch.Tensor]]:
     def to_inputs(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """{"input_ids": [B,T], "labels": [B,T]} -> (input_ids, labels)."""
@@ -108,9 +121,17 @@ def native_checkpointing(model: nn.Module, every_n: int = 1) -> None:
 
 
 def set_training_defaults(config: Any, attn_implementation: str) -> None:
-    """No KV cache (a recomputed block would append to it twice), the attention kernel chosen."""
+    """No KV cache (a recomputed block would append to it twice), the attention kernel chosen, and a mixture
+    of experts' router logits on, so that its load-balancing loss is trained and reported."""
     config.use_cache = False
     config._attn_implementation = attn_implementation
+    if hasattr(config, "output_router_logits") and hasattr(config, "router_aux_loss_coef"):
+        config.output_router_logits = True
+
+
+def router_aux_coef(config: Any) -> float | None:
+    """The weight of a mixture of experts' load-balancing loss in the training loss; None for a dense model."""
+    return float(config.router_aux_loss_coef) if getattr(config, "output_router_logits", False) else None
 
 
 def choose_attention(model_cls: type, requested: str | None) -> tuple[str, str]:

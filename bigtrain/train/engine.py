@@ -35,6 +35,7 @@ class Engine:
     def __init__(self, spec: ModelSpec, ds_config: dict, options: EngineOptions):
         self.spec = spec
         self.is_pipeline = options.pipeline_stages > 1
+        self.router_loss: torch.Tensor | None = None  # the last step's, for mixtures of experts
         zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
         if self.is_pipeline:
             model = to_pipeline_module(
@@ -136,6 +137,7 @@ class Engine:
         if self.is_pipeline:  # train_batch already averages over data-parallel ranks, on every stage
             return self.ds.train_batch(self._pipe_iter(batches))
         total = torch.zeros((), dtype=torch.float64, device=self.device)
+        router = None  # a mixture of experts' load-balancing loss (part of the loss), reported on its own
         for _ in range(self.grad_accum):
             inputs, labels = self._inputs(next(batches))
             with same_batch_in_tensor_group():
@@ -145,10 +147,14 @@ class Engine:
                 elif self.loss_in_forward:
                     loss = fast_path.call_with_loss(self.ds, inputs, labels)
                 else:
-                    loss = self.spec.loss(call_module(self.ds, inputs), labels)
+                    output = call_module(self.ds, inputs)
+                    loss = self.spec.loss(output, labels)
+                    if getattr(output, "aux_loss", None) is not None:
+                        router = output.aux_loss.detach() + (0 if router is None else router)
             self.ds.backward(loss)
             self.ds.step()
             total += loss.detach()  # stays on the device: no host sync per micro-batch
+        self.router_loss = None if router is None else router / self.grad_accum
         return total / self.grad_accum
 
     @torch.no_grad()

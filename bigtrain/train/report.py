@@ -71,6 +71,7 @@ class Reporter:
         self.losses: list[float] = list(prior_losses or [])
         self.val_losses: list[tuple[int, float]] = []
         self.val_accuracies: list[tuple[int, float]] = []  # classifiers only
+        self.router_losses: list[tuple[int, float]] = []  # mixtures of experts only
         self.meter = ThroughputMeter(warmup=2)
         if not run.train.peak_tflops:
             torch.distributed.barrier()  # all ranks measure at once, as they will train: shared cores
@@ -88,14 +89,21 @@ class Reporter:
         """Start the step clock (again): before the first step, and after eval or a checkpoint."""
         self.meter.start()
 
-    def on_step(self, step: int, loss: float, lr: float) -> None:
+    def on_step(self, step: int, loss: float, lr: float, router_loss: float | None = None) -> None:
+        """`router_loss`: a mixture of experts' load-balancing loss, part of `loss` (weighted by its coefficient)."""
         tokens = self.global_batch * self.spec.tokens_per_sample
         self.meter.step(self.global_batch, tokens)
         self.losses.append(loss)
+        if router_loss is not None:
+            self.router_losses.append((step, router_loss))
         self.bar.tick(step)  # a terminal's bar moves every step; the fields change at log steps
         if step % self.interval and step != self.total_steps:
             return
         metrics = self._window_metrics(loss, lr)
+        if router_loss is not None:
+            metrics["router_aux_loss"] = router_loss
+            if self.world.is_main:
+                self.bar.write(f"step {step}: router load-balancing loss {router_loss:.4f}")
         self.monitor.log(step, metrics)
         notify("log", step, metrics)
         if self.world.is_main:
@@ -153,6 +161,8 @@ class Reporter:
         }
         if self.spec.tokens_per_sample:
             summary["tokens_per_s"] = samples_per_s * self.spec.tokens_per_sample
+        if self.router_losses:
+            summary["router_aux_losses"] = [[s, v] for s, v in self.router_losses]
         if self.spec.eval_metric == "accuracy":
             summary["val_accuracies"] = [[s, a] for s, a in self.val_accuracies]
             summary["final_val_accuracy"] = self.val_accuracies[-1][1] if self.val_accuracies else None
