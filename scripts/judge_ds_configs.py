@@ -5,7 +5,7 @@
 
 Each file is judged in its own CPU process (world size 1, gloo), so no DeepSpeed state leaks
 from one file to the next. The verdict is DeepSpeed's, not bigtrain's: bigtrain's lint is tested
-against these recorded verdicts (tests/test_public_configs.py), and this script is the only place
+against these recorded verdicts (tests/unit/test_public_configs.py), and this script is the only place
 that runs DeepSpeed on them. How a file is judged, in order:
 
 1. read the file the way DeepSpeed reads a config path: hjson with DeepSpeed's own duplicate-key

@@ -1,8 +1,14 @@
-"""Test tiers: `pytest -m "not dist"` is every test that starts no launcher (the unit tier, minutes);
-`-m dist` the tests that start ranks through the deepspeed launcher, torchrun or `bigtrain train`.
+"""Test tiers by folder: tests/unit/ starts no launcher (under 2 minutes on 2 cores); tests/dist/ starts real
+ranks (the deepspeed launcher, torchrun, `bigtrain train`, Ray, spawned gloo ranks). Every test under tests/dist/
+is marked `dist` here, so `pytest tests/unit` and `pytest -m "not dist"` select the same tests.
 
-The marker is kept honest here: a test (or a fixture it uses) that starts a launcher without
-`@pytest.mark.dist` fails with a line saying so, so the unit tier never grows a launcher run.
+Helpers both tiers import live beside this file (on sys.path from here): launch.py (start ranks and read back
+what they wrote), local_hf.py (local Hugging Face directories), messages.py (assert what a message names, not
+its wording); dist_scripts/ holds what launched ranks run and data/ other people's DeepSpeed configs and the
+CLI surface.
+
+The folder is kept honest: a test under tests/unit/ (or a fixture it uses) that starts a launcher fails with a
+line saying so, so the unit tier never grows a launcher run; a test module outside both folders fails too.
 """
 import subprocess
 import sys
@@ -10,18 +16,27 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/launch.py
+TESTS = Path(__file__).resolve().parent
+UNIT, DIST = TESTS / "unit", TESTS / "dist"
+sys.path.insert(0, str(TESTS))  # launch.py, local_hf.py, messages.py
 
 _current: list = [None]  # the test being set up, run or torn down
 
 
+def tier(item) -> str | None:
+    """"unit" or "dist" from the test's folder; None for a test outside both."""
+    path = Path(item.path).resolve()
+    return next((name for name, folder in (("unit", UNIT), ("dist", DIST)) if path.is_relative_to(folder)), None)
+
+
 def starts_a_launcher(args) -> bool:
-    """A command that starts ranks: the deepspeed launcher, torchrun, or `bigtrain train`."""
+    """A command that starts ranks: the deepspeed launcher, torchrun, `bigtrain train`, or a Ray cluster."""
     argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
     if "--help" in argv or "-h" in argv:
         return False
     names = [Path(a).name for a in argv]
-    if any(n in ("deepspeed", "torchrun") for n in names[:1]) or "deepspeed.launcher.launch" in argv:
+    if any(n in ("deepspeed", "torchrun", "gcs_server", "raylet") for n in names[:1]) \
+            or "deepspeed.launcher.launch" in argv:
         return True
     cli = [i for i, n in enumerate(names) if n in ("bigtrain", "bigtrain.cli")]
     return bool(cli) and names[cli[0] + 1:cli[0] + 2] in (["train"], ["ray-train"], ["tune"])
@@ -32,14 +47,25 @@ _popen_init = subprocess.Popen.__init__
 
 def _guarded_popen_init(self, args, *rest, **kwargs):
     item = _current[0]
-    if item is not None and item.get_closest_marker("dist") is None and starts_a_launcher(args):
-        raise AssertionError(f"{item.nodeid} starts a launcher ({' '.join(map(str, args))[:120]}) but is not "
-                             "marked @pytest.mark.dist; mark it so that `pytest -m \"not dist\"` stays the unit tier")
+    if item is not None and tier(item) != "dist" and starts_a_launcher(args):
+        raise AssertionError(f"{item.nodeid} starts a launcher ({' '.join(map(str, args))[:120]}) but is not under "
+                             "tests/dist/; move it there so that tests/unit/ stays the tier without launchers")
     _popen_init(self, args, *rest, **kwargs)
 
 
 def pytest_configure(config):
     subprocess.Popen.__init__ = _guarded_popen_init
+
+
+def pytest_itemcollected(item):
+    if tier(item) == "dist":
+        item.add_marker(pytest.mark.dist)
+
+
+def pytest_runtest_setup(item):
+    if tier(item) is None:
+        pytest.fail(f"{item.nodeid}: a test module belongs in tests/unit/ (no launcher) or tests/dist/ (real "
+                    "launchers)", pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

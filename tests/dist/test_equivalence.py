@@ -11,7 +11,7 @@ Why the per-step data is the same in every mode: the sampler deals one global or
 of W taking positions r, r+W, ...; a step consumes micro x accum x W consecutive positions.
 Data-parallel runs use micro 4 x accum 1 x dp 2; the pipeline (2 stages on 2 ranks, so dp 1)
 uses micro 4 x accum 2 x dp 1. Step k covers global positions 8k..8k+7 in both (checked in
-test_pipeline_and_data_parallel_steps_see_the_same_samples), and GPT-2's loss is the mean over
+tests/unit/test_data.py: test_pipeline_and_data_parallel_steps_see_the_same_samples), and GPT-2's loss is the mean over
 equal-sized micro-batches, so the step's loss and gradient are the same. ResNet has
 BatchNorm, whose batch statistics depend on which samples share a micro-batch: it runs with
 micro-batch 1 (accum 4 x dp 2, and accum 8 in the pipeline), so every micro-batch is one sample
@@ -25,8 +25,6 @@ from pathlib import Path
 import pytest
 
 from launch import launch_jobs
-
-pytestmark = pytest.mark.dist
 
 STEPS = 10  # ResNet (micro-batch 1, BatchNorm) needs ~10 steps before its loss falls clearly
 RTOL = 1e-4
@@ -125,18 +123,3 @@ def test_activation_checkpointing_leaves_losses_unchanged(runs, mode, reference)
     diff = max_rel_diff(losses(root, mode), losses(root, reference))
     print(f"{model} {mode}: max relative loss difference to {reference} {diff:.2e}")
     assert diff <= RTOL
-
-
-def test_pipeline_and_data_parallel_steps_see_the_same_samples():
-    """The premise of the comparison: per optimizer step, the same set of samples in both layouts."""
-    from bigtrain.data.sampler import ResumableSampler
-
-    def step_sets(dp: int, micro: int, accum: int, steps: int) -> list[set[int]]:
-        streams = [iter(ResumableSampler(1000, r, dp, seed=7)) for r in range(dp)]
-        return [{next(s) for s in streams for _ in range(micro * accum)} for _ in range(steps)]
-
-    for micro in (4, 1):
-        data_parallel = step_sets(dp=2, micro=micro, accum=4 // micro, steps=20)
-        pipeline = step_sets(dp=1, micro=micro, accum=8 // micro, steps=20)
-        assert data_parallel == pipeline
-        assert all(len(s) == 8 for s in pipeline)

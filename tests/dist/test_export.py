@@ -1,7 +1,8 @@
 """`bigtrain export`: ZeRO-3 / ZeRO-2 / pipeline checkpoints of real 2-rank runs -> HF GPT-2 directories.
 
 One tiny training run per layout (module-scoped, the three in one launch); the trained model's own logits come from
-tests/dist_scripts/export_reference_logits.py, launched with 2 ranks.
+tests/dist_scripts/export_reference_logits.py, launched with 2 ranks. Export's pieces without a run:
+tests/unit/test_export_write.py.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from launch import REPO, TINY, launch_jobs, rank_env, torchrun_cmd
 from bigtrain.export import export_checkpoint, load_exported
 from bigtrain.export.__main__ import main as export_main
 from bigtrain.export.masters import pipeline_masters, zero_masters
-from bigtrain.export.weights import detect_layout, pipeline_layer_states
-from bigtrain.export.write import RECIPE, load_into, staging_dir, write_recipe, write_safetensors
+from bigtrain.export.weights import pipeline_layer_states
+from bigtrain.export.write import RECIPE
 
 REFERENCE = REPO / "tests" / "dist_scripts" / "export_reference_logits.py"
 STEPS = ["--steps", "3"]
@@ -90,17 +91,14 @@ def _check_trained_logits(run: Path, ref: dict, tmp_path: Path, layout: str) -> 
     assert tok("hello world")["input_ids"] == run_tok("hello world")["input_ids"]
 
 
-@pytest.mark.dist
 def test_zero3_export_gives_the_trained_logits(z3_run: Path, references: dict, tmp_path: Path) -> None:
     _check_trained_logits(z3_run, references[z3_run], tmp_path, "zero3")
 
 
-@pytest.mark.dist
 def test_pipeline_export_gives_the_trained_logits(pp_run: Path, references: dict, tmp_path: Path) -> None:
     _check_trained_logits(pp_run, references[pp_run], tmp_path, "pipeline")
 
 
-@pytest.mark.dist
 def test_pipeline_fp32_masters_map_to_layers(pp_run: Path) -> None:
     """The stages' optimizer masters, named back to layers, are the (fp32) layer files' weights."""
     from bigtrain.export.locate import locate_checkpoint
@@ -122,7 +120,6 @@ def resave_marker(tag_dir: Path) -> None:
     write_marker(tag_dir, read_state(tag_dir))
 
 
-@pytest.mark.dist
 def test_pipeline_bf16_layers_use_fp32_masters(pp_run: Path, tmp_path: Path) -> None:
     """As a bf16 pipeline run saves them (layer files = masters rounded to bf16), export takes the
     fp32 masters; a layer that does not match its master makes it fall back to the upcast weights."""
@@ -148,7 +145,6 @@ def test_pipeline_bf16_layers_use_fp32_masters(pp_run: Path, tmp_path: Path) -> 
     assert torch.equal(exported["transformer.ln_f.weight"], bad["weight"].float())
 
 
-@pytest.mark.dist
 def test_zero2_export_equals_deepspeed_consolidation(z2_run: Path, tmp_path: Path) -> None:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from safetensors.torch import load_file
@@ -184,12 +180,6 @@ def _error(argv: list[str], capsys) -> str:
     return err
 
 
-def test_missing_dir_is_a_clear_error(tmp_path: Path, capsys) -> None:
-    err = _error([str(tmp_path / "nope"), "--out", str(tmp_path / "o")], capsys)
-    assert "nope: no such directory" in err and "step_NNNNNN" in err
-
-
-@pytest.mark.dist
 def test_bad_inputs_are_clear_errors(z2_run: Path, tmp_path: Path, capsys) -> None:
     ckpts = tmp_path / "ckpts"
     shutil.copytree(z2_run / "checkpoints" / TAG, ckpts / TAG, ignore=shutil.ignore_patterns("bigtrain.json"))
@@ -206,38 +196,3 @@ def test_bad_inputs_are_clear_errors(z2_run: Path, tmp_path: Path, capsys) -> No
     assert export_main([str(z2_run), "--tag", TAG, "--out", str(out), "--force"]) == 0
     assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
     assert not list(tmp_path.glob(".full.*"))  # no temporary directories left behind
-
-
-def test_unknown_layout_is_a_clear_error(tmp_path: Path) -> None:
-    (tmp_path / "optimizer.bin").write_bytes(b"x")
-    with pytest.raises(ValueError, match="unknown checkpoint layout .*optimizer.bin"):
-        detect_layout(tmp_path)
-
-
-def test_failed_export_leaves_nothing(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError):
-        with staging_dir(tmp_path / "out") as tmp:
-            (tmp / "model.safetensors").write_bytes(b"half")
-            raise RuntimeError("crash while writing")
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_resnet_export_reloads_with_load_exported(tmp_path: Path) -> None:
-    """Non-GPT-2 families: model.safetensors + bigtrain_model.json, rebuilt by load_exported."""
-    from bigtrain.models import build
-    model_build = {"family": "resnet", "size": "tiny", "overrides": {}}
-    spec = build("resnet", "tiny")
-    torch.manual_seed(0)
-    trained = spec.build().eval()
-    with staging_dir(tmp_path / "out") as tmp:
-        write_safetensors(tmp, spec, trained.state_dict())
-        write_recipe(tmp, {"format": "safetensors", "model_build": model_build})
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        assert torch.equal(load_exported(tmp_path / "out")(x), trained(x))
-
-
-def test_load_into_names_missing_and_unexpected_keys() -> None:
-    model = torch.nn.Linear(3, 2)
-    with pytest.raises(ValueError, match=r"missing: bias; unexpected: extra; shape mismatch: weight \(3, 3\)"):
-        load_into(model, {"weight": torch.zeros(3, 3), "extra": torch.zeros(1)})

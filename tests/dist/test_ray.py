@@ -1,4 +1,5 @@
-"""bigtrain on Ray: Ray Train workers against the deepspeed launcher, a worker killed mid-run, a Tune sweep.
+"""bigtrain on Ray: Ray Train workers against the deepspeed launcher, a worker killed mid-run, a Tune sweep
+(the Ray verbs without a cluster: tests/unit/test_ray_cli.py).
 
 One local Ray cluster serves the whole module (starting one costs seconds on 2 cores); it is shut
 down at the end and the test checks that none of its processes is left behind.
@@ -7,8 +8,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launch import REPO, TINY, run_train, summary
+from launch import TINY, run_train, summary
 
 STEPS = 6
 # GPT-2 tiny, ZeRO-2, fp32 (TINY); a checkpoint every 3 steps, per-step log events (Ray reports).
@@ -118,7 +117,6 @@ def max_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b))
 
 
-@pytest.mark.dist
 def test_ray_train_workers_match_the_deepspeed_launcher(ray_run, launcher_losses):
     from bigtrain.checkpoint.store import check_complete
     from bigtrain.launch.ray_train import read_pointer
@@ -137,7 +135,6 @@ def test_ray_train_workers_match_the_deepspeed_launcher(ray_run, launcher_losses
     assert Path(result.path).is_relative_to((out / "ray").resolve())
 
 
-@pytest.mark.dist
 def test_a_killed_worker_restarts_from_the_last_checkpoint(ray_run, launcher_losses):
     out, result = ray_run
     assert result.error is None
@@ -154,7 +151,6 @@ def test_a_killed_worker_restarts_from_the_last_checkpoint(ray_run, launcher_los
     assert after <= 1e-5, (s["losses"], launcher_losses)
 
 
-@pytest.mark.dist
 def test_tune_sweep_reports_the_best_config(tune_run, capsys):
     from bigtrain.launch.tune import print_outcome
     out, future = tune_run
@@ -176,39 +172,3 @@ def test_tune_sweep_reports_the_best_config(tune_run, capsys):
     printed = capsys.readouterr().out
     assert printed.strip().splitlines()[-1] == result.set_line
     assert re.search(r"best: val_loss \d+\.\d{4} at step 5", printed)
-
-
-def test_nothing_imports_ray_unless_asked_and_without_it_the_verbs_say_how_to_install_it():
-    """One interpreter (imports cost seconds): bigtrain's CLI, job and Ray modules import no Ray;
-    with Ray made unimportable, each Ray verb says in one line how to install it."""
-    code = ("import sys\n"
-            "import bigtrain.cli, bigtrain.train.job, bigtrain.launch.ray_train, bigtrain.launch.tune\n"
-            "bigtrain.cli.build_parser()\n"
-            "print('ray modules', sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
-            "sys.modules['ray'] = None\n"
-            "print('exit', bigtrain.cli.main(['ray-train', '--num-workers', '2', '--steps', '2']))\n"
-            "print('exit', bigtrain.cli.main(['tune', '--steps', '2']))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(("ray modules", "exit"))]
-    assert lines == ["ray modules []", "exit 2", "exit 2"], proc.stdout
-    install = "Ray is not installed; install it with: pip install 'bigtrain[ray]'  (or: pip install 'ray[train,tune]')"
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("bigtrain ")]
-    assert errors == [f"bigtrain ray-train: {install}", f"bigtrain tune: {install}"], proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-def test_a_bad_job_config_is_one_line_before_ray_starts(capsys, monkeypatch):
-    import bigtrain.launch.ray_train as ray_train
-    from bigtrain.cli import main
-
-    def no_cluster(*args, **kwargs):
-        raise AssertionError("Ray was started for a job config that cannot run")
-    monkeypatch.setattr(ray_train, "connect", no_cluster)
-    code = main(["ray-train", "--num-workers", "2", *TINY, "--set", "zero.stage=2", "--set", "pipeline.stages=2"])
-    err = capsys.readouterr().err
-    assert code == 2 and "DeepSpeed pipelines support ZeRO 0-1 only" in err and "Traceback" not in err
-    assert main(["ray-train", "--num-workers", "2", "--no-such-flag"]) == 2
-    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
-    assert main(["tune", "--lr", "0.1:0.01", *TINY]) == 2
-    assert "--lr '0.1:0.01': give LOW:HIGH" in capsys.readouterr().err

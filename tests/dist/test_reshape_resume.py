@@ -4,8 +4,8 @@ the uninterrupted run within 1e-4 relative.
 
 Tiny GPT-2, fp32, 10 steps, saved after 5. The global batch stays 8: micro 4 x accum 1 x dp 2
 at two ranks, micro 4 x accum 2 x dp 1 at one. The sampler continues one global order, so step
-6 at one rank takes the same 8 samples as step 6 at two (checked in
-test_resumed_steps_see_the_same_samples_at_another_data_parallel_size).
+6 at one rank takes the same 8 samples as step 6 at two (checked in tests/unit/test_resume_shape.py,
+with which shape changes need a conversion).
 """
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from launch import launch_jobs
-
-pytestmark = pytest.mark.dist
+from messages import naming
 
 STEPS, SPLIT, RTOL = 10, 5, 1e-4
 COMMON = ["--size", "tiny", "--set", "data.vocab_size=512", "--set", "data.seq_len=64", "--set", "precision=fp32",
@@ -80,7 +79,7 @@ def test_resume_at_the_same_shape_continues_exactly_without_a_conversion(runs):
     assert after["steps"] == STEPS and after["losses"][:SPLIT] == before["losses"]
     assert max(abs(a - b) for a, b in zip(full["losses"], after["losses"])) <= 1e-6, (full, after)
     assert not (root / "resume3" / "checkpoints" / "step_000005_universal").exists()
-    assert f"resumed from {root / 'resume3' / 'checkpoints' / 'step_000005'} at step 5 (RNG restored)" in log
+    assert naming(log, "resumed from", str(root / "resume3" / "checkpoints" / "step_000005"), "step 5", "RNG restored")
 
 
 def test_resume_at_one_rank_keeps_the_global_batch_and_saves_at_the_new_shape(runs):
@@ -103,12 +102,14 @@ def test_conversion_is_logged_in_one_line(runs):
                              ("to_offload", "world size 2 / ZeRO-2", "world size 2 / ZeRO-2 / optimizer offload cpu"),
                              ("zero3_to_one_rank", "world size 2 / ZeRO-3", "world size 1 / ZeRO-2")]:
         universal = root / name / "checkpoints" / "step_000005_universal"
-        assert (f"checkpoint saved at {saved}, this job is {now}: converted to a universal checkpoint at "
-                f"{universal}\n") in log
+        # one line: the shape it was saved at, this job's, and the universal checkpoint made
+        assert naming(log, f"saved at {saved}", f"job is {now}", "converted", str(universal)), log[-5000:]
         assert (universal / "bigtrain_universal.json").is_file()
     assert not (root / "zero0_to_one_rank" / "checkpoints" / "step_000005_universal").exists()
-    assert f"resumed from {root / 'to_zero3' / 'checkpoints' / 'step_000005_universal'} at step 5 (RNG restored)" in log
-    assert f"resumed from {root / 'zero0_to_one_rank' / 'checkpoints' / 'step_000005'} at step 5 (RNG re-seeded" in log
+    to_zero3 = root / "to_zero3" / "checkpoints" / "step_000005_universal"
+    assert naming(log, "resumed from", str(to_zero3), "step 5", "RNG restored"), log[-5000:]
+    zero0 = root / "zero0_to_one_rank" / "checkpoints" / "step_000005"
+    assert naming(log, "resumed from", str(zero0), "step 5", "RNG re-seeded"), log[-5000:]
 
 
 def test_zero0_checkpoint_at_zero2_fails_with_the_fix(runs):
@@ -139,68 +140,3 @@ def test_conversion_happens_once_and_is_redone_for_a_rewritten_checkpoint(runs, 
     marker = ckpt / "step_000005" / "bigtrain.json"
     marker.write_text(marker.read_text().replace('"step": 5', '"step": 5 '))  # a new save of the same step
     assert convert_to_universal(ckpt, "step_000005") == (path, False)
-
-
-@pytest.mark.parametrize("saved, current, expected", [
-    ((2, 2, 1), (2, 2, 1), False),
-    ((2, 2, 1, "none"), (2, 2, 1, "cpu"), True),  # another optimizer class: native loading fails
-    ((2, 3, 1, "nvme"), (2, 3, 1, "nvme"), False),
-    ((2, 3, 1, "nvme"), (1, 3, 1, "nvme"), "NVMe"),
-    ((2, 2, 1), (1, 3, 1, "nvme"), "NVMe"),
-    ((2, 2, 1), (1, 2, 1), True),
-    ((2, 2, 1), (2, 3, 1), True),
-    ((2, 3, 1), (4, 1, 1), True),
-    ((2, 0, 1), (1, 0, 1), False),  # ZeRO-0 keeps the whole optimizer state in one file
-    ((2, 0, 1), (2, 2, 1), "saved with ZeRO-0"),
-    ((2, 2, 1), (2, 0, 1), "only into ZeRO stages 1-3"),
-    ((2, 1, 2), (1, 1, 1), "pipeline checkpoints only at the shape"),
-    ((2, 1, 1), (2, 1, 2), "pipeline checkpoints only at the shape"),
-])
-def test_which_shape_changes_need_or_refuse_a_conversion(saved, current, expected):
-    from bigtrain.checkpoint.resume import Shape, needs_universal
-
-    if isinstance(expected, bool):
-        assert needs_universal(Shape(*saved), Shape(*current), Path("ckpt/step_000005")) is expected
-    else:
-        with pytest.raises(ValueError, match=expected):
-            needs_universal(Shape(*saved), Shape(*current), Path("ckpt/step_000005"))
-
-
-def test_shape_reads_the_checkpoint_marker_and_the_job_config():
-    from bigtrain.checkpoint.state import CheckpointState
-    from bigtrain.checkpoint.resume import Shape
-    from bigtrain.config.load import load_run_config
-    from bigtrain.ds.resolve import resolve
-
-    state = CheckpointState(step=5, world_size=2, ds_config={"zero_optimization": {"stage": 2}})
-    assert Shape.of_checkpoint(state) == Shape(2, 2, 1, "none")
-    offloaded = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
-    assert Shape.of_job(2, offloaded, 1) == Shape(2, 2, 1, "cpu")
-    assert str(Shape(2, 2, 1)) == "world size 2 / ZeRO-2"
-    assert str(Shape(4, 1, 2)) == "world size 4 / ZeRO-1 / 2 pipeline stages"
-    assert str(Shape(1, 3, 1, "cpu")) == "world size 1 / ZeRO-3 / optimizer offload cpu"
-    config = {"zero_optimization": {"stage": 3}}
-    assert Shape.of_job(1, config, 1) == Shape(1, 3, 1)
-    run = load_run_config(None, ["zero.stage=3", "precision=fp32"])
-    resolved = resolve(run, None, 1, load_universal=True)  # the engine's dict loads a universal checkpoint once
-    assert resolved.ds_config["checkpoint"] == {"load_universal": True} and "checkpoint" not in resolved.recorded
-    assert resolved.recorded == resolve(run, None, 1).ds_config
-
-
-def test_resumed_steps_see_the_same_samples_at_another_data_parallel_size():
-    """Saved after 5 steps of 8 samples at dp 2; steps 6.. at dp 1 take the uninterrupted run's samples."""
-    from bigtrain.data.sampler import ResumableSampler
-
-    def take(samplers: list, per_rank: int) -> set[int]:
-        streams = [iter(s) for s in samplers]
-        return {next(it) for it in streams for _ in range(per_rank)}
-
-    two = [ResumableSampler(1000, r, 2, seed=3) for r in range(2)]
-    uninterrupted = [take(two, 4) for _ in range(SPLIT + 4)]
-    before = [ResumableSampler(1000, r, 2, seed=3) for r in range(2)]
-    for _ in range(SPLIT):
-        take(before, 4)
-    one = ResumableSampler(1000, 0, 1, seed=3)
-    one.load_state_dict(before[0].state_dict())
-    resumed = [take([one], 8) for _ in range(4)]
-    assert resumed == uninterrupted[SPLIT:]

@@ -1,4 +1,4 @@
-"""Run by tests/test_estimate.py through `deepspeed --num_gpus 2`: measured per-rank memory per ZeRO stage.
+"""Run by tests/dist/test_estimate_measured.py through `deepspeed --num_gpus 2`: measured per-rank memory per ZeRO stage.
 
 Usage: estimate_memory.py OUT_DIR PRECISION STAGE [STAGE ...] [--micro-batch B]
 For each stage, every rank builds a small GPT-2 (bigtrain.models), wraps it with plain

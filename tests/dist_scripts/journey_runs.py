@@ -1,4 +1,4 @@
-"""Run by tests/test_journey.py through the deepspeed launcher: several user jobs one after another
+"""Run by tests/dist/test_journey.py through the deepspeed launcher: several user jobs one after another
 in one launch (the launcher's start-up costs ~20 s on a 2-core CPU, a tiny job a few seconds),
 each exactly as `bigtrain/run.py` runs it -- its flags parsed by run.py's parser, the fields the user
 gave passed on for the precedence against the DeepSpeed JSON, the end-of-run sample included.

@@ -1,4 +1,4 @@
-"""Run by tests/test_parallel.py through `deepspeed --num_gpus 2`: the 2-rank checks of
+"""Run by tests/dist/test_parallel_ranks.py through `deepspeed --num_gpus 2`: the 2-rank checks of
 bigtrain.parallel in one launch (the launcher's start-up dominates on a 2-core CPU).
 
 Usage: models_dist_checks.py OUT_DIR

@@ -1,26 +1,18 @@
 """The checkpoint's typed state (bigtrain/checkpoint/state.py) and loading that never runs code from a
-checkpoint (bigtrain/checkpoint/safe_load.py).
-
-Unit tests need no training. The `moved_run` tests train one tiny GPT-2 run (1 rank, plain python,
-ZeRO-2, 2 steps), move its folder, and then export it, and feed copies holding a malicious pickle
-to export and to --resume.
+checkpoint (bigtrain/checkpoint/safe_load.py), without training; a real run, moved, exported and fed a
+malicious pickle is tests/dist/test_checkpoint_moved_run.py.
 """
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
-from launch import REPO, TINY, rank_env
 
 from bigtrain.checkpoint import store
 from bigtrain.checkpoint.safe_load import (UnsafeCheckpoint, checkpoint_loading, load_torch_file,
@@ -162,77 +154,3 @@ def test_a_malicious_pickle_never_runs(tmp_path):
     assert not marker.exists()
     torch.load(tmp_path / "states.bin", weights_only=False)  # what DeepSpeed would have done
     assert marker.read_text() == "ran"  # the exploit is real
-
-
-# --- a real run, moved: export, and a malicious file fed to export and to --resume ----------------
-
-@pytest.fixture(scope="module")
-def moved_run(tmp_path_factory) -> Path:
-    """A tiny GPT-2 run (1 rank, ZeRO-2, 2 steps) trained in one folder and moved to another."""
-    root = tmp_path_factory.mktemp("trained")
-    proc = subprocess.run([sys.executable, "bigtrain/run.py", "--out", str(root / "run"), *TINY, "--steps", "2",
-                           "--set", "zero.stage=2"], cwd=REPO, env=rank_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    shutil.move(root / "run", root / "moved")
-    return root / "moved"
-
-
-@pytest.mark.dist
-def test_a_moved_run_exports_and_reloads(moved_run, tmp_path):
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from bigtrain.export import export_checkpoint
-
-    marker = json.loads((moved_run / "checkpoints" / TAG / store.MARKER).read_text())
-    assert (marker["version"], marker["run_dir"], marker["tokenizer_dir"]) == (VERSION, "../..", "tokenizer")
-    result = export_checkpoint(moved_run, tmp_path / "hf")
-    assert (result.layout, result.tokenizer) == ("zero", str(moved_run / "tokenizer"))
-    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True)
-    masters = get_fp32_state_dict_from_zero_checkpoint(str(moved_run / "checkpoints"), TAG)
-    assert torch.equal(model.state_dict()["transformer.h.1.mlp.c_fc.weight"],
-                       masters["transformer.h.1.mlp.c_fc.weight"])
-    text = "The quick brown fox jumps over the lazy dog."
-    assert AutoTokenizer.from_pretrained(str(tmp_path / "hf"))(text)["input_ids"] == \
-        AutoTokenizer.from_pretrained(str(moved_run / "tokenizer"))(text)["input_ids"]
-
-
-def poisoned_copy(run: Path, where: Path, file: str) -> tuple[Path, Path]:
-    """A copy of `run` whose `file` in the newest checkpoint also holds an exploit; the marker is
-    rewritten, so the checkpoint looks complete. Returns (copy, the exploit's marker file)."""
-    shutil.copytree(run, where)
-    tag = where / "checkpoints" / TAG
-    exploit_marker = where.parent / f"{where.name}_exploit_ran"
-    content = load_torch_file(tag / file)
-    content["extra"] = Exploit(exploit_marker)
-    torch.save(content, tag / file)
-    store.write_marker(tag, read_state(tag))
-    assert store.check_complete(tag) is None
-    return where, exploit_marker
-
-
-@pytest.mark.dist
-def test_export_refuses_a_malicious_pickle(moved_run, tmp_path, capsys):
-    from bigtrain.export.__main__ import main as export_main
-
-    run, exploit_ran = poisoned_copy(moved_run, tmp_path / "run", "zero_pp_rank_0_mp_rank_00_optim_states.pt")
-    assert export_main([str(run), "--out", str(tmp_path / "hf")]) == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith(f"bigtrain export: {run / 'checkpoints' / TAG / 'zero_pp_rank_0_mp_rank_00_optim_states.pt'}"
-                           " needs builtins.exec to load"), line
-    assert "--trust-checkpoint" in line and not exploit_ran.exists() and not (tmp_path / "hf").exists()
-
-
-@pytest.mark.dist
-def test_resume_refuses_a_malicious_pickle(moved_run, tmp_path):
-    run, exploit_ran = poisoned_copy(moved_run, tmp_path / "run", "rng_rank0.pt")
-    proc = subprocess.run([sys.executable, "bigtrain/run.py", "--out", str(run), *TINY, "--steps", "3",
-                           "--set", "zero.stage=2", "--resume"], cwd=REPO, env=rank_env(), capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("bigtrain: ")]
-    assert len(lines) == 1 and lines[0].startswith(
-        f"bigtrain: {run / 'checkpoints' / TAG / 'rng_rank0.pt'} needs builtins.exec to load"), proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr and not exploit_ran.exists()
-    assert not (run / "checkpoints" / "step_000003").exists()

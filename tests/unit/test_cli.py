@@ -15,8 +15,9 @@ import pytest
 
 from bigtrain import cli
 from launch import BIN, REPO
+from messages import naming
 
-SURFACE = Path(__file__).parent / "data" / "cli_surface.json"
+SURFACE = Path(__file__).resolve().parents[1] / "data" / "cli_surface.json"
 HEAVY = ("torch", "deepspeed", "transformers")
 
 
@@ -79,7 +80,7 @@ def cli_surface() -> dict:
 
 def test_cli_surface_is_frozen():
     """A verb or flag added, renamed or removed is a deliberate change: regenerate with
-    BIGTRAIN_UPDATE_CLI_SURFACE=1 pytest tests/test_cli.py -k surface (and say so in the README)."""
+    BIGTRAIN_UPDATE_CLI_SURFACE=1 pytest tests/unit/test_cli.py -k surface (and say so in the README)."""
     now = cli_surface()
     if os.environ.get("BIGTRAIN_UPDATE_CLI_SURFACE"):
         SURFACE.parent.mkdir(exist_ok=True)
@@ -96,7 +97,7 @@ def test_cli_surface_is_frozen():
         a, b = set(frozen[part]["flags"]), set(now[part]["flags"])
         changes += [f"{part}: {'+' if f in b else '-'}{f}" for f in sorted(a ^ b)]
     assert not changes, ("the CLI surface changed: " + "; ".join(changes) + ". If deliberate: "
-                         "BIGTRAIN_UPDATE_CLI_SURFACE=1 pytest tests/test_cli.py -k surface")
+                         "BIGTRAIN_UPDATE_CLI_SURFACE=1 pytest tests/unit/test_cli.py -k surface")
 
 
 def test_every_flag_takes_both_spellings():
@@ -211,7 +212,8 @@ def test_estimate_takes_bare_gigabytes_and_a_pretrained_directory(tmp_path, caps
     code = cli.main(["estimate", "--model", "gpt2", "--pretrained", str(tmp_path / "gpt2"), "--gpu-mem", "16",
                      "--num-gpus", "2", "--seq-len", "128"])
     out = capsys.readouterr().out
-    assert code == 0 and out.startswith("gpt2 custom: 0.1M parameters, 2 ranks") and "fits 14.90 GiB" in out
+    assert code == 0 and out.startswith("gpt2 custom: ") and naming(out, "0.1M parameters", "2 ranks"), out
+    assert "fits 14.90 GiB" in out
     assert f"--set model.pretrained={tmp_path / 'gpt2'}" in out
     assert cli.main(["estimate", "--model", "gpt2"]) == 2 and "--size is missing" in capsys.readouterr().err
 

@@ -1,17 +1,14 @@
 """The GPU levers of issue 16 as a CPU host can check them: the chunked causal-LM loss equals the plain
-one, `train.compile` trains the same losses as eager under the launcher at ZeRO-1 and ZeRO-3 (inductor),
-`batch.micro_batch=auto`'s search against a fake memory limit, and the defaults that depend on the
-device (compile, loss, vocabulary padding) or on the precision (bf16 without overflow checks)."""
+one, `batch.micro_batch=auto`'s search against a fake memory limit, and the defaults that depend on the
+device (compile, loss, vocabulary padding) or on the precision (bf16 without overflow checks). That
+`train.compile` trains the same losses as eager under the launcher: tests/dist/test_compile_training.py."""
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-
-from launch import launch_jobs
 
 from bigtrain import models
 from bigtrain.models.chunked_loss import causal_lm_chunked_loss, causal_lm_hidden_loss, linear_cross_entropy
@@ -236,33 +233,3 @@ def test_micro_batch_probe_keeps_the_global_batch_and_survives_out_of_memory(mon
     built.clear()
     search = autobatch.probe_micro_batch(Engine, batches_of, per_rank=64, budget_bytes=10**9)
     assert search.best == 40 and len(built) >= 2
-
-
-# -- under the launcher -------------------------------------------------------------------------
-
-STEPS = 10
-RTOL = 2e-3
-COMMON = ["--size", "tiny", "--data", "synthetic", "--set", "data.vocab_size=512", "--set", "data.seq_len=64",
-          "--set", "precision=fp32", "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0",
-          "--peak-tflops", "1", "--steps", str(STEPS), "--set", "train.eval_interval=0", "--set",
-          "train.eval_batches=0", "--set", "batch.global_batch=8", "--set", "batch.micro_batch=4",
-          "--set", "logging.csv=false"]
-
-
-@pytest.mark.dist
-@pytest.mark.slow
-@pytest.mark.timeout(1200)  # cold inductor compiles: ~150 s of CPU in all; 400-600 s of wall time on a loaded host
-def test_compiled_model_and_chunked_loss_train_the_same_losses_as_eager_at_zero1_and_zero3(tmp_path):
-    jobs = [{"name": f"z{stage}_{mode}", "args": [*COMMON, "--set", f"zero.stage={stage}", *extra]}
-            for stage in (1, 3)
-            for mode, extra in (("eager", ["--set", "train.compile=false", "--set", "train.loss_impl=plain"]),
-                                ("compiled", ["--set", "train.compile=true", "--set", "train.loss_impl=chunked"]))]
-    log = launch_jobs(tmp_path, jobs, timeout=900, TORCHINDUCTOR_COMPILE_THREADS="1")
-    assert log.count("compiled the model and its loss (torch, backend inductor)") == 2
-    for stage in (1, 3):
-        eager, compiled = (json.loads((tmp_path / f"z{stage}_{mode}" / "summary.json").read_text())["losses"]
-                           for mode in ("eager", "compiled"))
-        assert len(eager) == len(compiled) == STEPS
-        worst = max(abs(c - e) / abs(e) for c, e in zip(compiled, eager))
-        print(f"\nZeRO-{stage}: compiled + chunked loss vs eager, max relative loss difference {worst:.2e}")
-        assert worst <= RTOL, (stage, eager, compiled)

@@ -1,10 +1,9 @@
 """Data layer: sources, tokenizer, blocks, split, cache, sampler, loaders, synthetic and images
-(prepare, mixtures and memory: test_prepare.py)."""
+(prepare, mixtures and memory: test_prepare.py; two ranks sharing one tokenizer and cache:
+tests/dist/test_data_ranks.py)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -271,6 +270,20 @@ def test_eval_batches_equal_per_rank_and_cover_the_set():
     assert len(list(iter_eval_batches(data, 3, 0, 2, max_batches=1))) == 1
 
 
+def test_pipeline_and_data_parallel_steps_see_the_same_samples():
+    """The premise of tests/dist/test_equivalence.py's pipeline comparison: per optimizer step, the same set of
+    samples in both layouts (dp 2 x micro x accum against one pipeline rank taking twice the accumulation)."""
+    def step_sets(dp: int, micro: int, accum: int, steps: int) -> list[set[int]]:
+        streams = [iter(ResumableSampler(1000, r, dp, seed=7)) for r in range(dp)]
+        return [{next(s) for s in streams for _ in range(micro * accum)} for _ in range(steps)]
+
+    for micro in (4, 1):
+        data_parallel = step_sets(dp=2, micro=micro, accum=4 // micro, steps=20)
+        pipeline = step_sets(dp=1, micro=micro, accum=8 // micro, steps=20)
+        assert data_parallel == pipeline
+        assert all(len(s) == 8 for s in pipeline)
+
+
 # --- synthetic and images --------------------------------------------------------------------
 
 def test_synthetic_batches_shapes_dtypes_and_determinism():
@@ -315,36 +328,3 @@ def test_image_folder_resized_cropped_normalized(tmp_path):
     split = build_data(str(tmp_path / "split"), "image", image_size=8, num_classes=2, cache_dir=tmp_path / "cache")
     assert (len(split.train), len(split.val)) == (6, 2)
     assert sorted(split.val.take([0, 1])["labels"].tolist()) == [0, 1]
-
-
-# --- two ranks: one writer, the others wait and read -----------------------------------------
-
-def _rank_main(rank: int, port: int, root: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    bundle = build_data(str(Path(root) / "*.txt"), "text", seq_len=16, vocab_size=320,
-                        tokenizer_dir=Path(root) / "tok", cache_dir=Path(root) / "cache",
-                        is_writer=rank == 0, barrier=dist.barrier)
-    sampler = ResumableSampler(len(bundle.train), rank, 2, seed=0)
-    batch = next(batches(bundle.train, sampler, 2))
-    torch.save({"val": bundle.val.take(range(len(bundle.val))), "batch": batch}, Path(root) / f"r{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-@pytest.mark.dist  # starts ranks
-def test_two_ranks_share_one_tokenizer_and_cache(tmp_path):
-    import torch.multiprocessing as mp
-
-    _write_txt(tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_rank_main, args=(port, str(tmp_path)), nprocs=2, start_method="spawn", join=True)
-    r0, r1 = (torch.load(tmp_path / f"r{r}.pt") for r in range(2))
-    assert torch.equal(r0["val"]["input_ids"], r1["val"]["input_ids"])
-    assert not torch.equal(r0["batch"]["input_ids"], r1["batch"]["input_ids"])  # different shards
-    assert len(list((tmp_path / "cache").glob("prepared-*"))) == 1 and (tmp_path / "tok" / "tokenizer.json").is_file()
-    assert not list(tmp_path.glob(".*tmp-*")) and not list((tmp_path / "cache").rglob(".*tmp-*"))

@@ -3,7 +3,7 @@ a traceback: a binary or non-UTF-8 file among the text sources (its line too, an
 line), from the main process, from prepare's worker processes and through `datasets` for classification;
 and a prepared directory with a shard deleted or truncated, whose message gives the `bigtrain prepare`
 command that makes the missing shards again (checked here to do so). No launcher: the 2-rank journey (rank 0
-sees the binary file while rank 1 waits) is tests/test_run_guards.py's."""
+sees the binary file while rank 1 waits) is tests/dist/test_run_guard_journeys.py's."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from messages import naming
 
 from bigtrain.data import build_data, ensure_tokenizer, load_tokenizer
 from bigtrain.data.builtin import builtin_documents
@@ -73,26 +75,28 @@ def test_a_binary_file_is_named_when_a_tokenizer_is_trained_on_it_and_by_the_pre
     (tmp_path / "2.txt").write_bytes("Привет".encode("cp1251"))  # 0xcf: Cyrillic in a Windows code page
     with pytest.raises(ValueError) as err:  # no tokenizer given: a BPE is trained on the sources first
         build_data(str(tmp_path), "text", seq_len=16, tokenizer_dir=tmp_path / "tok", cache_dir=tmp_path / "cache")
-    assert f"{tmp_path / '2.txt'} is not UTF-8 text (byte 0xcf at line 1" in _one_line_users_mistake(err)
+    message = _one_line_users_mistake(err)  # the file, the encoding, the byte and its line
+    assert all(n in message for n in (str(tmp_path / "2.txt"), "UTF-8", "0xcf", "line 1")), message
     code = main(["--data", str(tmp_path), "--out", str(tmp_path / "out"), "--num-proc", "2", "--quiet"])
     err_lines = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err_lines[-1].startswith(f"bigtrain prepare: {tmp_path / '2.txt'} is not UTF-8"), err_lines
+    assert code == 2 and err_lines[-1].startswith("bigtrain prepare: "), err_lines
+    assert naming(err_lines[-1], str(tmp_path / "2.txt"), "UTF-8"), err_lines
     assert not any("Traceback" in line for line in err_lines), err_lines
 
 
 def test_a_classification_file_that_is_not_utf8_or_not_json_is_one_line_naming_file_and_line(tmp_path):
     """`datasets` raised a UnicodeDecodeError naming no file, or a DatasetGenerationError traceback."""
     good = [json.dumps({"text": f"sample {i}", "label": i % 2}).encode() for i in range(12)]
-    cases = {"latin1.jsonl": (b'{"text": "caf\xe9", "label": 1}', "is not UTF-8 text (byte 0xe9 at line 5"),
-             "binary.jsonl": (b"\x89PNG\x00\xff junk", "is not UTF-8 text (byte 0x89 at line 5"),
-             "broken.jsonl": (b'{"text": "x", "label": }', "line 5 is not JSON")}
-    for name, (bad, needle) in cases.items():
+    cases = {"latin1.jsonl": (b'{"text": "caf\xe9", "label": 1}', ("UTF-8", "0xe9", "line 5")),
+             "binary.jsonl": (b"\x89PNG\x00\xff junk", ("UTF-8", "0x89", "line 5")),
+             "broken.jsonl": (b'{"text": "x", "label": }', ("line 5", "JSON"))}
+    for name, (bad, needles) in cases.items():
         (tmp_path / name).write_bytes(b"\n".join(good[:4] + [bad] + good[4:]) + b"\n")
         with pytest.raises(ValueError) as err:
             build_data(str(tmp_path / name), "classify", seq_len=8, vocab_size=300, num_classes=None,
                        tokenizer_dir=tmp_path / f"tok-{name}", cache_dir=tmp_path / "cache")
         message = _one_line_users_mistake(err)
-        assert message.startswith(str(tmp_path / name)) and needle in message, message
+        assert message.startswith(str(tmp_path / name)) and all(n in message for n in needles), message
 
 
 def _damage(out: Path, how: str) -> str:

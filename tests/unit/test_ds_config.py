@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from messages import naming
+
 from bigtrain.config.run_config import (ActivationCheckpointConfig, BatchConfig, OffloadConfig, PipelineConfig, RunConfig,
                              ZeroConfig)
 from bigtrain.config.load import load_run_config
@@ -15,7 +17,7 @@ from bigtrain.ds.files import render_files, stale_files
 from bigtrain.ds.lint import DeviceCaps, semantic_problems, unknown_keys, validate_with_deepspeed
 from bigtrain.ds.resolve import absorb
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GPU = DeviceCaps("cuda", fp16=True, bf16=True)
 
 
@@ -108,11 +110,9 @@ def test_a_json_without_optimizer_gets_the_run_configs_sections_each_named_once(
     assert ds["scheduler"]["type"] == "WarmupCosineLR" and ds["gradient_clipping"] == 1.0
     assert ds["bf16"] == {"enabled": False} and ds["fp16"] == {"enabled": False}
     assert ds["zero_optimization"] == {"stage": 2}  # a section the JSON has is DeepSpeed's to complete
-    filled = [n for n in resolved.notes if n.startswith("filled from the run config")]
-    assert [n.split(":")[0] for n in filled] == [
-        "filled from the run config (the JSON has no optimizer)", "filled from the run config (the JSON has no "
-        "scheduler)", "filled from the run config (the JSON has no gradient_clipping)",
-        "filled from the run config (the JSON sets no precision)"]
+    filled = [n.split(":")[0] for n in resolved.notes if n.startswith("filled from the run config")]
+    sections = ("optimizer", "scheduler", "gradient_clipping", "precision")  # one note each, in this order
+    assert len(filled) == len(sections) and all(s in note for s, note in zip(sections, filled)), filled
     assert (ds["train_batch_size"], ds["gradient_accumulation_steps"]) == (8, 1)
     assert validate_with_deepspeed(ds, 2) == []
     # DeepSpeed's defaults for what the zero section leaves out are what the run config records
@@ -129,12 +129,12 @@ def test_set_wins_over_the_json_and_the_json_over_config_one_line_per_field(tmp_
     assert resolved.ds_config["gradient_clipping"] == 0.5 and resolved.run.optimizer.grad_clip == 0.5
     assert resolved.ds_config["zero_optimization"]["reduce_bucket_size"] == 123
     lines = [n for n in resolved.notes if n.startswith("precedence: ")]
-    assert sorted(lines) == sorted([
-        "precedence: zero.stage: the DeepSpeed JSON gives 2, --config 3; the JSON wins",
-        "precedence: zero.reduce_bucket_size: --set gives 123, the DeepSpeed JSON 50000000; --set wins",
-        "precedence: optimizer.lr: the DeepSpeed JSON gives 0.0006, --config 0.0003; the JSON wins",
-        "precedence: optimizer.grad_clip: --set gives 0.5, the DeepSpeed JSON 1.0; --set wins",
-    ])  # weight_decay agrees (0.1): no line
+    # one line per field: what each source gives, and which wins (weight_decay agrees (0.1): no line)
+    fields = [("zero.stage:", "JSON gives 2", "--config 3", "JSON wins"),
+              ("zero.reduce_bucket_size:", "--set gives 123", "JSON 50000000", "--set wins"),
+              ("optimizer.lr:", "JSON gives 0.0006", "--config 0.0003", "JSON wins"),
+              ("optimizer.grad_clip:", "--set gives 0.5", "JSON 1.0", "--set wins")]
+    assert len(lines) == len(fields) and all(naming(lines, *needles) for needles in fields), lines
 
 
 def test_the_record_is_exactly_what_ran():
@@ -160,8 +160,8 @@ def test_resume_at_another_world_size_keeps_the_checkpoints_global_batch(sets, e
     ds = resolved.ds_config
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == expected
     g, m, a = expected
-    assert (f"global batch: the checkpoint trained with 8, this job trains with {g} {why}: train_batch_size {g} = "
-            f"micro {m} x accum {a} x data-parallel 1") in resolved.notes
+    assert naming(resolved.notes, "global batch", "checkpoint trained with 8", f"{g} {why}", f"train_batch_size {g}",
+                  f"micro {m}", f"accum {a}", "data-parallel 1"), resolved.notes
 
 
 def test_a_shipped_json_is_fitted_to_any_world_size():

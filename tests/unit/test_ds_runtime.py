@@ -6,8 +6,8 @@ from pathlib import Path
 from bigtrain.config.run_config import RunConfig
 from bigtrain.ds.runtime import fit_to_device
 
-ZERO1 = json.loads((Path(__file__).resolve().parents[1] / "ds_configs" / "zero1.json").read_text())
-ZERO2_OFFLOAD = json.loads((Path(__file__).resolve().parents[1] / "ds_configs" / "zero2_offload.json").read_text())
+ZERO1 = json.loads((Path(__file__).resolve().parents[2] / "ds_configs" / "zero1.json").read_text())
+ZERO2_OFFLOAD = json.loads((Path(__file__).resolve().parents[2] / "ds_configs" / "zero2_offload.json").read_text())
 
 
 def run_with(steps=200, torch_adam=None, tensorboard=False):

@@ -1,7 +1,7 @@
 """`bigtrain lint`: the mistakes users make, each one line naming the key, the value and the fix.
 
 Every case says what DeepSpeed 0.19.8 itself does with the mistake (refuses it at parse or
-`initialize`, or silently ignores a setting); tests/test_public_configs.py holds lint to
+`initialize`, or silently ignores a setting); tests/unit/test_public_configs.py holds lint to
 DeepSpeed's verdicts on other people's configs.
 """
 import json
@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from messages import naming
+
 from bigtrain.cli import main
 from bigtrain.ds.lint import DeviceCaps, errors, lint_problems, warnings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GPU = DeviceCaps("cuda", fp16=True, bf16=True, local=False)
 CPU_NO_FP16 = DeviceCaps("cpu", fp16=False, bf16=True)
 GOOD = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
@@ -40,64 +42,59 @@ def lines(config, device=GPU, world_size=None):
     return [str(p) for p in errors(problems)], [str(p) for p in warnings(problems)]
 
 
-# (config, the line expected among the errors) - each is something DeepSpeed refuses, or a setting it would drop.
+# (config, what the expected error line names: the key, the value, the fix) - each is something DeepSpeed refuses,
+# or a setting it would drop.
 MISTAKES = [
     (with_(optimizer__type="AdamWW"),  # DeepSpeed: "AdamWW is not a supported DeepSpeed Optimizer"
-     'optimizer.type="AdamWW": DeepSpeed has no optimizer of that name; did you mean \'AdamW\'?'),
+     ('optimizer.type="AdamWW"', "'AdamW'")),
     (with_(optimizer={"type": "sgd", "params": {"lr": 0.1}}),  # torch names match exactly: "sgd" is refused
-     'optimizer.type="sgd": DeepSpeed matches torch.optim names exactly: use \'SGD\''),
+     ('optimizer.type="sgd"', "'SGD'")),
     (with_(optimizer={"type": "OneBitAdam", "params": {"lr": 1e-3, "freeze_step": 100}}),
-     'optimizer.type="OneBitAdam": the 1-bit optimizers are not in DeepSpeed 0.19 (removed)'),
+     ('optimizer.type="OneBitAdam"', "0.19", "removed")),
     (with_(scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": -5}}),
-     'scheduler.params: WarmupLR refuses {"warmup_num_steps": -5}: warmup_num_steps must be a positive integer, '
-     'got -5'),
+     ("scheduler.params", "WarmupLR", "warmup_num_steps", "positive integer", "-5")),
     (with_(scheduler={"type": "WarmupCosine", "params": {}}),
-     'scheduler.type="WarmupCosine": DeepSpeed has no scheduler of that name; did you mean \'WarmupCosineLR\'?'),
+     ('scheduler.type="WarmupCosine"', "'WarmupCosineLR'")),
     (with_(scheduler={"type": "WarmupLR", "params": {"warmup_max_lr": "auto", "warmup_min": 0}}),
-     "unknown key 'scheduler.params.warmup_min': WarmupLR takes no 'warmup_min'; did you mean 'warmup_min_lr'?"),
+     ("'scheduler.params.warmup_min'", "WarmupLR", "'warmup_min_lr'")),
     (with_(train_batch_size="32"),  # DeepSpeed: TypeError '>' not supported between 'str' and 'int'
-     'train_batch_size="32": must be a positive integer (a JSON number, not a string: \'train_batch_size\': 32)'),
+     ('train_batch_size="32"', "positive integer", "'train_batch_size': 32")),
     (with_(prescale_gradients="false"),  # DeepSpeed would read the string "false" as true
-     'prescale_gradients="false": must be true or false (a JSON boolean) without quotes'),
+     ('prescale_gradients="false"', "JSON boolean")),
     (with_(max_grad_norm=1.0),  # ignored by DeepSpeed: clipping silently off
-     "unknown key 'max_grad_norm': DeepSpeed does not read it; did you mean gradient_clipping"),
+     ("'max_grad_norm'", "gradient_clipping")),
     (with_(fp16_opt_level="O2"),
-     "unknown key 'fp16_opt_level': DeepSpeed does not read it; did you mean the fp16 or bf16 section"),
-    (with_(learning_rate=3e-4), "unknown key 'learning_rate': DeepSpeed does not read it; did you mean "
-                                "optimizer.params.lr?"),
+     ("'fp16_opt_level'", "bf16")),
+    (with_(learning_rate=3e-4), ("'learning_rate'", "optimizer.params.lr")),
     (with_(zero_optimization=None, zero_optimisation={"stage": 3}),  # ZeRO silently off in DeepSpeed
-     "unknown key 'zero_optimisation': did you mean 'zero_optimization'?"),
+     ("'zero_optimisation'", "'zero_optimization'")),
     (with_(zero_optimization__offload_optimizer={"device": "gpu"}),  # a pydantic error, one line per field
-     'zero_optimization.offload_optimizer.device="gpu": Input should be \'none\', \'cpu\' or \'nvme\''),
+     ('zero_optimization.offload_optimizer.device="gpu"', "'none'", "'cpu'", "'nvme'")),
     (with_(zero_optimization__stage3_prefetch_bucket_sz=5),
-     "unknown key 'zero_optimization.stage3_prefetch_bucket_sz': did you mean 'stage3_prefetch_bucket_size'?"),
-    (with_(bf16__enable=True), "unknown key 'bf16.enable': did you mean 'enabled'?"),
+     ("'zero_optimization.stage3_prefetch_bucket_sz'", "'stage3_prefetch_bucket_size'")),
+    (with_(bf16__enable=True), ("'bf16.enable'", "'enabled'")),
     (with_(optimizer__params__learning_rate=1e-3),
-     "unknown key 'optimizer.params.learning_rate': FusedAdam takes no 'learning_rate'; did you mean 'lr'?"),
+     ("'optimizer.params.learning_rate'", "FusedAdam", "'lr'")),
     (with_(optimizer__params__max_grad_norm=1.0),  # DeepSpeed raises at initialize
-     'optimizer.params.max_grad_norm: DeepSpeed refuses it as an optimizer parameter: use the top-level '
-     '"gradient_clipping" instead'),
-    (with_(sparse_attention={"mode": "fixed"}), "sparse_attention: DeepSpeed refuses this key: DeepSpeed Sparse "
-                                                "Attention has been removed"),
+     ("optimizer.params.max_grad_norm", '"gradient_clipping"')),
+    (with_(sparse_attention={"mode": "fixed"}), ("sparse_attention", "removed")),
     (with_(train_batch_size=10, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=1),
-     "train_batch_size=10 is not a multiple of train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 1"),
-    (with_(steps_per_print="auto"), 'steps_per_print="auto": DeepSpeed does not fill "auto" here'),
+     ("train_batch_size=10", "multiple", "train_micro_batch_size_per_gpu 4", "gradient_accumulation_steps 1")),
+    (with_(steps_per_print="auto"), ('steps_per_print="auto"',)),
     (with_(optimizer={"type": "SGD", "params": {"lr": 0.1}}),  # "You are using an untested ZeRO Optimizer"
-     'optimizer.type="SGD" with zero_optimization.stage=2: DeepSpeed refuses an optimizer it has not tested'),
-    (with_(pipeline={"stages": 2}), "zero_optimization.stage=2 with 2 pipeline stages: DeepSpeed pipelines "
-                                    "support ZeRO 0-1 only"),
-    (with_(fp16={"enabled": True}), "fp16.enabled=true with bf16.enabled=true: DeepSpeed runs one"),
-    (with_(train_micro_batch_size_per_gpu=0), "train_micro_batch_size_per_gpu=0: must be a positive integer"),
-    (with_(bf16=True), 'bf16=true: must be an object, e.g. {"enabled": true}'),  # DeepSpeed: TypeError
-    (with_(tensor_parallel={"autotp_size": 2}), "tensor_parallel.autotp_size=2 needs a multiple of 2 ranks; "
-                                                "checked for 1 rank(s)"),
+     ('optimizer.type="SGD"', "zero_optimization.stage=2", "tested")),
+    (with_(pipeline={"stages": 2}), ("zero_optimization.stage=2", "2 pipeline stages", "ZeRO 0-1")),
+    (with_(fp16={"enabled": True}), ("fp16.enabled=true", "bf16.enabled=true")),
+    (with_(train_micro_batch_size_per_gpu=0), ("train_micro_batch_size_per_gpu=0", "positive integer")),
+    (with_(bf16=True), ("bf16=true", '{"enabled": true}')),  # DeepSpeed: TypeError
+    (with_(tensor_parallel={"autotp_size": 2}), ("tensor_parallel.autotp_size=2", "multiple of 2", "1 rank(s)")),
 ]
 
 
-@pytest.mark.parametrize("config, expected", MISTAKES, ids=[m[1][:45] for m in MISTAKES])
-def test_mistake_is_one_line_naming_key_and_fix(config, expected):
+@pytest.mark.parametrize("config, needles", MISTAKES, ids=[m[1][0] for m in MISTAKES])
+def test_mistake_is_one_line_naming_key_and_fix(config, needles):
     errs, _ = lines(config)
-    assert any(expected in line for line in errs), errs
+    assert naming(errs, *needles), errs
     assert all("\n" not in line and "validation error for" not in line for line in errs)
 
 
@@ -118,8 +115,8 @@ def test_every_problem_in_one_pass():
     errs, warns = lines(config)
     for key in ("zero_optimisation", "train_batch_size", "optimizer.type", "bf16.enable"):
         assert sum(key in line for line in errs) == 1, (key, errs)
-    assert warns == ["warning: key '_comment' is not read by DeepSpeed and will be ignored (fine for a comment or "
-                     "a tool's own setting)"]
+    (warn,) = warns
+    assert warn.startswith("warning: ") and "'_comment'" in warn and "ignored" in warn, warn
 
 
 def test_keys_deepspeed_ignores_are_warnings_not_errors():
@@ -127,9 +124,11 @@ def test_keys_deepspeed_ignores_are_warnings_not_errors():
     assert errs == [] and len(warns) == 2
     errs, warns = lines(with_(zero_optimization={"stage": 0, "offload_param": {"device": "cpu"}}))
     assert errs == []  # DeepSpeed ignores offload_param below stage 3: said, not refused
-    assert warns == ["warning: zero_optimization.offload_param needs stage 3 (got stage 0): only ZeRO-3 partitions "
-                     "the parameters, so only it offloads them; set zero_optimization.stage to 3 or "
-                     "zero_optimization.offload_param.device to none (DeepSpeed ignores it at this stage)"]
+    (warn,) = warns
+    assert warn.startswith("warning: zero_optimization.offload_param") and "stage 3" in warn and "stage 0" in warn
+    # the two fixes, and what DeepSpeed does meanwhile
+    assert "zero_optimization.stage" in warn and "zero_optimization.offload_param.device" in warn, warn
+    assert "ignores" in warn, warn
 
 
 def test_auto_where_hf_or_deepspeed_fills_it():
@@ -147,23 +146,24 @@ def test_auto_where_hf_or_deepspeed_fills_it():
 
 def test_device_decides_fp16_lamb_and_nvme():
     fp16 = with_(bf16={"enabled": False}, fp16={"enabled": True})
-    assert any("fp16.enabled=true but this cpu has no fp16 support" in line for line in lines(fp16, CPU_NO_FP16)[0])
+    assert naming(lines(fp16, CPU_NO_FP16)[0], "fp16.enabled=true", "cpu", "no fp16")
     assert lines(fp16, GPU)[0] == []
     lamb = with_(optimizer={"type": "Lamb", "params": {"lr": 1e-3}}, zero_allow_untested_optimizer=True)
-    assert any('optimizer.type="Lamb" has no CPU kernel' in line for line in lines(lamb, CPU_NO_FP16)[0])
+    assert naming(lines(lamb, CPU_NO_FP16)[0], 'optimizer.type="Lamb"', "CPU kernel")
     assert lines(lamb, GPU)[0] == []
     nvme = with_(zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/no/such/nvme"}})
-    assert any("NVMe offload (async I/O) is a GPU-host feature" in line for line in lines(nvme, CPU_NO_FP16)[0])
+    assert naming(lines(nvme, CPU_NO_FP16)[0], "NVMe", "GPU-host")
     assert lines(nvme, GPU)[0] == []  # the path is the GPU host's, not this machine's
     here = DeviceCaps("cuda", True, True, local=True)
-    assert any("nvme_path=\"/no/such/nvme\" does not exist on this host" in line for line in lines(nvme, here)[0])
+    assert naming(lines(nvme, here)[0], 'nvme_path="/no/such/nvme"', "not exist")
 
 
 def test_batch_triple_at_a_world_size():
     assert lines(GOOD, world_size=2)[0] == []
     errs = lines(GOOD, world_size=4)[0]
-    assert errs and errs[0].startswith("train_batch_size=16 != train_micro_batch_size_per_gpu 4 x "
-                                       "gradient_accumulation_steps 2 x data-parallel size 4")
+    assert errs and errs[0].startswith("train_batch_size=16"), errs
+    for factor in ("train_micro_batch_size_per_gpu 4", "gradient_accumulation_steps 2", "data-parallel size 4"):
+        assert factor in errs[0], errs
 
 
 # --- through the command line ---------------------------------------------------------------------
@@ -182,14 +182,14 @@ def run_cli(tmp_path, capsys, text, *args):
     ("{not json", "not valid JSON"),
     ("[1, 2]", "top level must be a JSON object"),
     ('{"train_batch_size": 8, "zero_optimization": {"stage": 1, "stage": 2}, "train_batch_size": 8}',
-     "key 'stage' appears more than once; DeepSpeed refuses duplicate keys"),
+     "key 'stage' appears more than once"),
 ])
 def test_cli_unreadable_file_is_one_line(tmp_path, capsys, text, message):
     code, out, err = run_cli(tmp_path, capsys, text, "--world-size", "1")
     assert code == 2 and out == ""
     assert any(line.startswith("bigtrain lint: ") and message in line for line in err.splitlines()), err
     if "more than once" in message:  # both duplicates named, each with its place
-        assert "bigtrain lint: zero_optimization: key 'stage'" in err and "(top level): key 'train_batch_size'" in err
+        assert "zero_optimization: key 'stage'" in err and "(top level): key 'train_batch_size'" in err
 
 
 def test_cli_reports_every_mistake(tmp_path, capsys):
@@ -205,7 +205,7 @@ def test_cli_reports_every_mistake(tmp_path, capsys):
 def test_cli_prints_warnings_with_the_resolved_config(tmp_path, capsys):
     code, out, err = run_cli(tmp_path, capsys, with_(_comment="from a colleague"), "--world-size", "2")
     assert code == 0, err
-    assert "warning: key '_comment' is not read by DeepSpeed and will be ignored" in err
+    assert naming(err, "warning: ", "'_comment'", "ignored"), err
     assert json.loads(out)["train_batch_size"] == 16
 
 
@@ -215,7 +215,7 @@ def test_cli_world_size_defaults_to_this_machines_devices(tmp_path, capsys):
     config = {k: v for k, v in GOOD.items() if k != "train_batch_size"}
     code, out, err = run_cli(tmp_path, capsys, config, "--device", "cuda")
     assert code == 0, err
-    assert f"no --world-size: checking for {count} rank(s), this machine's" in err
+    assert naming(err, "no --world-size", f"{count} rank(s)"), err
     assert json.loads(out)["train_batch_size"] == 4 * 2 * count
 
 
@@ -236,12 +236,12 @@ def test_shipped_configs_lint_clean_at_any_world_size(tmp_path, capsys, name):
 def test_deprecated_fields_warn_and_a_client_optimizer_with_them_is_refused():
     legacy = with_(zero_optimization={"stage": 2, "cpu_offload": True})
     errs, warns = lines(legacy)
-    assert errs == [] and warns == ["warning: zero_optimization.cpu_offload: is deprecated in DeepSpeed; use "
-                                    "offload_optimizer"]
+    assert errs == [] and len(warns) == 1, warns
+    assert naming(warns, "warning: zero_optimization.cpu_offload", "deprecated", "offload_optimizer"), warns
     errs, _ = lines(with_(optimizer=None, zero_optimization={"stage": 2, "cpu_offload": True}))
-    assert errs == ['zero_optimization.cpu_offload=true (deprecated) with no optimizer section: a trainer\'s own '
-                    'optimizer is not swapped for DeepSpeedCPUAdam and DeepSpeed refuses it with ZeRO-Offload; '
-                    'write "offload_optimizer": {"device": "cpu"} instead']
+    assert len(errs) == 1, errs
+    assert naming(errs, "zero_optimization.cpu_offload=true", "no optimizer section", "DeepSpeedCPUAdam"), errs
+    assert '"offload_optimizer": {"device": "cpu"}' in errs[0]  # the fix
 
 
 def test_schema_follows_the_installed_deepspeed(monkeypatch):
@@ -282,13 +282,13 @@ def test_cli_takes_auto_where_deepspeeds_models_drop_it(tmp_path, capsys):
     assert code == 0, err
     ds = json.loads(out)
     assert ds["bfloat16"] == {"enabled": True} and "bf16" not in ds  # the run config's precision, under its old name
-    assert 'bfloat16.enabled="auto": bfloat16 is DeepSpeed\'s old name for bf16' in err
+    assert naming(err, 'bfloat16.enabled="auto"', "old name", "bf16"), err
     assert ds["zero_optimization"]["offload_param"] == {"device": "cpu"}  # DeepSpeed's default buffer size applies
-    assert 'zero_optimization.offload_param.buffer_size="auto": DeepSpeed\'s DeepSpeedZeroOffloadParamConfig drops ' \
-           '"auto" here: its default 100000000 applies' in err
+    assert naming(err, 'zero_optimization.offload_param.buffer_size="auto"',
+                  "DeepSpeedZeroOffloadParamConfig", "default 100000000"), err
     assert "prefetch_bucket_size" not in ds["zero_optimization"]  # the HF Trainer fills only the stage3_ name
-    assert 'zero_optimization.prefetch_bucket_size="auto": DeepSpeed\'s DeepSpeedZeroConfig drops "auto" here: ' \
-           'its default 50000000 applies' in err
+    assert naming(err, 'zero_optimization.prefetch_bucket_size="auto"', "DeepSpeedZeroConfig",
+                  "default 50000000"), err
     assert "cannot derive" not in err
 
 
@@ -341,31 +341,30 @@ def test_cli_offload_below_its_stage_is_a_warning_naming_the_json_key(tmp_path, 
     code, out, err = run_cli(tmp_path, capsys, config, "--world-size", "2", "--device", "cuda")
     assert code == 0, err
     warns = [line for line in err.splitlines() if line.startswith("warning: ")]
-    assert len(warns) == 1 and warns[0].startswith("warning: zero_optimization.offload_optimizer.device=nvme needs "
-                                                   "stage 3") and "DeepSpeed offloads to CPU memory" in warns[0], err
+    assert len(warns) == 1 and warns[0].startswith("warning: zero_optimization.offload_optimizer.device=nvme"), err
+    assert "stage 3" in warns[0] and "CPU memory" in warns[0], err
 
 
 @pytest.mark.parametrize("batch, named", [
     ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1},
-     "train_batch_size=10 is not a multiple of train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 1"),
+     ("train_batch_size=10", "multiple", "train_micro_batch_size_per_gpu 4", "gradient_accumulation_steps 1")),
     ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4},
-     "train_batch_size=10 is not a multiple of train_micro_batch_size_per_gpu 4"),
+     ("train_batch_size=10", "multiple", "train_micro_batch_size_per_gpu 4")),
 ])
 def test_cli_batch_that_holds_at_no_world_size_is_an_error(tmp_path, capsys, batch, named):
     """DeepSpeed refuses it at every world size; fitting is for a triple written for another size."""
     code, out, err = run_cli(tmp_path, capsys, batch, "--world-size", "2", "--device", "cuda")
     assert code == 2 and out == ""
     problems = [line for line in err.splitlines() if line.startswith("bigtrain lint: ")]
-    assert len(problems) == 1 and named in problems[0] and "no world size fits" in problems[0], err
+    assert len(problems) == 1 and naming(problems, *named, "no world size fits"), err
 
 
 def test_cli_fits_a_batch_written_for_another_world_size_and_says_so(tmp_path, capsys):
     triple = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}
     code, out, err = run_cli(tmp_path, capsys, triple, "--world-size", "4", "--device", "cuda")
     assert code == 0 and json.loads(out)["gradient_accumulation_steps"] == 1
-    assert "note: batch triple recomputed for data-parallel size 4 (was 2)" in err
+    assert naming(err, "note: batch triple", "data-parallel size 4", "was 2"), err
     pair = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4}  # holds at 1, 2, 4; not at 8
     code, out, err = run_cli(tmp_path, capsys, pair, "--world-size", "8", "--device", "cuda")
     assert code == 0 and json.loads(out)["train_batch_size"] == 32
-    assert any(line.startswith("note: batch triple recomputed for data-parallel size 8") and "16 -> 32" in line
-               for line in err.splitlines()), err
+    assert naming(err, "note: batch triple", "data-parallel size 8", "16 -> 32"), err

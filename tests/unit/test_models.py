@@ -240,13 +240,14 @@ def test_models_table_for_the_cli():
     assert any(r.split()[:3] == ["resnet", "50", "25.56M"] for r in rows)
     assert any(r.split()[:3] == ["gpt2", "small", "124.44M"] for r in rows)
     short = table("gpt2", {"seq_len": 256}).splitlines()
-    assert "tiny    skipped: gpt2 seq_len=256 exceeds n_positions=128" in short[1]
+    assert short[1].split()[:3] == ["gpt2", "tiny", "skipped:"], short  # the size skipped, and the numbers that clash
+    assert "seq_len=256" in short[1] and "n_positions=128" in short[1], short
     with pytest.raises(ValueError, match="unknown override\\(s\\) depth for resnet"):
         table("resnet", {"depth": 3})
 
 
 def test_models_package_never_imports_deepspeed():
-    root = pathlib.Path(__file__).resolve().parents[1] / "bigtrain" / "models"
+    root = pathlib.Path(__file__).resolve().parents[2] / "bigtrain" / "models"
     offenders = [p.name for p in root.glob("*.py") if "import deepspeed" in p.read_text()
                  or "from deepspeed" in p.read_text()]
     assert offenders == []
@@ -355,7 +356,7 @@ def test_no_branch_on_a_family_name_outside_models():
     from bigtrain.models.names import ALIASES
     from bigtrain.models.registry import families
     names = set(families()) | set(ALIASES)
-    package = Path(__file__).resolve().parents[1] / "bigtrain"
+    package = Path(__file__).resolve().parents[2] / "bigtrain"
     found = []
     for path in sorted(package.rglob("*.py")):
         if path.is_relative_to(package / "models"):

@@ -15,6 +15,7 @@ from bigtrain.models import build
 from bigtrain.launch.preflight import (HostEntry, PreflightError, add_preflight_parser, check_host, check_hosts,
                                 estimate_overrides, read_hostfile, run_preflight, world_size)
 from launch import REPO
+from messages import naming
 
 TINY = ["--set", "model.size=tiny", "--set", "data.vocab_size=512", "--set", "data.seq_len=64",
         "--set", "precision=bf16"]
@@ -70,7 +71,7 @@ def test_each_bad_line_is_named(tmp_path, line, expected):
 def test_duplicate_host_names_both_lines(tmp_path):
     path = hostfile(tmp_path, "worker-1 slots=8\nworker-2 slots=8\n\nworker-1 slots=4\n")
     (problem,) = problems_of(path)
-    assert "host worker-1 is listed twice (lines 1 and 4)" in problem
+    assert "worker-1" in problem and "twice" in problem and "lines 1 and 4" in problem, problem
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
@@ -89,7 +90,7 @@ def test_unresolvable_host_fails_fast_with_a_clear_message():
     start = time.monotonic()
     problem = check_host(HostEntry("no-such-node.invalid", 8, 3), timeout=2)
     assert time.monotonic() - start < 5
-    assert problem.startswith("host no-such-node.invalid (hostfile line 3) does not resolve"), problem
+    assert naming(problem, "no-such-node.invalid", "line 3", "resolve"), problem
 
 
 def test_no_ssh_contacts_nobody_and_local_names_are_not_sshed():
@@ -99,8 +100,7 @@ def test_no_ssh_contacts_nobody_and_local_names_are_not_sshed():
     if shutil.which("ssh"):
         assert problems == []
     else:
-        assert problems == ["ssh is not installed on this node; the pdsh and ssh launchers need it "
-                            "(or use --launcher no_ssh)"]
+        assert len(problems) == 1 and naming(problems, "ssh", "not installed", "--launcher no_ssh"), problems
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -115,14 +115,14 @@ def test_world_size_batch_triple_and_memory_are_printed(tmp_path, capsys):
                                 "--set", "batch.global_batch=32", "--set", "batch.micro_batch=2"]))
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert f"hostfile {path}: 2 host(s), world size 4 (2 + 2)" in out
-    assert "batch: train_batch_size 32 = micro 2 x accum 4 x data-parallel 4" in out
+    assert naming(out, f"hostfile {path}", "2 host(s)", "world size 4", "(2 + 2)"), out
+    assert naming(out, "batch: ", "train_batch_size 32", "micro 2", "accum 4", "data-parallel 4"), out
     run = load_run_config(None, ["model.size=tiny", "data.vocab_size=512", "data.seq_len=64", "precision=bf16",
                                  "batch.global_batch=32", "batch.micro_batch=2"])
     spec = build("gpt2", "tiny", **estimate_overrides(run))
     assert spec.num_params == build("gpt2", "tiny", vocab_size=512, seq_len=64, n_positions=128).num_params
     expected = estimate(shape_from_spec(spec, "bf16"), setup_from_run(run, 4, 2)).device_peak / 2**30
-    assert f"memory per rank (estimate, zero1, bf16, micro-batch 2): {expected:.2f} GiB on the device" in out
+    assert naming(out, "memory per rank", "zero1", "bf16", "micro-batch 2", f"{expected:.2f} GiB"), out
     assert err.strip().endswith("preflight: OK")
 
 
@@ -133,8 +133,8 @@ def test_a_deepspeed_json_is_fitted_to_the_hostfile_world_size(tmp_path, capsys)
     out, err = capsys.readouterr()
     assert code == 0, err
     # zero2.json says 32 = 4 x 1 x 8; on 2 ranks the global batch is kept with more accumulation
-    assert "batch: train_batch_size 32 = micro 4 x accum 4 x data-parallel 2" in out
-    assert "note: batch triple recomputed for data-parallel size 2 (was 8)" in out
+    assert naming(out, "batch: ", "train_batch_size 32", "micro 4", "accum 4", "data-parallel 2"), out
+    assert naming(out, "note: batch triple", "data-parallel size 2", "was 8"), out
 
 
 def test_every_problem_is_one_line_and_exit_2(tmp_path, capsys):
@@ -143,13 +143,13 @@ def test_every_problem_is_one_line_and_exit_2(tmp_path, capsys):
                                 "--set", "batch.global_batch=8", "--set", "batch.micro_batch=4"]))
     _, err = capsys.readouterr()
     assert code == 2
-    assert "bigtrain preflight: batch.global_batch=8 is not divisible by 24" in err
+    assert naming(err, "bigtrain preflight: ", "batch.global_batch=8", "divisible", "24"), err
     code = run_preflight(parse(["--hostfile", str(path), "--launcher", "no_ssh", "--set", "model.size=small",
                                 "--gpu-mem", "256MiB"]))
     _, err = capsys.readouterr()
     assert code == 2
     (line,) = [l for l in err.splitlines() if l.startswith("bigtrain preflight:")]
-    assert re.search(r"estimated [0-9.]+ GiB per rank does not fit --gpu-mem 0\.2 GiB with 10% headroom", line), line
+    assert re.search(r"[0-9.]+ GiB per rank", line) and "--gpu-mem 0.2 GiB" in line and "10% headroom" in line, line
     code = run_preflight(parse(["--hostfile", str(tmp_path / "missing")]))
     _, err = capsys.readouterr()
     assert code == 2 and "missing does not exist" in err

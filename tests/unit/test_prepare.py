@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from messages import naming
+
 from bigtrain.data import build_data, ensure_tokenizer, load_tokenizer, sources
 from bigtrain.data.builtin import builtin_documents
 from bigtrain.data.mixture import CHUNK, MixtureSampler, chunk_counts, parse_mixture
@@ -314,6 +316,7 @@ def test_prepare_verb_is_registered_and_reports_in_one_line(tmp_path, tok, capsy
     assert args.func(args) == 0
     line = capsys.readouterr().out.strip()
     manifest = PreparedCorpus(tmp_path / "p").manifest
-    assert line.startswith(f"prepared {tmp_path / 'p'}: 5 documents, {manifest['num_tokens']:,} tokens (uint16")
+    assert line.startswith(f"prepared {tmp_path / 'p'}: "), line
+    assert naming(line, "5 documents", f"{manifest['num_tokens']:,} tokens", "uint16"), line
     assert f"{(manifest['num_tokens'] - 1) // 64:,} blocks of seq_len 64" in line
     assert manifest["identity"]["source"] == identity(text_source(str(tmp_path / "c.jsonl")), tok, "text", False)["source"]

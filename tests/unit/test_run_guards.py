@@ -2,7 +2,8 @@
 job on a folder is refused, a changed model is refused on resume, damaged bytes and a full disk are named, the
 first step trains at the schedule's rate, and a mistake seen on one rank is one line from rank 0 only.
 
-Unit tests first (no launcher), then the journeys a user takes, through the real launcher or a plain `python`.
+The pieces, without a launcher; the journeys a user takes, through the real launcher or a plain `python`, are
+tests/dist/test_run_guard_journeys.py.
 """
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from launch import REPO, TINY, deepspeed_cmd, rank_env
+from messages import naming
 
 from bigtrain.checkpoint import store
 from bigtrain.checkpoint.claim import RunDirLock, claim_run_dir
@@ -27,7 +27,6 @@ from bigtrain.distributed.world import World
 from bigtrain.train.loop import loss_problem
 from bigtrain.train.report import write_summary
 
-RUN_PY = REPO / "bigtrain" / "run.py"
 ONE = World(0, 0, 1)
 
 
@@ -36,12 +35,6 @@ def strict_json(path: Path) -> dict:
         raise AssertionError(f"{path} holds {name}, which strict JSON parsers reject")
     return json.loads(path.read_text(), parse_constant=refuse)
 
-
-def bigtrain_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("bigtrain:")]
-
-
-# --- unit: the pieces --------------------------------------------------------------------------------
 
 def test_a_non_finite_or_exploding_loss_is_named():
     assert loss_problem(6.2, None) is None and loss_problem(6.2, 10.0) is None
@@ -84,17 +77,19 @@ def test_a_copied_pretrained_directory_is_the_same_model(tmp_path):
 def test_one_job_per_folder_and_no_fresh_run_on_an_earlier_runs_checkpoints(tmp_path, caplog):
     out = tmp_path / "run"
     first = claim_run_dir(out, out / "checkpoints", ONE, resume=False, overwrite=False)
-    with pytest.raises(ValueError, match=rf"{out} is in use by another bigtrain job \(pid {os.getpid()} on .*another --out"):
+    with pytest.raises(ValueError) as err:
         claim_run_dir(out, out / "checkpoints", ONE, resume=True, overwrite=False)
+    assert naming(str(err.value), str(out), "in use", f"pid {os.getpid()}", "another --out"), err.value
     first.release()
     tag = out / "checkpoints" / "step_000004"
     tag.mkdir(parents=True)
     torch.save({"rank": 0}, tag / "rng_rank0.pt")
     store.write_marker(tag, CheckpointState(step=4, world_size=1))
     (out / "summary.json").write_text("{}")
-    with pytest.raises(ValueError, match=r"holds the checkpoints of an earlier run \(newest step_000004\): continue "
-                                         r"that run with --resume, .* another --out, or pass --overwrite"):
+    with pytest.raises(ValueError) as err:
         claim_run_dir(out, out / "checkpoints", ONE, resume=False, overwrite=False)
+    # the earlier run's newest checkpoint, and the three ways on
+    assert naming(str(err.value), "earlier run", "step_000004", "--resume", "another --out", "--overwrite"), err.value
     with pytest.raises(ValueError, match="give one of them"):
         claim_run_dir(out, out / "checkpoints", ONE, resume=True, overwrite=True)
     claim_run_dir(out, out / "checkpoints", ONE, resume=True, overwrite=False).release()
@@ -143,7 +138,7 @@ def test_bytes_changed_inside_a_file_are_caught_and_the_previous_checkpoint_is_u
     with caplog.at_level("WARNING", logger="bigtrain"):
         tag, state = store.find_resumable(tmp_path)
     assert tag == "step_000002" and state.step == 2
-    assert any("optim_states.pt changed since it was saved" in r.getMessage() for r in caplog.records)
+    assert naming([r.getMessage() for r in caplog.records], str(newest), "optim_states.pt", "changed"), caplog.text
 
 
 def test_a_full_disk_during_a_save_is_one_line_naming_the_kept_checkpoint(tmp_path):
@@ -154,13 +149,13 @@ def test_a_full_disk_during_a_save_is_one_line_naming_the_kept_checkpoint(tmp_pa
             (Path(save_dir) / tag).mkdir()
             raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 576 vs 470")
 
-    with pytest.raises(store.DiskFull, match=rf"the disk holding {tmp_path} is full \(\d+ MB free\) while saving "
-                                             r"checkpoint step_000004: the last complete checkpoint, .*step_000002, "
-                                             r"is kept .* --resume") as caught:
+    with pytest.raises(store.DiskFull) as caught:
         import unittest.mock
         with unittest.mock.patch("shutil.disk_usage", return_value=SimpleNamespace(total=10**9, used=10**9, free=0)):
             store.save(FullDiskEngine(), tmp_path, 4, CheckpointState(step=4, world_size=1), ONE, keep_last=2)
-    assert "\n" not in str(caught.value)
+    message = str(caught.value)  # the disk and its free space, the save that failed, the checkpoint kept, the fix
+    assert "\n" not in message and naming(message, str(tmp_path), "full", "MB free", "step_000004"), message
+    assert naming(message, "last complete checkpoint", "step_000002", "--resume"), message
     assert store.find_resumable(tmp_path)[0] == "step_000002"
 
 
@@ -195,125 +190,3 @@ def test_step_1_trains_at_the_schedules_first_rate(one_rank_group, kind):
     moved = max(float((p.detach() - before[n]).abs().max()) for n, p in engine.ds.module.named_parameters())
     assert moved == pytest.approx(promised, rel=0.02)
     assert engine.lr() == pytest.approx(1e-2 * (0.1 + 0.9 / 10))  # step 2's rate, next in the warm-up
-
-
-# --- journeys: the runs a user makes, followed to their exit --------------------------------------------
-
-def python_run(out: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(RUN_PY), "--out", str(out), *TINY, *args], cwd=REPO, env=rank_env(),
-                          capture_output=True, text=True, timeout=300, **kwargs)
-
-
-@pytest.mark.dist
-def test_a_diverging_run_stops_with_one_line_and_saves_nothing_from_it(tmp_path):
-    """Step 1 trains at 1e-3, step 2 at 1.25e29: its weights are finite but give a NaN loss at step 3. The job exits 3
-    with one line from rank 0 naming the step; step 2's checkpoint, whose weights gave that loss, is set aside,
-    and the last good one (step 1) is what resume and export take; the set-aside one does not export."""
-    out = tmp_path / "run"
-    args = ["--out", str(out), *TINY, "--steps", "8", "--set", "checkpoint.interval=1", "--set", "optimizer.lr=1e30",
-            "--set", "schedule.min_lr_ratio=1e-33", "--set", "schedule.warmup_steps=10"]
-    proc = subprocess.run(deepspeed_cmd(RUN_PY, args), cwd=REPO, env=rank_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 3, proc.stderr[-3000:]
-    assert len(bigtrain_lines(proc.stderr)) == 1, proc.stderr[-5000:]
-    (line,) = bigtrain_lines(proc.stderr)
-    ckpt = out / "checkpoints"
-    assert line.startswith("bigtrain: the run diverged at step 3: the loss is nan (not finite); nothing was saved")
-    assert f"set aside as {ckpt / 'step_000002_diverged'}" in line
-    assert f"the last complete checkpoint is {ckpt / 'step_000001'}" in line
-    assert "Traceback" not in proc.stderr and "gone" not in proc.stderr
-    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_000001", "step_000002_diverged"]
-    assert (ckpt / "latest").read_text() == "step_000001"
-    summary = strict_json(out / "summary.json")
-    assert summary["stopped_by"] == "diverged" and summary["diverged"].startswith("step 3: ")
-    assert summary["losses"][2] is None
-    bigtrain = str(Path(sys.executable).parent / "bigtrain")
-    export = subprocess.run([bigtrain, "export", str(out), "--out", str(tmp_path / "export")], cwd=REPO,
-                            env=rank_env(), capture_output=True, text=True, timeout=300)
-    assert export.returncode == 0 and "step_000001" in export.stdout, export.stderr[-2000:]
-    assert "largest logit difference on a fixed batch 0\n" in export.stdout
-    refused = subprocess.run([bigtrain, "export", str(ckpt / "step_000002_diverged"), "--out", str(tmp_path / "e2")],
-                             cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 2 and "non-finite logits" in refused.stderr and not (tmp_path / "e2").exists()
-
-
-@pytest.mark.dist
-def test_a_mistake_seen_on_rank_0_only_is_one_line_and_the_other_ranks_leave_quietly(tmp_path):
-    """Rank 0 prepares the data while rank 1 waits: a binary file among the sources is rank 0's to see."""
-    data = tmp_path / "corpus"
-    data.mkdir()
-    (data / "a.txt").write_text("plain text for the tokenizer. " * 400)
-    (data / "b.txt").write_bytes(bytes(range(256)) * 64)
-    args = ["--out", str(tmp_path / "run"), *TINY, "--steps", "2", "--data", str(data)]
-    proc = subprocess.run(deepspeed_cmd(RUN_PY, args), cwd=REPO, env=rank_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 2
-    (line,) = bigtrain_lines(proc.stderr)
-    assert "b.txt" in line
-    for noise in ("Traceback", "TCPStore", "gone", "--resume", "rank 1"):
-        assert noise not in proc.stderr, proc.stderr[-3000:]
-
-
-@pytest.mark.dist
-def test_one_folder_one_run(tmp_path):
-    """A second job on a busy folder, a fresh run on an earlier run's checkpoints, a resume with another model and a
-    resume past a damaged checkpoint: each refused or handled with one line, and the first run's files intact."""
-    out = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, str(RUN_PY), "--out", str(out), *TINY, "--steps", "100000",
-                              "--set", "checkpoint.interval=2", "--set", "checkpoint.keep_last=3"],
-                             cwd=REPO, env=rank_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while len(list((out / "checkpoints").glob("step_*/bigtrain.json"))) < 2:
-            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-3000:]
-            time.sleep(0.5)
-        second = python_run(out, "--steps", "4")
-        assert second.returncode == 2 and bigtrain_lines(second.stderr) == [
-            f"bigtrain: {out} is in use by another bigtrain job (pid {first.pid} on {os.uname().nodename}, since "
-            + bigtrain_lines(second.stderr)[0].split(", since ")[1]]
-        assert "another --out" in second.stderr
-    finally:
-        first.kill()  # kill -9: the kernel drops its lock
-        first.wait()
-    tags = sorted((out / "checkpoints").glob("step_*/bigtrain.json"))
-    newest = tags[-1].parent
-    fresh = python_run(out, "--steps", "4")
-    assert fresh.returncode == 2 and f"holds the checkpoints of an earlier run (newest {newest.name})" in fresh.stderr
-    assert "--overwrite" in fresh.stderr and len(bigtrain_lines(fresh.stderr)) == 1
-    other_model = python_run(out, "--steps", "100000", "--resume", "--set", "model.overrides.n_head=4")
-    assert other_model.returncode == 2, other_model.stderr[-2000:]
-    assert bigtrain_lines(other_model.stderr) == [
-        f"bigtrain: --resume: {newest} trained another model (n_head 2 -> 4): resume with the model settings it was "
-        "trained with, or start a new run with another --out (or --overwrite to delete this run's checkpoints)"]
-    optimizer_file = next(newest.glob("*optim_states.pt"))
-    with optimizer_file.open("r+b") as f:
-        f.seek(optimizer_file.stat().st_size // 2)
-        f.write(os.urandom(4096))
-    step = int(newest.name.split("_")[1])
-    resumed = python_run(out, "--steps", str(step + 1), "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"skipping checkpoint {newest}: {optimizer_file.name} changed since it was saved" in resumed.stdout + resumed.stderr
-    assert f"resumed from {tags[-2].parent} at step {step - 2}" in resumed.stdout + resumed.stderr
-
-
-@pytest.mark.dist
-def test_a_full_disk_during_a_save_is_one_line_and_the_last_checkpoint_stays(tmp_path):
-    disk = tmp_path / "small_disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("no permission to mount a small tmpfs here")
-    try:
-        ckpt = disk / "ckpt"
-        args = ["--out", str(tmp_path / "run"), *TINY, "--steps", "8", "--set", "checkpoint.interval=2",
-                "--set", f"checkpoint.dir={ckpt}"]
-        proc = subprocess.run(deepspeed_cmd(RUN_PY, args), cwd=REPO, env=rank_env(), capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 2, proc.stderr[-3000:]
-        lines = bigtrain_lines(proc.stderr)
-        assert len(lines) == 1, proc.stderr[-5000:]
-        (line,) = lines
-        assert f"the disk holding {ckpt} is full" in line and "Traceback" not in proc.stderr
-        kept = store.find_resumable(ckpt)[0]
-        assert f"the last complete checkpoint, {ckpt / kept}, is kept" in line
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)

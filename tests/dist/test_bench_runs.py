@@ -1,0 +1,57 @@
+"""`bigtrain bench` end to end through the real launcher: the short CPU sweep (its table, plots and sane
+numbers) and the GPU plan's dry run on CPU (the nanoGPT loop and a lever); the pieces are tests/unit/test_bench.py."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from launch import REPO, rank_env
+
+
+@pytest.mark.slow
+def test_short_bench_writes_a_sane_table_and_plots(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bigtrain.bench", "--short", "--workdir", str(tmp_path)],
+                          cwd=REPO, env={**rank_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for noise in ("Setting accelerator", "Attempting to get learning rate"):  # DeepSpeed's: in logs/bench.log
+        assert noise not in proc.stdout + proc.stderr, noise
+    report = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert report["problems"] == []
+    rows = report["rows"]
+    assert {(r["runner"], r["strategy"]) for r in rows} == {("bigtrain", "z1"), ("deepspeed", "z1"), ("ddp", "z0"),
+                                                            ("bigtrain", "z3")}
+    for row in rows:
+        assert row["ok"] and 0 < row["mfu"] <= 1 and math.isfinite(row["samples_per_s"]) and row["samples_per_s"] > 0
+        assert row["model_state_bytes"] > 0 and row["peak_rss_bytes"] > row["model_state_bytes"]
+    gpt2 = [r for r in rows if r["workload"] == "gpt2-tiny"]
+    assert len({r["num_params"] for r in gpt2}) == 1  # every runner trained the same model
+    assert {"forward", "backward", "step"} <= set(next(r for r in gpt2 if r["runner"] == "bigtrain")["split_ms"])
+    (rec,) = report["ratios"]
+    assert rec["ratio"] > 0.3 and rec["vs_ddp"] > 0  # a smoke bound: tiny jobs on a shared CI host are noisy
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert "<!-- bench:sweep begin -->" in page and "| gpt2-tiny | z1 |" in page and "bigtrain / DeepSpeed" in page
+    for name in ("throughput", "mfu", "memory", "step_split", "vs_baselines"):
+        png = tmp_path / "img" / f"bench_{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpu_dry_run_trains_the_nanogpt_loop_and_a_lever_on_cpu(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bigtrain.bench", "--gpu", "--dry-run", "--workdir", str(tmp_path),
+                           "--only", "z1 (bigtrain|nanogpt)$|overflow check"],
+                          cwd=REPO, env={**rank_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads((tmp_path / "benchmarks_gpu.json").read_text())
+    rows = {(r["runner"], r["setting"]): r for r in report["rows"]}
+    assert set(rows) == {("bigtrain", "bigtrain's defaults"), ("nanogpt", "bigtrain's defaults"),
+                         ("bigtrain", "overflow check on")}
+    assert all(r["ok"] and r["tokens_per_s"] > 0 and math.isfinite(r["final_loss"]) for r in rows.values())
+    nanogpt = json.loads(next(tmp_path.glob("*nanogpt*/result_rank0.json")).read_text())
+    assert nanogpt["compiled"] is False and len(nanogpt["losses"]) == 3  # a CPU: no compile, as bigtrain's default
+    assert report["meta"]["mode"] == "gpu-dry" and report["meta"]["peaks"]["datasheet_bf16"] is None
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert "| gpt2-small (dry) | bf16 | z1 | nanogpt |" in page  # the ratio columns need a DeepSpeed pair (unit test)
+    assert "### Each lever on its own" in page and "| overflow check on |" in page and "| **x" in page

@@ -1,0 +1,61 @@
+"""`bigtrain export` without a training run: a missing directory and an unknown layout are one-line errors,
+a failed export leaves nothing, a ResNet export reloads through load_exported, and load_into names missing,
+unexpected and mis-shaped keys (exports of real 2-rank runs: tests/dist/test_export.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bigtrain.export import load_exported
+from bigtrain.export.__main__ import main as export_main
+from bigtrain.export.weights import detect_layout
+from bigtrain.export.write import load_into, staging_dir, write_recipe, write_safetensors
+
+
+def _error(argv: list[str], capsys) -> str:
+    assert export_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_missing_dir_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    err = _error([str(tmp_path / "nope"), "--out", str(tmp_path / "o")], capsys)
+    assert "nope: no such directory" in err and "step_NNNNNN" in err
+
+
+def test_unknown_layout_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "optimizer.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="unknown checkpoint layout .*optimizer.bin"):
+        detect_layout(tmp_path)
+
+
+def test_failed_export_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        with staging_dir(tmp_path / "out") as tmp:
+            (tmp / "model.safetensors").write_bytes(b"half")
+            raise RuntimeError("crash while writing")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resnet_export_reloads_with_load_exported(tmp_path: Path) -> None:
+    """Non-GPT-2 families: model.safetensors + bigtrain_model.json, rebuilt by load_exported."""
+    from bigtrain.models import build
+    model_build = {"family": "resnet", "size": "tiny", "overrides": {}}
+    spec = build("resnet", "tiny")
+    torch.manual_seed(0)
+    trained = spec.build().eval()
+    with staging_dir(tmp_path / "out") as tmp:
+        write_safetensors(tmp, spec, trained.state_dict())
+        write_recipe(tmp, {"format": "safetensors", "model_build": model_build})
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(load_exported(tmp_path / "out")(x), trained(x))
+
+
+def test_load_into_names_missing_and_unexpected_keys() -> None:
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=r"missing: bias; unexpected: extra; shape mismatch: weight \(3, 3\)"):
+        load_into(model, {"weight": torch.zeros(3, 3), "extra": torch.zeros(1)})
