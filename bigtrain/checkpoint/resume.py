@@ -173,6 +173,11 @@ def needs_universal(saved: Shape, current: Shape, where: Path) -> bool:
                          f"and zero.stage={saved.zero_stage}")
     if saved.zero_stage == 0 and current.zero_stage == 0 and saved.tensor_parallel == current.tensor_parallel:
         return False  # the whole optimizer state is in one file: any world size loads it
+    if saved.zero_stage == 3 and saved.tensor_parallel > 1 and saved.tensor_parallel != current.tensor_parallel:
+        raise ValueError(f"checkpoint {where} was saved at {saved}: DeepSpeed's universal conversion cannot read a "
+                         "tensor-parallel ZeRO-3 checkpoint (its shapes are recorded before AutoTP split the weights), "
+                         f"so it resumes only with parallel.tensor={saved.tensor_parallel}; bigtrain export still "
+                         "writes its whole weights")
     if saved.zero_stage == 0 and saved.tensor_parallel != current.tensor_parallel:
         raise ValueError(f"checkpoint {where} was saved at {saved}: its weights are tensor-parallel shards and "
                          "ZeRO-0 writes no optimizer partitions for DeepSpeed's universal conversion, so it resumes "

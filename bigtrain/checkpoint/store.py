@@ -29,6 +29,10 @@ from bigtrain.distributed.world import World, barrier
 __all__ = ["MANIFEST", "MARKER", "DiskFull", "check_complete", "find_resumable", "load", "save", "tag_for",
            "write_marker"]
 log = logging.getLogger("bigtrain")
+# Whole weights of a tensor-parallel ZeRO-3 checkpoint, gathered at save: DeepSpeed's ds_to_universal cannot read
+# that layout when the model was built under zero.Init (it records the weights' shapes from before AutoTP split
+# them), so export takes the weights from here.
+TP_WEIGHTS = "tp_gathered_weights.pt"
 TAG_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -50,6 +54,10 @@ def save(ds_engine: Any, ckpt_dir: str | Path, step: int, state: CheckpointState
     with _disk_full_as_one_line(ckpt_dir, tag):
         ds_engine.save_checkpoint(str(ckpt_dir), tag=tag)
         torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{world.rank}.pt")
+        if _autotp_size(ds_engine) > 1 and ds_engine.zero_optimization_stage() == 3:
+            gathered = ds_engine._consolidated_16bit_state_dict()  # collective: whole weights on rank 0
+            if world.is_main:
+                torch.save(gathered, ckpt_dir / tag / TP_WEIGHTS)
     barrier()  # every rank's files are on disk before the marker says so
     names = tag_files(ckpt_dir / tag)
     hashed = digests(ckpt_dir / tag, names, world)  # every rank hashes a share of the files
@@ -59,6 +67,11 @@ def save(ds_engine: Any, ckpt_dir: str | Path, step: int, state: CheckpointState
         _prune(ckpt_dir, keep_last)
     barrier()
     return ckpt_dir / tag
+
+
+def _autotp_size(ds_engine: Any) -> int:
+    size = getattr(ds_engine, "autotp_size", None)
+    return int(size() or 1) if callable(size) else 1
 
 
 def write_marker(tag_dir: Path, state: CheckpointState, hashed: dict[str, str] | None = None) -> None:

@@ -73,10 +73,16 @@ def consolidate(tag_dir: Path, spec: ModelSpec, pipeline_stages: int) -> Consoli
 
 
 def _tensor_parallel(tag_dir: Path) -> Consolidated:
-    """Whole fp32 parameters of a tensor-parallel checkpoint, through DeepSpeed's universal conversion."""
+    """Whole fp32 parameters of a tensor-parallel checkpoint, through DeepSpeed's universal conversion; for ZeRO-3,
+    the weights gathered at save time (`store.TP_WEIGHTS`: 16-bit in a bf16 run)."""
     from deepspeed.checkpoint.constants import PARAM
 
+    from bigtrain.checkpoint.store import TP_WEIGHTS
     from bigtrain.checkpoint.universal import convert_to_universal
+    if (tag_dir / TP_WEIGHTS).is_file():
+        weights = load_torch_file(tag_dir / TP_WEIGHTS)
+        return Consolidated(dict(weights), "tensor", ["weights gathered over the tensor-parallel and ZeRO-3 ranks at "
+                                                      "save time (the run's training precision)"])
     universal, _ = convert_to_universal(tag_dir.parent, tag_dir.name)
     tensors = {}
     for param_dir in sorted(p for p in (universal / "zero").iterdir() if (p / "fp32.pt").is_file()):
