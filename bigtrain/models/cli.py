@@ -25,7 +25,8 @@ def table(family: str | None, overrides: dict[str, Any]) -> str:
     family = canonical(family) if family is not None else None
     if family is not None and family not in fams:
         raise ValueError(f"unknown model family {family!r}; choose one of: {', '.join(fams)}")
-    lines = [f"{'family':<8} {'size':<7} {'params':>10} {'train GFLOP/sample':>19} {'tokens':>7} {'layers':>7}"]
+    lines = [f"{'family':<8} {'size':<7} {'params':>10} {'train GFLOP/sample':>19} {'tokens':>7} {'layers':>7}  "
+             "splits"]
     for fam in [family] if family else list(fams):
         keys = family_of(fam).override_keys()
         unknown = sorted(set(overrides) - set(keys))
@@ -41,8 +42,16 @@ def table(family: str | None, overrides: dict[str, Any]) -> str:
                 continue
             tokens = str(spec.tokens_per_sample) if spec.tokens_per_sample else "-"
             lines.append(f"{fam:<8} {size:<7} {spec.num_params / 1e6:>9.2f}M {spec.flops_per_sample / 1e9:>19.2f} "
-                         f"{tokens:>7} {len(spec.layers()):>7}")
+                         f"{tokens:>7} {len(spec.layers()):>7}  {splits(family_of(fam))}")
+    lines.append("hf       (a directory's shape)  " + splits(family_of("hf")) + " (sequence: decoders with sdpa; "
+                 "mixture-of-experts directories train under ZeRO, their router loss included)")
     return "\n".join(lines)
+
+
+def splits(family: Any) -> str:
+    """The ways a family's model can be split, in the order of `bigtrain.models.family.PARALLEL_MODES`."""
+    from bigtrain.models.family import PARALLEL_MODES
+    return ",".join(mode for mode in PARALLEL_MODES if mode in family.parallel)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
