@@ -190,6 +190,8 @@ def run_settings(best: Setup, model_overrides: dict[str, Any]) -> str:
     where = {"seq_len": "data.seq_len", "pretrained": "model.pretrained"}
     sets = [f"{where.get(k, 'model.overrides.' + k)}={v}" for k, v in model_overrides.items()]
     sets += [f"zero.stage={best.zero_stage}", f"precision={best.precision}", f"batch.micro_batch={best.micro_batch}"]
+    sets += [f"parallel.{name}={size}" for name, size in (("tensor", best.tensor), ("sequence", best.sequence))
+             if size > 1]
     if best.offload_optimizer != "none":
         sets.append(f"offload.optimizer={best.offload_optimizer}")
     if best.offload_param != "none":
@@ -219,7 +221,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     spec = build(args.model, size, **overrides)
     shape = shape_from_spec(spec, args.precision)
     base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
-                 micro_batch=args.micro_batch)
+                 micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence)
     rows = [estimate(shape, s) for s in all_setups(base)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
     print(f"{args.model} {size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
@@ -234,11 +236,37 @@ def run_estimate(args: argparse.Namespace) -> int:
         smallest = min(rows, key=lambda e: e.device_peak)
         print(f"nothing fits: the smallest setup ({smallest.setup.label}) needs {_gib(smallest.device_peak)} GiB per "
               "GPU; use more GPUs, a smaller --micro-batch or --seq-len, or NVMe offload", file=sys.stderr)
+        split = sequence_split_that_fits(shape, base, gpu_mem, cpu_mem, args.headroom, spec)
+        if split is not None:
+            print(f"activations, not model states, are what does not fit: split each sequence over "
+                  f"{split.setup.sequence} ranks (--set parallel.sequence={split.setup.sequence}): {split.setup.label} "
+                  f"needs {_gib(split.device_peak)} GiB per GPU", file=sys.stderr)
         return 1
     print(f"recommended: {best.setup.label} ({_gib(best.device_peak)} GiB of {_gib(gpu_mem)} GiB per GPU"
           + (f", {_gib(best.host_per_node)} GiB CPU per node" if best.host else "") + ")")
     print(f"  bigtrain train --model {args.model} --size {size} {run_settings(best.setup, overrides)}")
     return 0
+
+
+def sequence_split_that_fits(shape: ModelShape, base: Setup, gpu_mem: float, cpu_mem: float | None,
+                             headroom: float, spec: ModelSpec) -> MemoryEstimate | None:
+    """The fastest setup that fits with the smallest sequence-parallel size that makes one fit (sizes dividing the
+    ranks, the sequence and the attention heads), when the model's states alone fit and its activations do not."""
+    seq_len = spec.seq_len or shape.seq_len
+    if not seq_len or base.sequence > 1:
+        return None
+    config = getattr(spec.config, "get_text_config", lambda: spec.config)()
+    heads = getattr(config, "num_attention_heads", None) or shape.heads or 1
+    size = 2
+    while size <= base.world_size // base.tensor:
+        if (base.world_size // base.tensor) % size == 0 and seq_len % size == 0 and heads % size == 0:
+            from dataclasses import replace
+            best = recommend([estimate(shape, s) for s in all_setups(replace(base, sequence=size))], gpu_mem,
+                             cpu_mem, headroom)
+            if best is not None:
+                return best
+        size *= 2
+    return None
 
 
 def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -260,6 +288,10 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-batch", type=_positive_int, default=1, help="samples per forward per rank (default 1)")
     p.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sample (token models)")
     p.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16", help="training precision (default bf16)")
+    p.add_argument("--tensor", type=_positive_int, default=1,
+                   help="tensor-parallel ranks per layer (parallel.tensor; default 1)")
+    p.add_argument("--sequence", type=_positive_int, default=1,
+                   help="sequence-parallel ranks per sample (parallel.sequence; default 1)")
     p.add_argument("--headroom", type=float, default=0.1,
                    help="fraction of --gpu-mem kept free for the CUDA context and fragmentation (default 0.1)")
     p.set_defaults(func=run_estimate)

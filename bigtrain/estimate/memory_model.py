@@ -19,6 +19,11 @@ s*h*(c_h*e + m_h) + a*s^2*(c_s*e + m_s) bytes (e: bytes per value, masks 1 byte;
 layer has c_h=16, c_s=2, m_h=2, m_s=1, i.e. 34sbh + 5as^2b in 16 bit). bigtrain's own
 layers' coefficients were counted from the tensors they save for backward. Full checkpointing keeps each block's input
 (s*h*e) and recomputes one block at a time.
+
+Tensor parallelism (t ranks per layer) divides the weights and their states by t, and a layer's activations as
+Korthikanti's 10sbh + 24sbh/t (the layer's input, norms and residuals stay whole on every rank); ZeRO then
+partitions over the data-parallel ranks. Sequence parallelism (Ulysses, u ranks) divides every activation by u
+(each rank holds its slice of the sequence), and ZeRO partitions over the data x sequence ranks.
 """
 from __future__ import annotations
 
@@ -160,14 +165,20 @@ class Setup:
     overlap_comm: bool = _ZERO.overlap_comm
     prefetch_bucket_size: int = _ZERO.prefetch_bucket_size
     param_persistence_threshold: int = _ZERO.param_persistence_threshold
+    tensor: int = 1  # tensor-parallel ranks per layer (AutoTP)
+    sequence: int = 1  # sequence-parallel ranks per sample (Ulysses)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero stage {self.zero_stage}: allowed 0, 1, 2, 3")
-        if min(self.world_size, self.gpus_per_node, self.micro_batch, self.grad_accum) < 1:
-            raise ValueError("world size, GPUs per node, micro batch and gradient accumulation must be >= 1")
+        if min(self.world_size, self.gpus_per_node, self.micro_batch, self.grad_accum, self.tensor, self.sequence) < 1:
+            raise ValueError("world size, GPUs per node, micro batch, gradient accumulation and the tensor / "
+                             "sequence sizes must be >= 1")
+        if self.world_size % (self.tensor * self.sequence):
+            raise ValueError(f"world size {self.world_size} is not divisible by tensor {self.tensor} x sequence "
+                             f"{self.sequence}")
         for name in ("offload_optimizer", "offload_param"):
             if getattr(self, name) not in ("none", "cpu", "nvme"):
                 raise ValueError(f"{name}={getattr(self, name)!r}: use none, cpu or nvme")
@@ -177,7 +188,14 @@ class Setup:
     def label(self) -> str:
         off = [f"opt-{self.offload_optimizer}"] if self.offload_optimizer != "none" else []
         off += [f"param-{self.offload_param}"] if self.offload_param != "none" else []
-        return f"zero{self.zero_stage}" + "".join(f"+{o}" for o in off) + ("+ckpt" if self.checkpointing else "")
+        split = (f"+tp{self.tensor}" if self.tensor > 1 else "") + (f"+sp{self.sequence}" if self.sequence > 1 else "")
+        return (f"zero{self.zero_stage}" + "".join(f"+{o}" for o in off) + ("+ckpt" if self.checkpointing else "")
+                + split)
+
+    @property
+    def zero_ranks(self) -> int:
+        """The ranks ZeRO partitions over: data x sequence (a tensor group's ranks hold other shards)."""
+        return self.world_size // self.tensor
 
 
 def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int) -> Setup:
@@ -187,7 +205,9 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int) -> Setup
     z = run.zero
     # The estimate is for accelerator memory, where `precision: auto` means bf16 (bigtrain.distributed.device).
     precision = "bf16" if run.precision == "auto" else run.precision
-    return Setup(world_size=triple.dp_size, gpus_per_node=gpus_per_node, zero_stage=z.stage,
+    split = run.parallel.tensor * run.parallel.sequence
+    return Setup(world_size=triple.dp_size * split, gpus_per_node=gpus_per_node, zero_stage=z.stage,
+                 tensor=run.parallel.tensor, sequence=run.parallel.sequence,
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
                  checkpointing=run.activation_checkpointing.enabled, micro_batch=triple.micro_batch,
                  grad_accum=triple.grad_accum, reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
@@ -237,7 +257,8 @@ class MemoryEstimate:
 
 def model_state_terms(psi: float, setup: Setup, persistent: float = 0.0) -> dict[str, float]:
     """params / grads / optimizer bytes per rank on the device and on host / NVMe (ZeRO formulas)."""
-    n, stage, p = setup.world_size, setup.zero_stage, PRECISIONS[setup.precision]
+    n, stage, p = setup.zero_ranks, setup.zero_stage, PRECISIONS[setup.precision]
+    psi, persistent = psi / setup.tensor, persistent / setup.tensor
     mixed = p == 2
     k = (4 if (mixed or stage >= 1) else 0) + 8  # fp32 master copy + Adam's two fp32 moments
     params = p * psi if stage < 3 else p * psi / n + p * persistent
@@ -271,16 +292,25 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
     live = 0.0
     if stage == 3:
         largest = shape.largest_layer_params or psi
-        live = p * min(psi - persistent, largest + setup.prefetch_bucket_size)
+        live = p * min(psi - persistent, largest + setup.prefetch_bucket_size) / setup.tensor
     transient = 0.0
     if p == 2 or stage >= 1:  # the optimizer steps on an fp32 gradient of its (partition of the) master copy
-        transient = 4 * psi / (1 if stage == 0 else setup.world_size)
+        transient = 4 * psi / setup.tensor / (1 if stage == 0 else setup.zero_ranks)
         if setup.offload_optimizer != "none":
             transient = 0.0  # made on the host, inside the offloaded partition counted there
-    acts = activations_per_sample(shape, p).total(setup.micro_batch, setup.checkpointing)
+    acts = split_activations(activations_per_sample(shape, p), setup).total(setup.micro_batch, setup.checkpointing)
     return MemoryEstimate(setup=setup, params=terms["params"], grads=terms["grads"], optimizer=terms["optimizer"],
                           buffers=buffers, live_params=live, step_transient=transient, activations=acts,
                           host=terms["host"], nvme=terms["nvme"])
+
+
+def split_activations(count: ActivationCount, setup: Setup) -> ActivationCount:
+    """One rank's share of a sample's activations under tensor and sequence parallelism (see the module doc)."""
+    tensor_share = (10 + 24 / setup.tensor) / 34  # Korthikanti: 10sbh replicated, 24sbh split per layer
+    u = setup.sequence
+    return ActivationCount(outside=count.outside / u, blocks=count.blocks * tensor_share / u,
+                           largest_block=count.largest_block * tensor_share / u, block_inputs=count.block_inputs / u,
+                           transient=count.transient / u)
 
 
 def all_setups(base: Setup) -> list[Setup]:

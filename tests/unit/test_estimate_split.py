@@ -1,0 +1,47 @@
+"""The memory model under tensor and sequence parallelism, and `bigtrain estimate` recommending sequence
+parallelism when activations, not states, are what does not fit (issue 23)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bigtrain.estimate.memory_model import ModelShape, Setup, estimate
+
+SHAPE = ModelShape(family="gpt2", num_params=10**9, n_layer=24, hidden=2048, heads=16, seq_len=8192, vocab=50304,
+                   profile="gpt2-sdpa")
+
+
+def test_tensor_parallel_divides_states_and_part_of_the_activations():
+    one = estimate(SHAPE, Setup(world_size=8, zero_stage=1, precision="bf16"))
+    tp2 = estimate(SHAPE, Setup(world_size=8, zero_stage=1, precision="bf16", tensor=2))
+    assert tp2.params == pytest.approx(one.params / 2) and tp2.grads == pytest.approx(one.grads / 2)
+    assert tp2.optimizer == pytest.approx(one.optimizer)  # psi/2 over 4 data-parallel ranks = psi over 8
+    blocks = lambda e: e.activations  # noqa: E731
+    assert blocks(one) * (10 + 12) / 34 < blocks(tp2) < blocks(one)  # 10sbh whole, 24sbh split
+    assert tp2.setup.label == "zero1+tp2"
+
+
+def test_sequence_parallel_divides_every_activation_and_keeps_zero_over_all_ranks():
+    one = estimate(SHAPE, Setup(world_size=8, zero_stage=3, precision="bf16"))
+    sp4 = estimate(SHAPE, Setup(world_size=8, zero_stage=3, precision="bf16", sequence=4))
+    assert sp4.activations == pytest.approx(one.activations / 4)
+    assert sp4.model_states == pytest.approx(one.model_states)  # ZeRO still partitions over data x sequence
+
+
+def test_a_world_that_does_not_split_is_refused():
+    with pytest.raises(ValueError, match="not divisible by tensor 4"):
+        Setup(world_size=6, tensor=4)
+
+
+def test_estimate_recommends_sequence_parallelism_when_activations_do_not_fit():
+    bigtrain = str(Path(sys.executable).parent / "bigtrain")
+    proc = subprocess.run([bigtrain, "estimate", "--model", "llama", "--size", "1b", "--seq-len", "32768",
+                           "--gpu-mem", "80"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "activations, not model states" in proc.stderr and "--set parallel.sequence=4" in proc.stderr
+    fits = subprocess.run([bigtrain, "estimate", "--model", "llama", "--size", "1b", "--seq-len", "32768",
+                           "--gpu-mem", "80", "--sequence", "4"], capture_output=True, text=True, timeout=300)
+    assert fits.returncode == 0 and "parallel.sequence=4" in fits.stdout and "+sp4" in fits.stdout
