@@ -28,7 +28,6 @@ The result is checked by the lint (`bigtrain.ds.lint`) before any rank trains.
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -38,9 +37,9 @@ from typing import Any, Mapping
 from bigtrain.config import rules
 from bigtrain.config.run_config import RunConfig
 from bigtrain.ds.auto import resolve_auto
-from bigtrain.ds.batch import BatchTriple, solve_batch
+from bigtrain.ds.batch import CONFIG, MEMBERS, SET, fit_batch, triple_world, user_batch, with_triple
 from bigtrain.ds.generate import build_ds_config
-from bigtrain.ds.lint import BATCH_KEYS, DeviceCaps, LintError, holds_nowhere, lint_problems, read_ds_json, \
+from bigtrain.ds.lint import BATCH_KEYS, DeviceCaps, LintError, lint_problems, read_ds_json, \
     semantic_problems, unknown_keys, validate_with_deepspeed
 from bigtrain.ds.lint import errors as lint_errors
 from bigtrain.ds.lint import warnings as lint_warnings
@@ -49,10 +48,6 @@ from bigtrain.ds.mapping import (BATCH_FIELDS, LINKS, MISSING, absorb, field_val
 from bigtrain.ds.runtime import fit_to_device
 
 FILLED = ("zero_optimization", "optimizer", "scheduler", "gradient_clipping")
-MEMBERS = ("global_batch", "micro_batch", "grad_accum")
-KEEP_FIRST = ("micro_batch", "global_batch", "grad_accum")  # on a tie: memory per rank, then the dynamics
-# How strongly a batch member's source holds when the triple must be refitted (higher is kept).
-SET, CHECKPOINT, JSON, CONFIG = 4, 3, 2, 1
 
 
 @dataclass
@@ -150,8 +145,8 @@ def _generated(run: RunConfig, world_size: int | None, sources: dict, resume_bat
                                   sequence=run.parallel.sequence)
     known = {m: (getattr(run.batch, m), SET if sources.get(f"batch.{m}") == "--set" else CONFIG)
              for m in MEMBERS if getattr(run.batch, m) is not None}
-    triple = _batch(known, dp, resume_batch, sources, notes)
-    run = _with_triple(run, triple)
+    triple = fit_batch(known, dp, resume_batch, sources, notes)
+    run = with_triple(run, triple)
     return build_ds_config(run, world_size), run
 
 
@@ -164,9 +159,9 @@ def _from_user(user: dict, run: RunConfig, world_size: int | None, sources: dict
               f"hold it ({why}); it runs as the JSON says, and the recorded run config keeps {field}="
               f"{_show(field_value(run, field))} (the recorded DeepSpeed dict is what ran)"
               for field, why in refused.items()]
-    triple = _user_batch(said, mixed_run, world_size, sources, fit_world, resume_batch, notes)
+    triple = user_batch(said, mixed_run, world_size, sources, fit_world, resume_batch, notes)
     if triple is not None:
-        mixed_run = _with_triple(mixed_run, triple)
+        mixed_run = with_triple(mixed_run, triple)
     generated = build_ds_config(mixed_run, world_size or triple_world(user))
     config = copy.deepcopy(user)
     _fill_sections(config, generated, notes)
@@ -249,117 +244,8 @@ def _fill_optimizer_params(config: dict, generated: dict, notes: list[str]) -> N
     for key in added:
         params[key] = copy.deepcopy(mine["params"][key])
     if added:
-        notes.append(f"filled from the run config (the JSON's optimizer leaves them out): "
+        notes.append("filled from the run config (the JSON's optimizer leaves them out): "
                      + ", ".join(f"optimizer.params.{k}={_show(params[k])}" for k in added))
-
-
-# --- the batch triple ------------------------------------------------------------------------------
-
-def _user_batch(said: dict, run: RunConfig, world_size: int | None, sources: Mapping[str, str], fit_world: bool,
-                resume_batch: int | None, notes: list[str]) -> BatchTriple | None:
-    written = {m: said[f"batch.{m}"] for m in MEMBERS
-               if f"batch.{m}" in said and sources.get(f"batch.{m}") != "--set"}  # what the JSON decides
-    nowhere = holds_nowhere(*(written.get(m) for m in MEMBERS))
-    if nowhere:  # no world size fits it: refused, as DeepSpeed refuses it, never fitted
-        raise LintError([nowhere])
-    known: dict[str, tuple[int, int]] = {}
-    for member in MEMBERS:
-        field, value = f"batch.{member}", getattr(run.batch, member)
-        if sources.get(field) == "--set" and value is not None:
-            known[member] = (value, SET)
-        elif field in said:
-            known[member] = (said[field], SET if not fit_world else JSON)
-        elif value is not None:
-            known[member] = (value, CONFIG)
-    if world_size is None:
-        if len(known) == 3 and all(isinstance(v, int) for v, _ in known.values()):
-            return None  # lint without a world size: the triple is checked as written
-        raise LintError(['batch sizes that are "auto" or missing need the world size; pass --world-size N'])
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v, _ in known.values()):
-        return None  # a mistyped batch size: the lint names it
-    dp = rules.data_parallel_size(world_size, run.pipeline.stages, tensor=run.parallel.tensor,
-                                  sequence=run.parallel.sequence)
-    triple = _batch(known, dp, resume_batch, sources, notes)
-    if resume_batch is None and any(getattr(triple, m) != v for m, v in written.items()):
-        notes.append(_fitted_line(written, triple))
-    return triple
-
-
-def _fitted_line(written: dict[str, int], triple: BatchTriple) -> str:
-    """One line for a JSON batch fitted to this world size: what it said, what trains, what was kept."""
-    if len(written) == 3:
-        g, m, a = (written[k] for k in MEMBERS)
-        said = f"{g} = micro {m} x accum {a}"
-        was = f"was {g // (m * a)}"
-    else:
-        said = ", ".join(f"{BATCH_FIELDS['batch.' + k]} {v}" for k, v in written.items())
-        was = "the JSON's values do not hold there"
-    g = written.get("global_batch")
-    kept = ("derived the global batch" if g is None else "kept the global batch" if g == triple.global_batch
-            else f"global batch {g} -> {triple.global_batch}")
-    return (f"batch triple recomputed for data-parallel size {triple.dp_size} ({was}): {triple}; the JSON says "
-            f"{said}; {kept}")
-
-
-def _batch(known: dict[str, tuple[int, int]], dp: int, resume_batch: int | None, sources: Mapping[str, str],
-           notes: list[str]) -> BatchTriple:
-    """The triple keeping the most, and the most strongly held, of the given members; on resume the
-    checkpoint's global batch is held unless batch.global_batch is given, and one line says so."""
-    saved = resume_batch if isinstance(resume_batch, int) and resume_batch > 0 else None
-    if saved is not None and "batch.global_batch" not in sources:
-        known = {**known, "global_batch": (saved, CHECKPOINT)}
-    triple = _best_triple(known, dp)
-    if saved is not None:
-        notes.append(_resume_line(saved, triple, sources))
-    return triple
-
-
-def _best_triple(known: dict[str, tuple[int, int]], dp: int) -> BatchTriple:
-    must = [m for m, (_, rank) in known.items() if rank == SET]
-    optional = [m for m in MEMBERS if m in known and m not in must]
-    candidates = []
-    for size in range(len(optional), -1, -1):
-        for kept in itertools.combinations(optional, size):
-            strength = sum(known[m][1] for m in kept)
-            order = [m not in kept for m in KEEP_FIRST]  # the micro-batch (memory), then the global batch
-            candidates.append((-size, -strength, order, kept))
-    first_error: ValueError | None = None
-    for _, _, _, kept in sorted(candidates):
-        values = {m: known[m][0] for m in (*must, *kept)}
-        try:
-            return solve_batch(values.get("global_batch"), values.get("micro_batch"), values.get("grad_accum"), dp)
-        except ValueError as err:
-            first_error = first_error or err
-            if not optional:
-                break
-    assert first_error is not None
-    raise first_error
-
-
-def _resume_line(saved: int, triple: BatchTriple, sources: Mapping[str, str]) -> str:
-    given = sources.get("batch.global_batch")
-    if given:
-        why = f"batch.global_batch given by {given}"
-    elif triple.global_batch == saved:
-        why = "kept"
-    else:
-        why = (f"{saved} is not a multiple of data-parallel {triple.dp_size} x any micro-batch, so it could not "
-               "be kept; set batch.global_batch to choose")
-    return (f"global batch: the checkpoint trained with {saved}, this job trains with {triple.global_batch} "
-            f"({why}): {triple}")
-
-
-def _with_triple(run: RunConfig, triple: BatchTriple) -> RunConfig:
-    return with_fields(run, {"batch.global_batch": triple.global_batch, "batch.micro_batch": triple.micro_batch,
-                             "batch.grad_accum": triple.grad_accum})
-
-
-def triple_world(config: dict) -> int:
-    """The data-parallel size a complete triple was written for (1 when it cannot tell)."""
-    g, m, a = (config.get(k) for k in BATCH_KEYS)
-    if all(isinstance(v, int) and v > 0 for v in (g, m, a)) and g % (m * a) == 0:
-        return g // (m * a)
-    return 1
 
 
 # --- checks ----------------------------------------------------------------------------------------
