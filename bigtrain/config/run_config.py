@@ -52,8 +52,20 @@ class DataConfig:
     streaming: bool = doc(False, "Stream an hf: source through prepare instead of downloading it first.")
     hash_content: bool = doc(False, "Identify local data by content (reads every byte), not names, sizes, mtimes.")
     num_proc: int | None = doc(None, "Processes that tokenize an unprepared text source; None: every core.")
+    format: Literal["auto", "text", "chat", "prompt_completion", "alpaca"] = doc(
+        "auto", "Records: chat ('messages' of role/content, rendered by the chat template), prompt_completion, "
+        "alpaca (instruction/input/output) or text; auto recognises them from the first record.")
+    chat_template: str | None = doc(None, "Jinja chat template (a file, or the text) for chat records; None: the "
+                                    "tokenizer's own.")
+    train_on_prompt: bool = doc(False, "Chat/instruction data: train on every token, not only the answers.")
+    long_examples: Literal["truncate", "drop"] = doc(
+        "truncate", "Chat/instruction examples longer than seq_len: keep their first seq_len tokens, or drop them.")
+    packing: bool = doc(False, "Chat/instruction data: several examples per sequence, attention kept within each "
+                        "(position ids restart per example).")
 
     def __post_init__(self) -> None:
+        from bigtrain.data.chat import ExampleOptions
+        ExampleOptions(self.format, self.chat_template, self.train_on_prompt, self.long_examples, self.packing)
         _positive(self, "seq_len", "vocab_size", "image_size", "synthetic_samples")
         if self.num_proc is not None:
             _positive(self, "num_proc")
@@ -277,6 +289,10 @@ def check_combinations(run: RunConfig) -> None:
         raise ValueError(f"data.seq_len={run.data.seq_len} is not divisible by parallel.sequence="
                          f"{run.parallel.sequence}: each sequence-parallel rank takes an equal slice; choose a "
                          f"multiple of {run.parallel.sequence}")
+    if run.data.packing and run.pipeline.stages > 1:
+        raise ValueError(f"data.packing=true with pipeline.stages={run.pipeline.stages}: pipeline stages number the "
+                         "positions themselves, so packed examples would attend to each other; set data.packing=false "
+                         "or pipeline.stages=1")
     if run.batch.micro_batch == "auto" and run.pipeline.stages > 1:
         raise ValueError(f"batch.micro_batch=auto with pipeline.stages={run.pipeline.stages}: the probe sizes plain "
                          "modules only; give batch.micro_batch as a number")

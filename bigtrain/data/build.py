@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from bigtrain.data.dataset import DataBundle, split_rows
 from bigtrain.data.sources import parse_source
 from bigtrain.data.synthetic import SyntheticImages, synthetic_classification, synthetic_tokens
+
+if TYPE_CHECKING:
+    from bigtrain.data.chat import ExampleOptions
 
 MODALITIES = ("text", "classify", "image")  # gpt2 -> text, encoder -> classify, resnet -> image
 
@@ -28,7 +31,8 @@ def build_data(source: str = "builtin", modality: str = "text", *, seq_len: int 
                synthetic_samples: int = 4096, is_writer: bool = True,
                barrier: Callable[[], None] = _no_barrier, is_local_writer: bool | None = None,
                split: str = "train", revision: str | None = None, streaming: bool = False,
-               hash_content: bool = False, num_proc: int | None = None) -> DataBundle:
+               hash_content: bool = False, num_proc: int | None = None,
+               examples: "ExampleOptions | None" = None) -> DataBundle:
     """Load, tokenize / preprocess, cache and split the data for one modality.
 
     `source`: "builtin" (Python's reference docs; synthetic images for the image modality,
@@ -40,7 +44,8 @@ def build_data(source: str = "builtin", modality: str = "text", *, seq_len: int 
     split is fixed and the training order is the sampler's. `is_local_writer` marks the rank
     that writes a node-local cache (default: the writer). `split`, `revision`, `streaming`
     apply to hub sources; `hash_content` identifies local files by content instead of
-    metadata; `num_proc` is the number of tokenizing processes (default: every core).
+    metadata; `num_proc` is the number of tokenizing processes (default: every core). `examples`: the
+    settings of chat and instruction records (format, template, prompt loss, long examples, packing).
     """
     if modality not in MODALITIES:
         raise ValueError(f"data modality {modality!r}: must be one of {MODALITIES}")
@@ -62,7 +67,8 @@ def build_data(source: str = "builtin", modality: str = "text", *, seq_len: int 
         from bigtrain.data.text import build_text
         return build_text(source, seq_len=seq_len, tokenizer=tokenizer, vocab_size=vocab_size,
                           text_field=text_field, is_local_writer=is_local_writer, split=split, revision=revision,
-                          streaming=streaming, hash_content=hash_content, num_proc=num_proc, **paths, **common)
+                          streaming=streaming, hash_content=hash_content, num_proc=num_proc, examples=examples,
+                          **paths, **common)
     src = replace(parse_source(source, modality), hash_content=hash_content)
     if src.kind == "hub":
         src = replace(src, split=split, revision=revision)

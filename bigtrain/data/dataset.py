@@ -84,7 +84,9 @@ class DataBundle:
     many rows; 0 for images); `num_classes` is the classifier width (0 for language models).
     `description` is one line for rank 0 to log. `make_sampler(dp_rank, dp_size, seed)` gives the
     training order (a mixture's; None: a ResumableSampler over `train`); `tokenizer_dir` is where
-    the tokenizer is saved (for export), when the data brought or trained one.
+    the tokenizer is saved (for export), when the data brought or trained one. Chat and instruction
+    examples (bigtrain.data.examples) also give `stats` (counts, padding; kept in summary.json) and
+    `sample_prompt`, a held-out prompt's token ids for the end-of-run sample.
     """
 
     train: IndexedDataset
@@ -95,6 +97,8 @@ class DataBundle:
     description: str
     make_sampler: Callable[[int, int, int], Any] | None = None
     tokenizer_dir: Path | None = None
+    stats: dict | None = None
+    sample_prompt: list[int] | None = None
 
     def sampler(self, dp_rank: int, dp_size: int, seed: int) -> Any:
         """The resumable training order for one data-parallel rank."""

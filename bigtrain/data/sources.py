@@ -209,10 +209,14 @@ def load_hub(src: Source) -> Any:
                          f"(split {src.split!r}): {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
 
-def hub_texts(src: Source, text_field: str) -> Iterator[str]:
-    """The documents of a hub dataset in order, one batch of rows in memory at a time (streamed or not)."""
+def hub_texts(src: Source, text_field: str | tuple[str, ...]) -> Iterator[Any]:
+    """The documents of a hub dataset in order, one batch of rows in memory at a time (streamed or not); for
+    example columns (a tuple, bigtrain.data.chat.FIELDS) the rows themselves, as dicts."""
     records = load_hub(src)
     names = records.column_names
+    if isinstance(text_field, tuple):
+        yield from _hub_records(src, records, text_field)
+        return
     if names is not None and text_field not in names:
         raise ValueError(f"data.text_field={text_field!r}: the data has no such column; it has {names}. "
                          "Set data.text_field to one of them")
@@ -221,6 +225,17 @@ def hub_texts(src: Source, text_field: str) -> Iterator[str]:
             raise ValueError(f"data.text_field={text_field!r}: the data has no such column; it has "
                              f"{sorted(rows)}. Set data.text_field to one of them")
         yield from (t for t in rows[text_field] if t)
+
+
+def _hub_records(src: Source, records: Any, fields: tuple[str, ...]) -> Iterator[dict]:
+    from bigtrain.data.chat import columns, required
+    names = records.column_names
+    missing = [c for c in required(fields) if names is not None and c not in names]
+    if missing:
+        raise ValueError(f"data.source={src.text!r} has no column {missing[0]!r} (it has {names}): the columns of "
+                         f"these records are {columns(fields)}; set data.format to the format it holds")
+    for rows in records.iter(batch_size=1000):
+        yield from (dict(zip(rows, values)) for values in zip(*rows.values()))
 
 
 def column(records: Any, field: str, what: str) -> list:

@@ -5,7 +5,9 @@ Any other text source (files, 'builtin', hf:NAME) is prepared by the same code i
 run's cache first (`cache_dir/prepared-KEY`, keyed by the source's metadata fingerprint,
 the text field and the tokenizer), by the writer rank while the others wait, so a restart
 finds it and reads no source byte. A mixture 'a/:0.7,b/:0.3' does this per source. The
-token stream is cut into overlapping blocks of seq_len + 1 tokens (see blocks.py).
+token stream is cut into overlapping blocks of seq_len + 1 tokens (see blocks.py). Chat and
+instruction records (data.format, recognised from the first record) are prepared the same way into
+examples with their answer marked, and served as rows of examples (see examples.py).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bigtrain.data.blocks import ConcatBlocks, TokenBlocks, block_count
+from bigtrain.data.chat import FIELDS, ExampleOptions, detect_format, no_template_line, read_chat_template
 from bigtrain.data.dataset import DataBundle, split_rows
 from bigtrain.data.mixture import MixtureSampler, parse_mixture
 from bigtrain.data.prepare.core import identity, prepare, text_source
@@ -31,15 +34,32 @@ Part = Path | Source  # a prepared directory, or a source to prepare
 def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: int, tokenizer_dir: Path,
                cache_dir: Path, val_fraction: float, text_field: str, is_writer: bool, barrier: Callable[[], None],
                is_local_writer: bool | None = None, split: str = "train", revision: str | None = None,
-               streaming: bool = False, hash_content: bool = False, num_proc: int | None = None) -> DataBundle:
-    """Train/val blocks of a text source, a prepared directory, or a weighted mixture of them."""
+               streaming: bool = False, hash_content: bool = False, num_proc: int | None = None,
+               examples: ExampleOptions | None = None) -> DataBundle:
+    """Train/val blocks of a text source, a prepared directory, or a weighted mixture of them; rows of chat or
+    instruction examples when the sources hold those (`examples`: the data.* settings for them)."""
+    examples = examples or ExampleOptions()
     mixture = parse_mixture(source)
     entries = mixture or [(source, 1.0)]
     parts = [_part(text, split, revision, streaming) for text, _ in entries]
-    tok, tok_dir = _tokenizer(parts, tokenizer, vocab_size, tokenizer_dir, text_field, is_writer, barrier)
+    formats = _formats(parts, examples)
+    fields = [text_field if f == "text" or isinstance(p, Path) else tuple(FIELDS[f]) for p, f in zip(parts, formats)]
+    tok, tok_dir = _tokenizer(parts, tokenizer, vocab_size, tokenizer_dir, fields, is_writer, barrier)
+    if examples.chat_template:
+        tok.chat_template = read_chat_template(examples.chat_template)
+    if "chat" in formats and not getattr(tok, "chat_template", None):  # every rank says so, before any prepares
+        raise ValueError(no_template_line(tok))
     writers = (is_writer, is_writer if is_local_writer is None else is_local_writer)
     options = {"text_field": text_field, "hash_content": hash_content, "num_proc": num_proc, "seq_len": seq_len}
-    corpora = [_corpus(part, tok, cache_dir, writers, barrier, options) for part in parts]
+    corpora = [_corpus(part, tok, cache_dir, writers, barrier, {**options, "fmt": f})
+               for part, f in zip(parts, formats)]
+    if formats[0] != "text":
+        from bigtrain.data.examples import build_examples
+        _same_template(corpora, tok, examples)
+        bundle = build_examples(corpora, [text for text, _ in entries], [w for _, w in mixture] if mixture else None,
+                                seq_len, examples, val_fraction, tok)
+        bundle.tokenizer_dir = corpora[0].tokenizer_dir if examples.chat_template else tok_dir
+        return bundle
     blocks = [TokenBlocks(corpus, seq_len) for corpus in corpora]
     for (text, _), corpus in zip(entries, corpora):
         if block_count(corpus.num_tokens, seq_len) < 2:
@@ -72,16 +92,52 @@ def _part(text: str, split: str, revision: str | None, streaming: bool) -> Part:
     return text_source(text, split, revision, streaming)
 
 
-def _tokenizer(parts: list[Part], name: str | None, vocab_size: int, tokenizer_dir: Path, text_field: str,
+def _formats(parts: list[Part], options: ExampleOptions) -> list[str]:
+    """Each part's format: text, or an example format (a prepared one's manifest says; data.format or the first
+    record of a source); ValueError for text mixed with examples, or packing asked of text."""
+    found = []
+    for part in parts:
+        if isinstance(part, Path):
+            made = (read_manifest(part).get("examples") or {}).get("format", "text")
+            if options.format not in ("auto", made):
+                raise ValueError(f"data.format={options.format}: {part} was prepared as {made}; set data.format="
+                                 f"{made} (or auto), or prepare the source again with --format {options.format}")
+            found.append(made)
+        else:
+            found.append(detect_format(part, options.format))
+    kinds = {"text" if f == "text" else "examples" for f in found}
+    if len(kinds) > 1:
+        raise ValueError("data.source mixes plain text with chat/instruction examples ("
+                         f"{', '.join(sorted(set(found)))}); train on one kind at a time")
+    if found[0] == "text" and options.packing:
+        raise ValueError("data.packing=true packs chat and instruction examples; this data is plain text, which "
+                         "trains in full blocks already: set data.packing=false (or data.format for records)")
+    return found
+
+
+def _same_template(corpora: list[PreparedCorpus], tok: Any, options: ExampleOptions) -> None:
+    """A prepared chat corpus was rendered with one template: data.chat_template must not silently differ."""
+    import hashlib
+    if not options.chat_template:
+        return
+    wanted = hashlib.sha256(str(tok.chat_template).encode()).hexdigest()[:16]
+    for corpus in corpora:
+        made = corpus.manifest["identity"].get("chat_template")
+        if made is not None and made != wanted:
+            raise ValueError(f"{corpus.root} was prepared with another chat template than data.chat_template; "
+                             f"prepare it again with --chat-template, or leave data.chat_template unset")
+
+
+def _tokenizer(parts: list[Part], name: str | None, vocab_size: int, tokenizer_dir: Path, fields: list,
                is_writer: bool, barrier: Callable[[], None]) -> tuple[Any, Path | None]:
     """The named tokenizer; else a prepared part's; else a BPE trained on the sources (by the writer)."""
     prepared = [p for p in parts if isinstance(p, Path)]
     if name is None and prepared:
         tok, tok_dir = load_tokenizer(prepared[0] / "tokenizer"), prepared[0] / "tokenizer"
     else:
-        sources = [p for p in parts if isinstance(p, Source)]
+        sources = [(p, f) for p, f in zip(parts, fields) if isinstance(p, Source)]
         share = BPE_TRAIN_BYTES // max(1, len(sources))
-        texts = lambda: itertools.chain.from_iterable(iter_documents(s, text_field, share) for s in sources)  # noqa: E731
+        texts = lambda: itertools.chain.from_iterable(iter_documents(s, f, share) for s, f in sources)  # noqa: E731
         tok = resolve_tokenizer(name, tokenizer_dir, vocab_size, texts, is_writer, barrier)
         tok_dir = tokenizer_dir if name is None else None
     fingerprint = tokenizer_fingerprint(tok)
@@ -100,7 +156,7 @@ def _corpus(part: Part, tok: Any, cache_dir: Path, writers: tuple[bool, bool], b
     shared with rank 0, by the node's local rank 0) while the other ranks wait."""
     if isinstance(part, Path):
         return PreparedCorpus(part)
-    ident = identity(part, tok, options["text_field"], options["hash_content"])
+    ident = identity(part, tok, options["text_field"], options["hash_content"], options["fmt"])
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
     target = Path(cache_dir) / f"prepared-{key}"
     for writes in writers:  # the second round finds the corpus already there unless the cache is node-local

@@ -190,11 +190,7 @@ def _module_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
     return causal_lm_loss(output.logits, labels)
 
 
-def text_batch(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """{"input_ids": [B,T], "labels": [B,T]} -> (input_ids, labels)."""
-    if "input_ids" not in batch or "labels" not in batch:
-        raise ValueError(f"gpt2 batches need keys 'input_ids' and 'labels'; got {sorted(batch)}")
-    return batch["input_ids"], batch["labels"]
+text_batch = hf_common.text_batch("gpt2")  # packed batches' position_ids index its learned positions (wpe)
 
 
 def _blocks(model: GPT2LMHeadModel) -> list[tuple[nn.Module, str]]:

@@ -96,11 +96,15 @@ def causal_loss_for(config: Any) -> Callable[[Any, torch.Tensor], torch.Tensor]:
     return with_router_loss
 
 
-def text_batch(family: str) -> Callable[[dict], tuple[torch.Tensor, torch.Tensor]]:
-    def to_inputs(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """{"input_ids": [B,T], "labels": [B,T]} -> (input_ids, labels)."""
+def text_batch(family: str) -> Callable[[dict], tuple[Any, torch.Tensor]]:
+    def to_inputs(batch: dict) -> tuple[Any, torch.Tensor]:
+        """{"input_ids": [B,T], "labels": [B,T] or [B,T+1]} -> (input_ids, labels). A packed batch also has
+        "position_ids" restarting at every example: the inputs are then {"input_ids", "position_ids"}, from
+        which transformers masks attention to each example's own tokens (`bigtrain.data.examples`)."""
         if "input_ids" not in batch or "labels" not in batch:
             raise ValueError(f"{family} batches need keys 'input_ids' and 'labels'; got {sorted(batch)}")
+        if "position_ids" in batch:
+            return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}, batch["labels"]
         return batch["input_ids"], batch["labels"]
 
     return to_inputs

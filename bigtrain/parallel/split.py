@@ -7,7 +7,10 @@ parallelism (DeepSpeed Ulysses / ALST). The model family knows nothing of either
   same batch (DeepSpeed checks the first one).
 - Sequence: Ulysses swaps the sdpa attention for an all-to-all around it; every rank of a group takes its slice
   of each sample's sequence (with the positions of that slice), and the loss is summed over the group's tokens
-  here, weighted by the real (not ignored) tokens each rank holds.
+  here, weighted by the real (not ignored) tokens each rank holds. Ulysses drops the model's attention mask (it
+  was made for the local slice) and runs plain causal sdpa over the gathered sequence; packed examples
+  (position ids restarting per example) would attend to each other there, so the core attention it wraps here
+  rebuilds the per-example causal mask from the gathered position ids (`document_sdpa`).
 
 Ranks are laid out data-major: a group is `size` consecutive ranks, as DeepSpeed builds both.
 """
@@ -77,6 +80,7 @@ class ModelSplit:
         from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         _swapped_attention.setdefault("sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"])
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = document_sdpa(_swapped_attention["sdpa"])  # the core Ulysses wraps
         self.mpu = UlyssesSPAttentionHF.register_with_transformers(
             model_name_or_path=model, core_attn_implementation="sdpa", sequence_parallel_size=self.topology.sequence,
             micro_batch_size=micro_batch, seq_length=spec.seq_len, seq_length_is_variable=False, disable_in_eval=True)
@@ -93,12 +97,16 @@ class ModelSplit:
     def sequence_parallel(self) -> bool:
         return self.topology.sequence > 1
 
-    def shard(self, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[dict, torch.Tensor]:
-        """This rank's slice of every sample's sequence: (inputs with their global positions, next-token targets)."""
+    def shard(self, inputs: torch.Tensor | dict, labels: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        """This rank's slice of every sample's sequence: (inputs with their global positions, next-token targets).
+        `inputs`: the input ids, or {"input_ids", "position_ids"} where the batch brings its own positions (packed
+        examples restart them); Ulysses gathers the slices' positions back for the attention."""
+        input_ids = inputs["input_ids"] if isinstance(inputs, dict) else inputs
         size, seq = self.topology.sequence, input_ids.shape[-1]
         chunk = seq // size
         part = slice(self.mpu.get_sequence_parallel_rank() * chunk, (self.mpu.get_sequence_parallel_rank() + 1) * chunk)
-        positions = torch.arange(seq, device=input_ids.device).expand_as(input_ids)
+        given = inputs.get("position_ids") if isinstance(inputs, dict) else None
+        positions = torch.arange(seq, device=input_ids.device).expand_as(input_ids) if given is None else given
         targets = lm_targets(labels, seq)
         return ({"input_ids": input_ids[:, part].contiguous(), "position_ids": positions[:, part].contiguous()},
                 targets[:, part].contiguous())
@@ -111,6 +119,29 @@ class ModelSplit:
         tokens = (targets != -100).sum().to(torch.float64).reshape(1)
         torch.distributed.all_reduce(tokens, group=self.mpu.get_sequence_parallel_group())
         return summed / tokens[0].clamp(min=1).to(summed.dtype) * self.topology.sequence
+
+
+def document_sdpa(core: Any) -> Any:
+    """sdpa that keeps attention within each packed example: given no mask and position ids that restart (what
+    Ulysses passes after gathering a packed batch's positions), the causal mask of each example's own tokens, as
+    transformers builds it from restarting positions without sequence parallelism (`find_packed_sequence_indices`);
+    otherwise `core` unchanged (a plain causal kernel)."""
+
+    def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> Any:
+        positions = kwargs.get("position_ids")
+        length = query.shape[-2]
+        if attention_mask is None and positions is not None and length > 1 and key.shape[-2] == length:
+            positions = positions.expand(query.shape[0], -1)
+            starts = torch.diff(positions, prepend=positions[:, :1] - 1, dim=-1) != 1
+            if bool(starts[:, 1:].any()):
+                docs = starts.cumsum(-1)
+                index = torch.arange(length, device=query.device)
+                causal = index[:, None] >= index[None, :]
+                attention_mask = (causal & (docs[:, :, None] == docs[:, None, :]))[:, None]
+        return core(module, query, key, value, attention_mask, *args, **kwargs)
+
+    return attention
 
 
 def check_split(spec: ModelSpec, topology: Topology) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from bigtrain.config.run_config import DataConfig, ModelConfig
 from bigtrain.data import DataBundle, batches, build_data, iter_eval_batches
+from bigtrain.data.chat import ExampleOptions
 from bigtrain.distributed.world import World
 
 
@@ -81,7 +82,11 @@ def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, wor
         image_size=data.image_size, num_classes=data.num_classes, text_field=data.text_field,
         label_field=data.label_field, synthetic_samples=data.synthetic_samples, is_writer=world.is_main,
         barrier=patient_barrier(world), is_local_writer=world.local_rank == 0, split=data.split,
-        revision=data.revision, streaming=data.streaming, hash_content=data.hash_content, num_proc=data.num_proc)
+        revision=data.revision, streaming=data.streaming, hash_content=data.hash_content, num_proc=data.num_proc,
+        examples=ExampleOptions(data.format, data.chat_template, data.train_on_prompt, data.long_examples,
+                                data.packing))
+    if data.chat_template and bundle.tokenizer_dir is not None:  # the prepared examples' tokenizer has that template
+        return TrainingData(bundle, seed=seed, tokenizer_dir=bundle.tokenizer_dir)
     has_tokenizer_dir = bundle.tokenizer is not None and data.tokenizer is None
     if has_tokenizer_dir and tokenizer is not None:  # the pretrained directory's: export copies it from there
         tokenizer_dir = Path(tokenizer)

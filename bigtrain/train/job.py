@@ -88,14 +88,14 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         result = train_loop(engine, world=world, data=data, record=record, reporter=reporter, stop=lifeline,
                             settings=loop_settings(resolved.run, ckpt_dir, stop_after, plan),
                             start_step=saved.step if saved else 0)
-        summary = finish(resolved, world, out, reporter, result, lifeline)
+        summary = finish(resolved, world, out, reporter, result, lifeline, data.bundle.stats)
         if result.diverged:
             raise Diverged(diverged_line(result))
         if not result.stopped_by and run.train.sample_tokens and data.tokenizer is not None:
             from bigtrain.train.sample import print_sample
             with lifeline.bound("the end-of-run sample", end_of_run_bound_s(),
                                 "every rank to run the sample's forward passes"):
-                print_sample(engine, data.tokenizer, run.train.sample_tokens, world)
+                print_sample(engine, data.tokenizer, run.train.sample_tokens, world, data.bundle.sample_prompt)
         return summary
 
 
@@ -223,10 +223,15 @@ def loop_settings(run: RunConfig, ckpt_dir: Path, stop_after: int | None, plan: 
 
 
 def finish(resolved: Resolved, world: World, out: Path, reporter: Reporter, result: LoopResult,
-           lifeline: Lifeline) -> dict:
-    """The run's summary (every rank's memory figures: an all-gather), written with its loss plot by rank 0."""
+           lifeline: Lifeline, data_stats: dict | None = None) -> dict:
+    """The run's summary (every rank's memory figures: an all-gather), written with its loss plot by rank 0.
+    `data_stats`: chat/instruction examples' counts and padding, kept as "data" with the rate of real (not
+    padding) tokens, which is what packing raises."""
     with lifeline.bound("the run summary", end_of_run_bound_s(), "every rank's memory figures (an all-gather)"):
         summary = reporter.summary(result, run_config=to_dict(resolved.run), ds_config=resolved.recorded)
+    if data_stats:
+        real = summary.get("tokens_per_s", 0.0) * (1 - data_stats["pad_share"])
+        summary["data"] = {**data_stats, "real_tokens_per_s": real}
     if world.is_main:
         log.info("wrote %s", write_summary(out, summary))
         write_loss_plot(summary, out / "loss.png")

@@ -5,7 +5,9 @@ weight and the forward hooks all-gather them, so every rank runs `generate` in l
 `synced_gpus`: the same number of forwards on every rank, whatever each samples); rank 0
 prints. A pipeline's stages each hold some layers: their weights are gathered into a plain
 model on rank 0, outside DeepSpeed. ZeRO 0-2 keep whole weights on every rank: rank 0 alone
-generates. The caller bounds the whole step (`distributed.world.Watchdog`).
+generates. The caller bounds the whole step (`distributed.world.Watchdog`). A chat or instruction run
+answers a held-out prompt instead (`DataBundle.sample_prompt`: the conversation so far rendered by the
+chat template, up to the assistant's generation prompt), shown with the template's markers.
 """
 from __future__ import annotations
 
@@ -23,11 +25,18 @@ PIPELINE_SAMPLE_MAX_PARAMS = 2_000_000_000  # gathering a bigger pipeline model 
 
 @torch.no_grad()
 def generate_sample(model: torch.nn.Module, tokenizer: Any, max_new_tokens: int, device: str,
-                    prompt: str = PROMPT, synced: bool = False) -> str:
+                    prompt: str = PROMPT, synced: bool = False, prompt_ids: list[int] | None = None) -> str:
     """Top-k sampling with a fixed seed (the caller's RNG state is kept), so the sample is reproducible.
 
-    `synced`: every rank calls this together (ZeRO-3), each forward being a collective."""
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
+    `synced`: every rank calls this together (ZeRO-3), each forward being a collective. `prompt_ids`: token
+    ids to continue instead of `prompt` (a held-out chat prompt), decoded with their special tokens."""
+    if prompt_ids:
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    else:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
+    limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    if limit:  # learned positions end there: generating past them fails
+        max_new_tokens = max(1, min(max_new_tokens, limit - ids.shape[1]))
     generator_state = torch.get_rng_state()
     torch.manual_seed(0)
     padding = range(len(tokenizer), model.config.vocab_size)  # rows of a padded vocabulary (vocab_multiple)
@@ -37,21 +46,24 @@ def generate_sample(model: torch.nn.Module, tokenizer: Any, max_new_tokens: int,
                              pad_token_id=tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0)
     finally:
         torch.set_rng_state(generator_state)
-    return tokenizer.decode(out[0], skip_special_tokens=True)
+    return tokenizer.decode(out[0], skip_special_tokens=not prompt_ids)
 
 
-def print_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World) -> str | None:
+def print_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World,
+                 prompt_ids: list[int] | None = None) -> str | None:
     """Collective: every rank calls it. Returns the text on rank 0 (None elsewhere or without one)."""
     if engine.is_pipeline:
-        text = _pipeline_sample(engine, tokenizer, max_new_tokens, world)
+        text = _pipeline_sample(engine, tokenizer, max_new_tokens, world, prompt_ids)
     else:
-        text = _module_sample(engine, tokenizer, max_new_tokens, world)
+        text = _module_sample(engine, tokenizer, max_new_tokens, world, prompt_ids)
     if text is not None and world.is_main:
-        print(f"\n--- sample from the trained model ---\n{text}\n-------------------------------------", flush=True)
+        what = "the trained model answers a held-out prompt" if prompt_ids else "sample from the trained model"
+        print(f"\n--- {what} ---\n{text}\n-------------------------------------", flush=True)
     return text if world.is_main else None
 
 
-def _module_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World) -> str | None:
+def _module_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World,
+                   prompt_ids: list[int] | None) -> str | None:
     model = engine.module()
     if not hasattr(model, "generate"):
         return None
@@ -59,16 +71,18 @@ def _module_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: Worl
     model.eval()
     try:
         if engine.ds.zero_optimization_stage() == 3 and world.size > 1:
-            text = generate_sample(model, tokenizer, max_new_tokens, engine.device, synced=True)
+            text = generate_sample(model, tokenizer, max_new_tokens, engine.device, synced=True, prompt_ids=prompt_ids)
         else:
-            text = generate_sample(model, tokenizer, max_new_tokens, engine.device) if world.is_main else None
+            text = generate_sample(model, tokenizer, max_new_tokens, engine.device,
+                                   prompt_ids=prompt_ids) if world.is_main else None
             barrier()
     finally:
         model.train(was_training)
     return text if world.is_main else None
 
 
-def _pipeline_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World) -> str | None:
+def _pipeline_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World,
+                     prompt_ids: list[int] | None) -> str | None:
     """Each stage's layer weights to rank 0, into the plain model; the others wait at a barrier."""
     from bigtrain.models.pipeline_form import module_state_from_pipeline
     from bigtrain.parallel.pipeline import local_layer_states
@@ -89,6 +103,6 @@ def _pipeline_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: Wo
         if hasattr(model, "generate"):
             model.load_state_dict(module_state_from_pipeline(spec, layers), strict=False)
             model.float().eval()
-            text = generate_sample(model, tokenizer, max_new_tokens, "cpu")
+            text = generate_sample(model, tokenizer, max_new_tokens, "cpu", prompt_ids=prompt_ids)
     barrier()
     return text

@@ -27,6 +27,12 @@ def add_prepare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-proc", type=int, default=None, help="worker processes (default: every core)")
     p.add_argument("--seq-len", type=int, default=None, help="report how many training blocks this gives")
     p.add_argument("--text-field", default="text", help="text column of jsonl/json/parquet/hub data (default text)")
+    p.add_argument("--format", default="auto", choices=("auto", "text", "chat", "prompt_completion", "alpaca"),
+                   help="records: chat ('messages'), prompt_completion, alpaca (instruction/input/output), or "
+                        "text; auto (default) recognises them from the first record (data.format)")
+    p.add_argument("--chat-template", default=None,
+                   help="Jinja chat template (a file, or the text) for chat records, when the tokenizer has none "
+                        "or another is wanted (data.chat_template)")
     p.add_argument("--split", default="train", help="hub split (data.split, default train)")
     p.add_argument("--revision", default=None, help="hub revision: branch, tag or commit (data.revision)")
     p.add_argument("--streaming", action="store_true", help="stream the hub dataset instead of downloading it first")
@@ -49,18 +55,29 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be a positive integer")
     if args.num_proc == 1:  # one process means one core: no tokenizer threads either
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from bigtrain.data.chat import FIELDS, detect_format, read_chat_template
+
     src = text_source(args.data, args.split, args.revision, args.streaming)
     out = Path(args.out)
+    fmt = detect_format(src, args.format)
+    if fmt != "text":  # a BPE trained here learns from the records' strings
+        args.text_field = tuple(FIELDS[fmt])
     tokenizer = _tokenizer(args, src, out)
+    if args.chat_template:
+        tokenizer.chat_template = read_chat_template(args.chat_template)
     piece_bytes = int(args.piece_mb * 1e6) if args.piece_mb else PIECE_BYTES
     existed = is_prepared(out)
     started = time.perf_counter()
-    corpus = prepare(src, tokenizer, out, text_field=args.text_field, num_proc=args.num_proc, seq_len=args.seq_len,
-                     hash_content=args.hash_content, piece_bytes=piece_bytes, progress=not args.quiet)
+    field = "text" if fmt != "text" else args.text_field
+    corpus = prepare(src, tokenizer, out, text_field=field, num_proc=args.num_proc, seq_len=args.seq_len,
+                     hash_content=args.hash_content, piece_bytes=piece_bytes, progress=not args.quiet, fmt=fmt)
     if existed:
         print(f"already prepared: {corpus.describe()}")
     else:
         print(summary(corpus.manifest, out, time.perf_counter() - started))
+    if corpus.examples and args.seq_len:
+        from bigtrain.data.examples import too_long_line
+        print(too_long_line(corpus, args.seq_len))
     return 0
 
 
@@ -78,7 +95,8 @@ def _tokenizer(args: argparse.Namespace, src, out: Path):
 def summary(manifest: dict, out: Path, seconds: float) -> str:
     """One line: what was prepared, how fast, and what a run will find there."""
     mb = manifest["source"]["bytes"] / 1e6
-    line = (f"prepared {out}: {manifest['num_docs']:,} documents, {manifest['num_tokens']:,} tokens "
+    line = (f"prepared {out}: {manifest['num_docs']:,} {'examples' if manifest.get('examples') else 'documents'}, "
+            f"{manifest['num_tokens']:,} tokens "
             f"({manifest['dtype']}, vocab {manifest['tokenizer']['vocab_size']}) in {len(manifest['shards'])} shards "
             f"from {mb:,.1f} MB")
     if manifest.get("resumed_shards"):
@@ -86,6 +104,12 @@ def summary(manifest: dict, out: Path, seconds: float) -> str:
     line += f"; {seconds:.1f} s, {mb / max(seconds, 1e-9):.2f} MB/s with {manifest['num_proc']} processes"
     if manifest.get("blocks") is not None:
         line += f"; {manifest['blocks']:,} blocks of seq_len {manifest['seq_len']} (+1 target)"
+    if manifest.get("examples"):
+        ex = manifest["examples"]
+        line += (f"; {ex['format']} examples, {ex['trained_tokens']:,} answer tokens "
+                 f"({ex['trained_tokens'] / max(manifest['num_tokens'], 1):.0%})")
+        if ex["no_answer"]:
+            line += f", {ex['no_answer']:,} without an answer (not trained on)"
     return line
 
 

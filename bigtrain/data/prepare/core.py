@@ -5,6 +5,8 @@ hands the rest to a pool of worker processes that each read, tokenize and write 
 at a time (worker.py); at most a few pieces are in flight, so memory stays flat however
 large the corpus. The manifest is written last, atomically: until it exists the output is
 not a prepared corpus, and a rerun (after a kill -9, say) keeps every finished shard.
+Chat and instruction examples (`fmt`, bigtrain.data.chat) go the same way, rendered by the workers
+into tokens plus the mask of the tokens to train on.
 """
 from __future__ import annotations
 
@@ -52,30 +54,46 @@ def text_source(source: str | Source, split: str = "train", revision: str | None
     return replace(src, split=split, revision=revision, streaming=streaming) if src.kind == "hub" else src
 
 
-def identity(src: Source, tokenizer: Any, text_field: str, hash_content: bool) -> dict:
-    """What a prepared directory was made from; the same identity means the same shards."""
+def identity(src: Source, tokenizer: Any, text_field: str, hash_content: bool, fmt: str = "text") -> dict:
+    """What a prepared directory was made from; the same identity means the same shards. Examples (`fmt` other
+    than text) read their format's columns instead of the text field, and a chat corpus depends on the
+    template too (the tokenizer's fingerprint covers its vocabulary only)."""
+    import hashlib
+
+    from bigtrain.data.chat import FIELDS
     from bigtrain.data.tokenizer import tokenizer_fingerprint
-    field = "text" if (src.kind == "files" and src.loader == "text") or src.kind == "builtin" else text_field
-    return {"format": FORMAT, "source": source_fingerprint(src, hash_content), "text_field": field,
-            "tokenizer": tokenizer_fingerprint(tokenizer)}
+    field: Any = "text" if (src.kind == "files" and src.loader == "text") or src.kind == "builtin" else text_field
+    ident = {"format": FORMAT, "source": source_fingerprint(src, hash_content), "text_field": field,
+             "tokenizer": tokenizer_fingerprint(tokenizer)}
+    if fmt != "text":
+        ident.update(text_field=list(FIELDS[fmt]), examples=fmt)
+    if fmt == "chat":
+        template = getattr(tokenizer, "chat_template", None) or ""
+        ident["chat_template"] = hashlib.sha256(str(template).encode()).hexdigest()[:16]
+    return ident
 
 
 def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field: str = "text",
             num_proc: int | None = None, seq_len: int | None = None, hash_content: bool = False,
-            piece_bytes: int = PIECE_BYTES, batch_bytes: int = BATCH_BYTES, progress: bool = True) -> PreparedCorpus:
+            piece_bytes: int = PIECE_BYTES, batch_bytes: int = BATCH_BYTES, progress: bool = True,
+            fmt: str = "text") -> PreparedCorpus:
     """Tokenize `source` into `out` (or reuse / finish what is there); returns the prepared corpus.
 
     `tokenizer` is a transformers tokenizer; it is saved into out/tokenizer. `num_proc` worker
     processes (default: every core) tokenize in parallel, one thread each; with 1 (or a corpus of
     one piece) this process tokenizes. `seq_len` only makes the manifest say how many training
     blocks the corpus gives. `piece_bytes` (the unit of work and of resume) and `batch_bytes`
-    (text per tokenizer call: what bounds memory) rarely need changing.
+    (text per tokenizer call: what bounds memory) rarely need changing. `fmt`: text, or the example format
+    (chat, prompt_completion, alpaca) whose records are rendered with the tokenizer (its chat template).
     """
     from bigtrain.data.tokenizer import eos_id
 
     src = text_source(source) if isinstance(source, str) else source
     out = Path(out).expanduser()
-    ident = identity(src, tokenizer, text_field, hash_content)
+    ident = identity(src, tokenizer, text_field, hash_content, fmt)
+    if fmt == "chat" and not getattr(tokenizer, "chat_template", None):
+        from bigtrain.data.chat import no_template_line
+        raise ValueError(no_template_line(tokenizer))
     num_proc = num_proc or default_num_proc()
     if num_proc < 1:
         raise ValueError(f"--num-proc {num_proc}: must be >= 1")
@@ -86,7 +104,7 @@ def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field
         _start_or_resume(out, ident)
         _save_tokenizer(tokenizer, out / "tokenizer")
         job = _Job(src, ident, out, token_dtype(len(tokenizer)).name, eos_id(tokenizer), num_proc,
-                   (piece_bytes, batch_bytes))
+                   (piece_bytes, batch_bytes), fmt)
         started = time.perf_counter()
         shards = job.run(progress)
         _write_manifest(out, src, ident, tokenizer, job, shards, seq_len, time.perf_counter() - started,
@@ -163,8 +181,10 @@ class _Job:
     """One prepare run: plan, skip finished pieces, tokenize the rest in a pool (or here, when small)."""
 
     def __init__(self, src: Source, ident: dict, out: Path, dtype: str, eos: int, num_proc: int,
-                 sizes: tuple[int, int]):
-        self.src, self.ident, self.out = src, ident, out
+                 sizes: tuple[int, int], fmt: str = "text"):
+        self.src, self.ident, self.out, self.fmt = src, ident, out, fmt
+        field = ident["text_field"]
+        self.field = field if isinstance(field, str) else tuple(field)  # a tuple: example columns
         self.dtype, self.eos, self.num_proc = dtype, eos, num_proc
         self.piece_bytes, self.batch_bytes = sizes
         self.shard_dir = out / "shards"
@@ -174,15 +194,15 @@ class _Job:
     def run(self, show: bool) -> list[dict]:
         bar = Progress(self.total_bytes, show)
         markers: dict[int, dict] = {}
-        pieces = plan(self.src, self.ident["text_field"], self.piece_bytes, self.out / "spool")
+        pieces = plan(self.src, self.field, self.piece_bytes, self.out / "spool")
         first = list(itertools.islice(pieces, 2))
         inline = len(first) < 2 or self.num_proc == 1  # no worker processes: tokenize in this one
         pieces = itertools.chain(first, pieces)
         try:
             if inline:
-                setup(str(self.out / "tokenizer"), self.eos, self.dtype, self.batch_bytes, report=bar.add)
+                setup(str(self.out / "tokenizer"), self.eos, self.dtype, self.batch_bytes, report=bar.add, fmt=self.fmt)
                 for piece, _ in self._todo(pieces, markers, bar):
-                    markers[piece.index] = process_piece(piece, self.ident["text_field"], str(self.shard_dir))
+                    markers[piece.index] = process_piece(piece, self.field, str(self.shard_dir))
                     bar.finished(markers[piece.index])
             else:
                 self._pool(pieces, markers, bar)
@@ -210,13 +230,17 @@ class _Job:
         if not marker or marker.get("piece") != piece.key() or not paths["index"].is_file():
             return None
         size = paths["tokens"].stat().st_size if paths["tokens"].is_file() else -1
+        if self.fmt != "text":  # examples: the mask (one byte a token) and the answer starts too
+            mask = paths["mask"].stat().st_size if paths["mask"].is_file() else -1
+            if mask != marker["tokens"] or not paths["answers"].is_file():
+                return None
         return marker if size == marker["tokens"] * np.dtype(self.dtype).itemsize else None
 
     def _pool(self, pieces: Iterator[tuple[Piece, list[str] | None]], markers: dict[int, dict],
               bar: Progress) -> None:
         init = {"tokenizer_dir": str(self.out / "tokenizer"), "eos": self.eos, "dtype": self.dtype,
-                "batch_bytes": self.batch_bytes}
-        field, shard_dir = self.ident["text_field"], str(self.shard_dir)
+                "batch_bytes": self.batch_bytes, "fmt": self.fmt}
+        field, shard_dir = self.field, str(self.shard_dir)
 
         def done(piece: Piece, marker: dict) -> None:
             markers[piece.index] = marker
@@ -262,8 +286,13 @@ def _write_manifest(out: Path, src: Source, ident: dict, tokenizer: Any, job: _J
         "dtype": job.dtype, "num_docs": sum(s["docs"] for s in shards), "num_tokens": tokens,
         "shards": [{"name": f"{i:05d}", "tokens": s["tokens"], "docs": s["docs"], "bytes": s["bytes"]}
                    for i, s in enumerate(shards)],
-        "seq_len": seq_len, "blocks": (tokens - 1) // seq_len if seq_len else None,
+        "seq_len": seq_len, "blocks": (tokens - 1) // seq_len if seq_len and job.fmt == "text" else None,
         "num_proc": job.num_proc, "seconds": round(seconds, 3), "resumed_shards": job.resumed,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if job.fmt != "text":
+        manifest["examples"] = {"format": job.fmt, "trained_tokens": sum(s["trained"] for s in shards),
+                                "no_answer": sum(s["no_answer"] for s in shards)}
+        for entry, shard in zip(manifest["shards"], shards):
+            entry["trained"] = shard["trained"]
     write_json_atomic(out / MANIFEST, manifest)

@@ -7,6 +7,10 @@ again gets the same pieces and keeps the shards it finished. File pieces are byt
 itself. Documents that only the main process can produce (the builtin text, a hub dataset,
 a JSON array file) are spooled to a jsonl file per piece, which a worker reads like any
 other; a spooled piece is identified by its document range.
+
+The field read is a text column (a str: every document is one text) or, for chat and instruction
+examples, a tuple of columns (bigtrain.data.chat.FIELDS: "?" marks an optional one): every document
+is then the record itself, a dict, which the worker renders.
 """
 from __future__ import annotations
 
@@ -14,10 +18,12 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
+from bigtrain.data.chat import columns, record_text, required
 from bigtrain.data.sources import Source, first_not_utf8, line_at, not_utf8
 
+Field = str | tuple[str, ...]  # a text column, or the columns of an example record
 PIECE_BYTES = 32 << 20  # input bytes per piece: the resume granularity and the unit handed to a worker
 BATCH_BYTES = 1 << 20  # text bytes per encode call: what bounds a worker's memory
 BPE_TRAIN_BYTES = 256 << 20  # text a tokenizer trained on the corpus sees at most (all of a smaller corpus)
@@ -43,7 +49,7 @@ class Piece:
         return {k: v for k, v in asdict(self).items() if not (self.kind == "spool" and k == "path")}
 
 
-def plan(src: Source, text_field: str, piece_bytes: int, spool_dir: Path) -> Iterator[tuple[Piece, list[str] | None]]:
+def plan(src: Source, text_field: Field, piece_bytes: int, spool_dir: Path) -> Iterator[tuple[Piece, list[str] | None]]:
     """(piece, documents to spool or None) in source order; spooled pieces carry their documents."""
     if src.kind == "builtin":
         from bigtrain.data.builtin import builtin_documents
@@ -106,17 +112,24 @@ def _txt_cut(data: bytes, skip: int) -> int:
     return found.start() if found else -1
 
 
-def _parquet_pieces(path: Path, piece_bytes: int, text_field: str) -> Iterator[tuple[Piece, None]]:
+def _parquet_pieces(path: Path, piece_bytes: int, text_field: Field) -> Iterator[tuple[Piece, None]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        meta = pq.ParquetFile(path).metadata
+        parquet = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:  # pyarrow's message does not name the file
         raise ValueError(f"{path} is not a Parquet file ({e}); remove it from data.source, or give it the "
                          "extension of what it holds (.txt, .jsonl, .json)") from None
+    meta = parquet.metadata
     names = meta.schema.names
-    if text_field not in names:
+    if isinstance(text_field, tuple):
+        names = parquet.schema_arrow.names  # the top-level columns ("messages"), not the leaves of nested ones
+        missing = [c for c in required(text_field) if c not in names]
+        if missing:
+            raise ValueError(f"{path} has no column {missing[0]!r} (it has {names}): the columns of these records "
+                             f"are {columns(text_field)}; set data.format to the format the file holds")
+    elif text_field not in names:
         raise ValueError(f"data.text_field={text_field!r}: {path} has no such column; it has {names}. "
                          "Set data.text_field to one of them")
     start, size = 0, 0
@@ -134,7 +147,7 @@ def _is_json_array(path: Path) -> bool:
         return f.read(4096).lstrip()[:1] == b"["
 
 
-def _json_array_texts(path: Path, text_field: str) -> Iterator[str]:
+def _json_array_texts(path: Path, text_field: Field) -> Iterator[Any]:
     """A JSON array of records: read whole (its size bounds the memory); prefer JSON lines for big data."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -150,15 +163,15 @@ def _json_array_texts(path: Path, text_field: str) -> Iterator[str]:
             yield text
 
 
-def _spooled(texts: Iterable[str], first: int, piece_bytes: int,
-             spool_dir: Path) -> Iterator[tuple[Piece, list[str]]]:
+def _spooled(texts: Iterable[Any], first: int, piece_bytes: int,
+             spool_dir: Path) -> Iterator[tuple[Piece, list[Any]]]:
     """Group a document stream into pieces of about piece_bytes; document ranges identify them."""
     docs: list[str] = []
     size = start = 0
     index = first
     for text in texts:
         docs.append(text)
-        size += len(text.encode("utf-8"))
+        size += _doc_bytes(text)
         if size >= piece_bytes:
             yield Piece(index, "spool", str(spool_dir / f"{index:05d}.jsonl"), start, start + len(docs),
                         nbytes=size), docs
@@ -168,24 +181,32 @@ def _spooled(texts: Iterable[str], first: int, piece_bytes: int,
                     nbytes=size), docs
 
 
-def write_spool(piece: Piece, docs: list[str]) -> None:
-    """The documents of a spooled piece as jsonl (field "text"), written whole before a worker reads it."""
+def _doc_bytes(doc: Any) -> int:
+    """A spooled document's size as its piece counts it (a text's UTF-8 bytes; a record's as JSON)."""
+    return len((doc if isinstance(doc, str) else json.dumps(doc, ensure_ascii=False)).encode("utf-8"))
+
+
+def write_spool(piece: Piece, docs: list[Any]) -> None:
+    """The documents of a spooled piece as jsonl (texts as field "text", records as they are), written whole
+    before a worker reads it."""
     path = Path(piece.path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for doc in docs:
-            f.write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
+            f.write(json.dumps({"text": doc} if isinstance(doc, str) else doc, ensure_ascii=False) + "\n")
     tmp.replace(path)
 
 
-def iter_documents(src: Source, text_field: str, max_bytes: int | None = None) -> Iterator[str]:
-    """The source's texts in order, streamed (chunks of large .txt files as separate texts), up to max_bytes."""
+def iter_documents(src: Source, text_field: Field, max_bytes: int | None = None) -> Iterator[str]:
+    """The source's texts in order, streamed (chunks of large .txt files as separate texts; every string of an
+    example record joined), up to max_bytes."""
     seen = 0
     for piece, docs in plan(src, text_field, PIECE_BYTES, Path("/nonexistent-spool")):
         batches = [(docs, True, 0)] if docs is not None else read_piece(piece, text_field)
         for texts, _, _ in batches:
             for text in texts:
+                text = text if isinstance(text, str) else record_text(text)
                 yield text
                 seen += len(text)
                 if max_bytes is not None and seen >= max_bytes:
@@ -194,7 +215,8 @@ def iter_documents(src: Source, text_field: str, max_bytes: int | None = None) -
 
 # --- reading a piece (in a worker) -----------------------------------------------------------
 
-def read_piece(piece: Piece, text_field: str, batch_bytes: int = BATCH_BYTES) -> Iterator[tuple[list[str], bool, int]]:
+def read_piece(piece: Piece, text_field: Field,
+               batch_bytes: int = BATCH_BYTES) -> Iterator[tuple[list[Any], bool, int]]:
     """Batches of (texts, last_ends_document, input bytes): every text is a whole document except in .txt
     pieces, whose chunks continue one document that ends (gets an EOS) only at the end of its file.
     The input bytes of the batches add up to the piece's `nbytes`."""
@@ -203,8 +225,9 @@ def read_piece(piece: Piece, text_field: str, batch_bytes: int = BATCH_BYTES) ->
     elif piece.kind == "txt":
         yield from _txt_chunks(piece, batch_bytes)
     elif piece.kind == "spool":
-        for texts, _ in _jsonl_texts(piece, "text", batch_bytes):
-            yield texts, True, sum(len(t.encode("utf-8")) for t in texts)
+        spooled = "text" if isinstance(text_field, str) else text_field
+        for texts, _ in _jsonl_texts(piece, spooled, batch_bytes):
+            yield texts, True, sum(_doc_bytes(t) for t in texts)
     else:
         for texts, nbytes in _jsonl_texts(piece, text_field, batch_bytes):
             yield texts, True, nbytes
@@ -244,7 +267,7 @@ def _last_cut(data: bytes, cut: re.Pattern) -> int:
     return last
 
 
-def _jsonl_texts(piece: Piece, field: str, batch_bytes: int) -> Iterator[tuple[list[str], int]]:
+def _jsonl_texts(piece: Piece, field: Field, batch_bytes: int) -> Iterator[tuple[list[Any], int]]:
     path = piece.path
     for data, offset in _byte_batches(piece, None, batch_bytes):
         texts = []
@@ -265,9 +288,11 @@ def _jsonl_texts(piece: Piece, field: str, batch_bytes: int) -> Iterator[tuple[l
         yield texts, len(data)
 
 
-def _field(record: object, field: str, where: str | Callable[[], str]) -> str | None:
-    """The record's text (None: a null value); `where`, or what it returns (a line number costs a read of
-    the file), names the record in the error."""
+def _field(record: object, field: Field, where: str | Callable[[], str]) -> Any:
+    """The record's text (None: a null value), or for example columns the record itself; `where`, or what it
+    returns (a line number costs a read of the file), names the record in the error."""
+    if isinstance(field, tuple):
+        return _record(record, field, where)
     if isinstance(record, dict) and isinstance(record.get(field), str):
         return record[field]
     if isinstance(record, dict) and field in record and record[field] is None:
@@ -278,6 +303,15 @@ def _field(record: object, field: str, where: str | Callable[[], str]) -> str | 
         raise ValueError(f"data.text_field={field!r}: a record in {where} has no such field; it has {keys}. "
                          "Set data.text_field to one of them")
     raise ValueError(f"data.text_field={field!r}: a value in {where} is {type(record[field]).__name__}, not text")
+
+
+def _record(record: object, fields: tuple[str, ...], where: str | Callable[[], str]) -> dict:
+    if isinstance(record, dict) and all(f in record for f in required(fields)):
+        return record
+    where = where() if callable(where) else where
+    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+    raise ValueError(f"a record in {where} has no {', '.join(required(fields))} (it has {keys}); every record of "
+                     "one source must be in one format: set data.format to the one it holds, or fix the record")
 
 
 def _txt_chunks(piece: Piece, batch_bytes: int) -> Iterator[tuple[list[str], bool, int]]:
@@ -300,10 +334,18 @@ def _universal_newlines(path: str, data: bytes, offset: int) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _parquet_texts(piece: Piece, text_field: str) -> Iterator[tuple[list[str], bool, int]]:
+def _parquet_texts(piece: Piece, text_field: Field) -> Iterator[tuple[list[Any], bool, int]]:
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(piece.path)
+    if isinstance(text_field, tuple):  # example records: the format's columns the file has, rows as dicts
+        names = parquet.schema_arrow.names
+        wanted = [c for c in columns(text_field) if c in names]
+        for batch in parquet.iter_batches(batch_size=1024, row_groups=list(range(piece.start, piece.end)),
+                                          columns=wanted):
+            yield batch.to_pylist(), True, 0
+        yield [], True, piece.nbytes
+        return
     texts: list[str] = []
     for batch in parquet.iter_batches(batch_size=1024, row_groups=list(range(piece.start, piece.end)),
                                       columns=[text_field]):

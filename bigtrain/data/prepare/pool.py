@@ -41,7 +41,7 @@ class WorkerPool:
     def idle(self) -> int:
         return len(self.procs) - len(self.busy)
 
-    def submit(self, piece: Piece, text_field: str, shard_dir: str) -> None:
+    def submit(self, piece: Piece, text_field: str | tuple[str, ...], shard_dir: str) -> None:
         worker = next(i for i in range(len(self.procs)) if i not in self.busy)
         self.busy[worker] = piece
         self._send(worker, {"piece": asdict(piece), "text_field": text_field, "shard_dir": shard_dir})

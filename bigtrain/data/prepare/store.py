@@ -7,6 +7,12 @@
     OUT/shards/00000.json  the shard's completion marker (its piece, counts)
 
 The corpus is the shards concatenated in order: documents joined with EOS, in source order.
+A corpus of chat or instruction examples (manifest "examples") has one document per example, as
+its template rendered it (no EOS added), and per shard also
+
+    OUT/shards/00000.mask.bin  uint8 per token: 1 where the token is trained (the answer), else 0
+    OUT/shards/00000.ans.npy   int64 per example: offset of its first trained token after its first
+                               token (its length when it has none), to filter examples without reading masks
 """
 from __future__ import annotations
 
@@ -57,6 +63,12 @@ def damaged_shards(root: str | Path, manifest: dict[str, Any]) -> dict[str, str]
                                       f"says {shard['tokens']} tokens ({expected} bytes)")
         elif not index.is_file():
             damaged[shard["name"]] = f"shards/{index.name} is missing"
+        elif "examples" in manifest:
+            mask, answers = shard_dir / f"{shard['name']}.mask.bin", shard_dir / f"{shard['name']}.ans.npy"
+            if not mask.is_file() or mask.stat().st_size != int(shard["tokens"]):
+                damaged[shard["name"]] = f"shards/{mask.name} is missing or of another size than its tokens"
+            elif not answers.is_file():
+                damaged[shard["name"]] = f"shards/{answers.name} is missing"
     return damaged
 
 
@@ -70,7 +82,9 @@ def repair_command(root: str | Path, manifest: dict[str, Any]) -> str:
     keeps the intact shards, and reuses ROOT/tokenizer since it names none (see `prepare`)."""
     source = manifest["source"]
     argv = ["bigtrain", "prepare", "--data", source["text"], "--out", str(root)]
-    if source.get("text_field", "text") != "text":
+    if "examples" in manifest:  # the template is in ROOT/tokenizer, which the command reuses
+        argv += ["--format", manifest["examples"]["format"]]
+    elif source.get("text_field", "text") != "text":
         argv += ["--text-field", source["text_field"]]
     hub = source.get("hub") or {}
     if hub.get("split") not in (None, "train"):
@@ -99,13 +113,18 @@ class PreparedCorpus:
                              "shards are kept)")
         counts = [int(s["tokens"]) for s in self.manifest["shards"]]
         self.num_tokens = int(sum(counts))
+        self.examples: dict | None = self.manifest.get("examples")  # {"format", ...} for chat/instruction data
         self._shards: list[np.ndarray] = []
+        self._masks: list[np.ndarray] = []
         self._starts: list[int] = []  # global offset of each non-empty shard's first token
         start = 0
         for shard, count in zip(self.manifest["shards"], counts):
             if count:
                 path = shard_dir / f"{shard['name']}.bin"
                 self._shards.append(np.memmap(path, dtype=self.dtype, mode="r", shape=(count,)))
+                if self.examples:
+                    self._masks.append(np.memmap(path.with_suffix(".mask.bin"), dtype=np.uint8, mode="r",
+                                                 shape=(count,)))
                 self._starts.append(start)
             start += count
         self._bounds = np.asarray(self._starts + [self.num_tokens], dtype=np.int64)
@@ -124,17 +143,31 @@ class PreparedCorpus:
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """tokens[start:stop] of the whole stream (a copy when it spans shards)."""
+        return self._read(self._shards, start, stop, self.dtype)
+
+    def mask(self, start: int, stop: int) -> np.ndarray:
+        """The trained-token mask (uint8, 1 = trained) of tokens[start:stop]; examples only."""
+        assert self.examples, f"{self.root} holds text, not examples: it has no mask"
+        return self._read(self._masks, start, stop, np.dtype(np.uint8))
+
+    def answer_starts(self) -> np.ndarray:
+        """Per example: the offset of its first trained token after its first (its length when none)."""
+        assert self.examples, f"{self.root} holds text, not examples"
+        return np.concatenate([np.load(self.root / "shards" / f"{s['name']}.ans.npy") for s in self.manifest["shards"]]
+                              or [np.zeros(0, np.int64)])
+
+    def _read(self, arrays: list[np.ndarray], start: int, stop: int, dtype: np.dtype) -> np.ndarray:
         assert 0 <= start <= stop <= self.num_tokens, (start, stop, self.num_tokens)
         first = int(np.searchsorted(self._bounds, start, side="right")) - 1
         parts = []
         while start < stop:
-            shard, offset = self._shards[first], start - self._starts[first]
+            shard, offset = arrays[first], start - self._starts[first]
             take = min(stop - start, len(shard) - offset)
             parts.append(shard[offset:offset + take])
             start, first = start + take, first + 1
         if len(parts) == 1:
             return parts[0]
-        return np.concatenate(parts) if parts else np.zeros(0, self.dtype)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
     def document_ends(self) -> np.ndarray:
         """End offset of every document in the whole stream (reads the small index files)."""
@@ -147,5 +180,6 @@ class PreparedCorpus:
 
     def describe(self) -> str:
         m = self.manifest
-        return (f"prepared {self.root}: {m['num_docs']:,} documents, {self.num_tokens:,} tokens ({m['dtype']}) "
+        what = f"{self.examples['format']} examples" if self.examples else "documents"
+        return (f"prepared {self.root}: {m['num_docs']:,} {what}, {self.num_tokens:,} tokens ({m['dtype']}) "
                 f"from {m['source']['text']!r}")

@@ -6,6 +6,11 @@ committed in three steps: the token file and the document index are written unde
 temporary names and renamed, then a small JSON marker naming the piece is written
 atomically; only a shard with its marker counts as finished, so a kill at any moment
 leaves either a finished shard or nothing that a resume would take for one.
+
+Chat and instruction examples (the field read is a tuple of columns) are rendered by
+`bigtrain.data.chat.Renderer` instead (transformers' tokenizer classes and Jinja, still no torch):
+each example is one document, and the shard gets two more files, the trained-token mask and
+where each example's answer starts.
 """
 from __future__ import annotations
 
@@ -30,8 +35,11 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def shard_paths(shard_dir: Path, index: int) -> dict[str, Path]:
+    """A shard's files; `mask` (uint8 per token, 1 = trained) and `answers` (int64 per example: the offset of its
+    first trained token after its first token, or its length when it has none) exist for examples only."""
     stem = shard_dir / f"{index:05d}"
     return {"tokens": stem.with_suffix(".bin"), "index": stem.with_suffix(".idx.npy"),
+            "mask": stem.with_suffix(".mask.bin"), "answers": stem.with_suffix(".ans.npy"),
             "marker": stem.with_suffix(".json")}
 
 
@@ -58,11 +66,24 @@ def make_encoder(tokenizer_dir: str):
 
 
 def setup(tokenizer_dir: str, eos: int, dtype: str, batch_bytes: int = BATCH_BYTES,
-          report: Callable[[list[int]], None] | None = None) -> None:
+          report: Callable[[list[int]], None] | None = None, fmt: str = "text") -> None:
     """Load the encoder for `process_piece` in this process (the main one too, for a small corpus);
-    `report` gets [tokens, docs, input bytes] after every batch of about `batch_bytes` of input."""
+    `report` gets [tokens, docs, input bytes] after every batch of about `batch_bytes` of input. `fmt`: text,
+    or the example format (bigtrain.data.chat) whose records this process renders."""
     _STATE.update(encode=make_encoder(tokenizer_dir), eos=eos, dtype=np.dtype(dtype), batch_bytes=batch_bytes,
-                  report=report)
+                  report=report, render=None)
+    if fmt != "text":
+        from bigtrain.data.chat import Renderer
+        _STATE["render"] = Renderer(_chat_tokenizer(tokenizer_dir), fmt)
+
+
+def _chat_tokenizer(tokenizer_dir: str) -> Any:
+    """transformers' tokenizer with its chat template; the fast class directly, as AutoTokenizer imports torch."""
+    if (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+        return PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 def _die_with_parent() -> None:
@@ -75,10 +96,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def process_piece(piece: Piece, text_field: str, shard_dir: str) -> dict:
+def process_piece(piece: Piece, text_field: str | list[str] | tuple[str, ...], shard_dir: str) -> dict:
     """Tokenize one piece into shard `piece.index`; returns its marker (counts and the piece's key)."""
     state = _STATE
     paths = shard_paths(Path(shard_dir), piece.index)
+    if not isinstance(text_field, str):
+        return _process_examples(piece, tuple(text_field), paths)
     tmp = {k: p.with_name(f".{p.name}.tmp-{os.getpid()}") for k, p in paths.items()}
     ends: list[np.ndarray] = []
     tokens = docs = 0
@@ -103,6 +126,67 @@ def process_piece(piece: Piece, text_field: str, shard_dir: str) -> dict:
     if piece.kind == "spool":
         Path(piece.path).unlink(missing_ok=True)
     return marker
+
+
+def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Path]) -> dict:
+    """Render the piece's example records into shard files: tokens, mask, document ends, answer starts."""
+    state = _STATE
+    assert state["render"] is not None, "setup(fmt=...) renders examples"
+    tmp = {k: p.with_name(f".{p.name}.tmp-{os.getpid()}") for k, p in paths.items()}
+    ends: list[np.ndarray] = []
+    answers: list[np.ndarray] = []
+    tokens = docs = trained = 0
+    with open(tmp["tokens"], "wb") as out, open(tmp["mask"], "wb") as mask_out:
+        for records, _, nbytes in read_piece(piece, fields, state["batch_bytes"]):
+            ids, mask, doc_ends, first = _render(records, state["render"], state["dtype"], piece.path)
+            out.write(ids.tobytes())
+            mask_out.write(mask.tobytes())
+            ends.append(tokens + doc_ends)
+            answers.append(first)
+            tokens, docs, trained = tokens + len(ids), docs + len(doc_ends), trained + int(mask.sum())
+            if state["report"] is not None:
+                state["report"]([len(ids), len(doc_ends), nbytes])
+        for f in (out, mask_out):
+            f.flush()
+            os.fsync(f.fileno())
+    first_answers = np.concatenate(answers) if answers else np.zeros(0, np.int64)
+    all_ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+    for key, array in (("index", all_ends), ("answers", first_answers)):
+        with open(tmp[key], "wb") as f:
+            np.save(f, array)
+    for key in ("index", "answers", "mask", "tokens"):  # the token file last: its size is what a resume checks
+        os.replace(tmp[key], paths[key])
+    lengths = np.diff(all_ends, prepend=0)
+    marker = {"piece": piece.key(), "tokens": tokens, "docs": docs, "bytes": piece.nbytes, "trained": trained,
+              "no_answer": int((first_answers >= lengths).sum())}
+    write_json_atomic(paths["marker"], marker)
+    if piece.kind == "spool":
+        Path(piece.path).unlink(missing_ok=True)
+    return marker
+
+
+def _render(records: list[dict], render: Any, dtype: np.dtype,
+            where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Ids and mask of the records, where each example ends, and where its answer starts (see shard_paths)."""
+    flat: list[int] = []
+    mask: list[int] = []
+    ends: list[int] = []
+    first: list[int] = []
+    for record in records:
+        try:
+            ids, trained = render(record)
+        except ValueError as e:
+            shown = json.dumps(record, ensure_ascii=False, default=str)
+            raise ValueError(f"{where}: the record {shown[:80]}{'...' if len(shown) > 80 else ''}: {e}") from None
+        if not ids:
+            continue
+        answer = next((i for i in range(1, len(trained)) if trained[i]), len(ids))
+        flat.extend(ids)
+        mask.extend(trained)
+        ends.append(len(flat))
+        first.append(answer)
+    return (np.asarray(flat, dtype=dtype), np.asarray(mask, dtype=np.uint8), np.asarray(ends, dtype=np.int64),
+            np.asarray(first, dtype=np.int64))
 
 
 def _encode(texts: list[str], last_ends: bool, encode, eos: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,258 @@
+"""Chat and instruction examples: which format a record is in, and how it becomes tokens with its answer marked.
+
+The record shapes the HF Trainer / TRL SFT trainer, axolotl, LLaMA-Factory and torchtune take:
+
+    chat               {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
+    prompt_completion  {"prompt": "...", "completion": "..."}
+    alpaca             {"instruction": "...", "input": "..." (optional), "output": "..."}
+
+An example renders to token ids and a 0/1 mask of the tokens the model is trained to produce: the assistant's
+turns (their end-of-turn marker included: the model must learn to stop), the completion, the output (each
+followed by the tokenizer's end-of-text). A conversation goes through the tokenizer's own chat template, as
+`apply_chat_template` renders it for inference; prompt/completion pairs and Alpaca records are plain text.
+
+Imported by prepare's worker processes: transformers' tokenizer classes and Jinja, never torch.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+FORMATS = ("auto", "text", "chat", "prompt_completion", "alpaca")
+EXAMPLE_FORMATS = ("chat", "prompt_completion", "alpaca")
+LONG_EXAMPLES = ("truncate", "drop")
+# The columns of each format; "?" marks an optional one (read where present).
+FIELDS: dict[str, tuple[str, ...]] = {"chat": ("messages",), "prompt_completion": ("prompt", "completion"),
+                                      "alpaca": ("instruction", "input?", "output")}
+# Stanford Alpaca's prompts (also axolotl's "alpaca" type), so a model fine-tuned here answers them as theirs do.
+ALPACA_PROMPT = ("Below is an instruction that describes a task, paired with an input that provides further "
+                 "context. Write a response that appropriately completes the request.\n\n"
+                 "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
+ALPACA_PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately "
+                          "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+_GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
+
+
+@dataclass(frozen=True)
+class ExampleOptions:
+    """The data.* settings of chat and instruction data (see the run config's docs)."""
+
+    format: str = "auto"
+    chat_template: str | None = None
+    train_on_prompt: bool = False
+    long_examples: str = "truncate"
+    packing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"data.format={self.format!r}: must be one of {', '.join(FORMATS)}")
+        if self.long_examples not in LONG_EXAMPLES:
+            raise ValueError(f"data.long_examples={self.long_examples!r}: must be truncate or drop")
+
+
+def required(fields: Iterable[str]) -> list[str]:
+    return [f for f in fields if not f.endswith("?")]
+
+
+def columns(fields: Iterable[str]) -> list[str]:
+    return [f.rstrip("?") for f in fields]
+
+
+def format_of(keys: Iterable[str]) -> str:
+    """The example format whose required fields the keys hold ('text' when none), as TRL recognises them."""
+    keys = set(keys)
+    return next((fmt for fmt in EXAMPLE_FORMATS if set(required(FIELDS[fmt])) <= keys), "text")
+
+
+def detect_format(src: Any, declared: str) -> str:
+    """data.format, or (auto) the format of the source's first record: columns of a Parquet file or a hub
+    dataset, keys of the first JSON record; .txt and the builtin text are text."""
+    if declared != "auto":
+        if declared in EXAMPLE_FORMATS and (src.kind == "builtin" or src.loader == "text"):
+            raise ValueError(f"data.format={declared}: {src.text!r} is plain text, not records; give jsonl / json / "
+                             "parquet records (or hf:NAME) with the format's fields, or set data.format=text")
+        return declared
+    keys = _first_keys(src)
+    return "text" if keys is None else format_of(keys)
+
+
+def _first_keys(src: Any) -> list[str] | None:
+    if src.kind == "hub":  # every rank looks: as a stream, so that none downloads the dataset for it
+        from dataclasses import replace
+
+        from bigtrain.data.sources import load_hub
+        records = load_hub(replace(src, streaming=True))
+        names = records.column_names
+        return list(names) if names is not None else list(next(iter(records), {}))
+    if src.kind != "files" or src.loader == "text":
+        return None
+    path = src.files[0]
+    if src.loader == "parquet":
+        import pyarrow.parquet as pq
+        try:
+            return list(pq.ParquetFile(path).schema_arrow.names)
+        except Exception:  # noqa: BLE001 -- not Parquet: the reader names the file with its own line later
+            return None
+    record = _first_json_record(path)
+    return list(record) if isinstance(record, dict) else None
+
+
+def _first_json_record(path: Path) -> Any:
+    """The first record of a jsonl file, or of a .json array, from the first 4 MB (None when unreadable there:
+    the reader reports the file's problem with its line)."""
+    with open(path, "rb") as f:
+        head = f.read(4 << 20).decode("utf-8", errors="replace")
+    text = head.lstrip()
+    try:
+        if text.startswith("["):
+            record, _ = json.JSONDecoder().raw_decode(text[1:].lstrip())
+            return record
+        line = next((ln for ln in text.splitlines() if ln.strip()), "")
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def read_chat_template(value: str) -> str:
+    """data.chat_template: a file holding a Jinja template, or the template itself."""
+    path = Path(value).expanduser()
+    if len(value) < 4096 and path.is_file():
+        return path.read_text(encoding="utf-8")
+    if "{%" in value or "{{" in value:
+        return value
+    raise ValueError(f"data.chat_template={value!r}: no such file, and not a Jinja template (it has no '{{%' or "
+                     "'{{'); give a template file or the template text")
+
+
+def has_generation_tags(template: str | None) -> bool:
+    """Whether the template marks assistant text with {% generation %} (HF's return_assistant_tokens_mask)."""
+    return bool(template) and bool(_GENERATION_TAG.search(template))
+
+
+def record_text(record: Any) -> str:
+    """Every string in a record, for training a BPE on examples (no tokenizer given)."""
+    if isinstance(record, str):
+        return record
+    if isinstance(record, dict):
+        return "\n".join(record_text(v) for v in record.values())
+    if isinstance(record, list):
+        return "\n".join(record_text(v) for v in record)
+    return ""
+
+
+class Renderer:
+    """record -> (token ids, trained mask) for one example format and tokenizer."""
+
+    def __init__(self, tokenizer: Any, fmt: str):
+        assert fmt in EXAMPLE_FORMATS, fmt
+        self.tok, self.fmt = tokenizer, fmt
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no end-of-text token to end an answer with; "
+                             "use a tokenizer that has one")
+        self.eos = int(eos)
+        self.start = _start_tokens(tokenizer)
+        self.template = getattr(tokenizer, "chat_template", None)
+        if fmt == "chat" and not self.template:
+            raise ValueError(no_template_line(tokenizer))
+        self.tagged = has_generation_tags(self.template)
+
+    def __call__(self, record: dict) -> tuple[list[int], list[int]]:
+        if self.fmt == "chat":
+            return self.chat(record["messages"])
+        if self.fmt == "prompt_completion":
+            prompt, completion = _text(record, "prompt"), _text(record, "completion")
+        else:
+            instruction, output = _text(record, "instruction"), _text(record, "output")
+            extra = record.get("input") or ""
+            if not isinstance(extra, str):
+                raise ValueError(f"an alpaca record's 'input' is {type(extra).__name__}, not text")
+            template = ALPACA_PROMPT if extra.strip() else ALPACA_PROMPT_NO_INPUT
+            prompt, completion = template.format(instruction=instruction, input=extra), output
+        # Tokenized apart, so the prompt's tokens are the ones a prompt fed alone at inference gets (TRL warns
+        # when the two differ; a byte-level BPE cuts at the space that starts a completion anyway).
+        head = self.start + self._encode(prompt)
+        tail = self._encode(completion) + [self.eos]
+        return head + tail, [0] * len(head) + [1] * len(tail)
+
+    def chat(self, messages: Any) -> tuple[list[int], list[int]]:
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise ValueError("a chat record's 'messages' must be a non-empty list of {\"role\": ..., \"content\": ...}")
+        if self.tagged:  # the template marks the assistant's text itself
+            out = self._apply(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            return list(out["input_ids"]), [int(m) for m in out["assistant_masks"]]
+        text, spans = self.render(messages)
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), _overlap_mask(enc["offset_mapping"], spans)
+
+    def render(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+        """The conversation's text and the character span of each assistant turn in it.
+
+        A turn's span is what rendering the conversation up to and including it adds to rendering the
+        conversation before it with the generation prompt (`add_generation_prompt=True`: what the model sees
+        when asked to answer): the answer and its end-of-turn marker. This holds for templates that render
+        each turn the same whatever follows it; one that does not (e.g. dropping earlier reasoning) is refused.
+        """
+        text = self._apply(messages)
+        spans = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self._apply(messages[:i], add_generation_prompt=True) if i else ""
+            upto = self._apply(messages[:i + 1])
+            if not (upto.startswith(before) and text.startswith(upto)):
+                raise ValueError("the chat template renders an earlier turn differently once later turns follow, so "
+                                 "the assistant's tokens cannot be found from it; give data.chat_template a template "
+                                 "that marks them with {% generation %} ... {% endgeneration %}")
+            spans.append((len(before), len(upto)))
+        return text, spans
+
+    def _apply(self, messages: list[dict], **kwargs: Any) -> Any:
+        from jinja2 import TemplateError
+        try:
+            return self.tok.apply_chat_template(messages, tokenize=kwargs.pop("tokenize", False), **kwargs)
+        except TemplateError as e:  # the template's own raise_exception: roles out of order, say
+            raise ValueError(f"the chat template refused a conversation: {e}") from None
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+def no_template_line(tokenizer: Any) -> str:
+    return (f"data.format=chat: the tokenizer {str(getattr(tokenizer, 'name_or_path', '')) or '(trained here)'!r} "
+            "has no chat template to render conversations with; give one with data.chat_template=FILE (a Jinja "
+            "file) or the template text, or use a tokenizer that has one")
+
+
+def _text(record: dict, field: str) -> str:
+    value = record.get(field)
+    if not isinstance(value, str):
+        raise ValueError(f"a record's {field!r} is {type(value).__name__}, not text (give prompt/completion pairs as "
+                         "strings; conversations as one 'messages' list)")
+    return value
+
+
+def _start_tokens(tokenizer: Any) -> list[int]:
+    """What the tokenizer puts before a text by default (a Llama BOS; nothing for GPT-2's BPE)."""
+    bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer("a")["input_ids"])
+    cut = len(full) - len(bare)
+    return full[:cut] if cut > 0 and full[cut:] == bare else []
+
+
+def _overlap_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """1 for every token whose characters overlap a span (as transformers' assistant mask), else 0."""
+    mask = [0] * len(offsets)
+    k = 0
+    for i, (start, end) in enumerate(offsets):
+        while k < len(spans) and start >= spans[k][1]:
+            k += 1
+        if k == len(spans):
+            break
+        if end > spans[k][0] and end > start:
+            mask[i] = 1
+    return mask
