@@ -211,7 +211,7 @@ def resume_from(engine: Engine, plan: ResumePlan, world: World, data: TrainingDa
     rng = restore_rng(plan, world.rank, seed, trust)
     data.load_state_dict(plan.state.data)
     if world.is_main:
-        log.info("resumed from %s at step %d (RNG %s)", plan.ckpt_dir / plan.tag, plan.state.step, rng)
+        log.info("resumed from %s at step %d (RNG %s)", plan.ckpt_dir / plan.load_tag, plan.state.step, rng)
     return plan.state
 
 
