@@ -149,6 +149,10 @@ def _coerce(hint: Any, value: Any, path: str, f: dataclasses.Field | None = None
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ValueError(f"{path}={value!r}: expected a list of {len(args)} values")
         return tuple(_coerce(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{path}={value!r}: expected a list, e.g. [a, b]")
+        return [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
     if hint is dict or origin is dict:
         if not isinstance(value, dict):
             raise ValueError(f"{path}={value!r}: expected a mapping, e.g. {{key: value}}")

@@ -149,3 +149,18 @@ def partition_problem(method: str, key: str = "pipeline.partition_method") -> st
     if method in PARTITION_METHODS or (isinstance(method, str) and method.startswith("type:")):
         return None
     return f"{key}={method!r}: use 'parameters', 'uniform' or 'type:REGEX'"
+
+
+def lora_problems(rank: int, pipeline: int, tensor: int, keys: ParallelKeys = RUN_PARALLEL) -> list[str]:
+    """LoRA adapters are put on the plain module from outside (`bigtrain.parallel.lora`): neither a pipeline's
+    stages nor AutoTP's sharded layers are that module."""
+    problems = []
+    if rank > 0 and pipeline > 1:
+        problems.append(f"lora.r={rank} with {keys.pipeline}={pipeline}: the adapters go on the plain module and "
+                        f"DeepSpeed's pipeline engine builds its own stages; set {keys.pipeline}=1 (ZeRO-3 "
+                        "partitions the frozen base instead)")
+    if rank > 0 and tensor > 1:
+        problems.append(f"lora.r={rank} with {keys.tensor}={tensor}: DeepSpeed's AutoTP shards nn.Linear layers, "
+                        f"which peft's adapter layers wrap out of its sight; set {keys.tensor}=1 (ZeRO-3 partitions "
+                        "the frozen base instead)")
+    return problems

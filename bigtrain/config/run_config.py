@@ -10,8 +10,8 @@ from typing import Literal
 
 from bigtrain.config.fields import doc
 from bigtrain.models.names import canonical, default_size
-from bigtrain.config.rules import (RUN_KEYS, Layout, check_layout, optimizer_problems, parallel_problems,
-                                   partition_problem)
+from bigtrain.config.rules import (RUN_KEYS, Layout, check_layout, lora_problems, optimizer_problems,
+                                   parallel_problems, partition_problem)
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -200,6 +200,29 @@ class ParallelConfig:
 
 
 @dataclass
+class LoraConfig:
+    r: int = doc(0, "LoRA rank: 0 trains every weight; N > 0 freezes the base weights and trains rank-N adapters "
+                    "(peft) on lora.targets, so only the adapters have gradients and optimizer states. Decoders "
+                    "(gpt2, llama, hf causal LMs), ZeRO 0-3 and offload.")
+    alpha: float = doc(16.0, "LoRA scale numerator: the adapters' update is scaled by alpha / r.")
+    dropout: float = doc(0.0, "Dropout on the adapters' input, in [0, 1).")
+    targets: str | list[str] = doc("all-linear", "Layers that get adapters: all-linear (every linear layer of the "
+                                   "decoder, not the output head) or a list of module names, e.g. [q_proj, v_proj].")
+
+    def __post_init__(self) -> None:
+        if self.r < 0:
+            raise ValueError(f"lora.r={self.r}: must be >= 0 (0 trains every weight; e.g. 16 trains adapters)")
+        if not self.alpha > 0:
+            raise ValueError(f"lora.alpha={self.alpha}: must be > 0 (the update is scaled by alpha / r; e.g. 16)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout={self.dropout}: must be in [0, 1), e.g. 0.05")
+        if isinstance(self.targets, str) and self.targets != "all-linear":
+            self.targets = [t.strip() for t in self.targets.split(",")]  # --set lora.targets=q_proj,v_proj
+        if isinstance(self.targets, list) and (not self.targets or not all(self.targets)):
+            raise ValueError(f"lora.targets={self.targets}: give all-linear or module names, e.g. [q_proj, v_proj]")
+
+
+@dataclass
 class LoggingConfig:
     interval: int = doc(10, "Log every N steps.")
     tensorboard: bool = doc(False, "Write TensorBoard events to OUT/tensorboard via DeepSpeed's monitor.")
@@ -267,6 +290,7 @@ class RunConfig:
     activation_checkpointing: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -283,6 +307,7 @@ def check_combinations(run: RunConfig) -> None:
         raise ValueError(problems[0])
     problems = parallel_problems(run.pipeline.stages, run.parallel.tensor, run.parallel.sequence,
                                  run.parallel.expert)
+    problems += lora_problems(run.lora.r, run.pipeline.stages, run.parallel.tensor)
     if problems:
         raise ValueError("\n".join(problems))
     if run.parallel.sequence > 1 and run.data.seq_len % run.parallel.sequence:

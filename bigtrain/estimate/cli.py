@@ -2,6 +2,7 @@
 
     bigtrain estimate --model gpt2 --size xl --num-gpus 8 --num-nodes 2 --gpu-mem 80
     bigtrain estimate --model gpt2 --pretrained ./my-gpt2 --gpu-mem 24GiB
+    bigtrain estimate --model llama --pretrained ./my-llama --num-gpus 2 --lora-r 16   # LoRA: adapters train
 
 The model's shape comes from `bigtrain.models.build`; its parameter list from building it
 on the meta device (no memory, no weights; a pretrained directory is read for its config only). Transformer activations use the formula in
@@ -53,6 +54,21 @@ def parameter_layout(module: torch.nn.Module) -> tuple[int, tuple[int, ...], int
     numels = tuple(p.numel() for p in module.parameters())  # parameters() already skips tied duplicates
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in module.modules()), default=0)
     return sum(numels), numels, largest
+
+
+def linear_dims(module: torch.nn.Module) -> tuple[tuple[int, int], ...]:
+    """(in, out) of every linear layer but the output head: what LoRA's default targets (all-linear) adapt."""
+    from torch import nn
+    head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
+    dims = []
+    for m in module.modules():
+        if m is head:
+            continue
+        if isinstance(m, nn.Linear):
+            dims.append((m.in_features, m.out_features))
+        elif type(m).__name__ == "Conv1D":  # GPT-2's linear layers, weight stored (in, out)
+            dims.append(tuple(m.weight.shape))
+    return tuple(dims)
 
 
 def _sample_batch(spec: ModelSpec, device: str) -> dict:
@@ -143,9 +159,11 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
 def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape:
     """The memory model's view of `spec`; non-transformer activations are measured for `precision`."""
     from bigtrain.models.registry import estimate_shape
-    numel, numels, largest = parameter_layout(_meta_module(spec))
+    meta = _meta_module(spec)
+    numel, numels, largest = parameter_layout(meta)
     assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec {spec.num_params}"
-    common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest)
+    common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest,
+                  linear_dims=linear_dims(meta))
     analytic = estimate_shape(spec)  # the family's closed form, where it has one
     if analytic is not None:
         return ModelShape(**common, **analytic)
@@ -198,6 +216,8 @@ def run_settings(best: Setup, model_overrides: dict[str, Any]) -> str:
         sets.append(f"offload.param={best.offload_param}")
     if best.checkpointing:
         sets.append("activation_checkpointing.enabled=true")
+    if best.lora_r:
+        sets.append(f"lora.r={best.lora_r}")
     return " ".join(f"--set {s}" for s in sets)
 
 
@@ -219,13 +239,19 @@ def run_estimate(args: argparse.Namespace) -> int:
     if not 0 <= args.headroom < 1:
         raise ValueError(f"--headroom {args.headroom}: give a fraction in [0, 1), e.g. 0.1")
     spec = build(args.model, size, **overrides)
+    if args.lora_r:
+        from bigtrain.config.run_config import LoraConfig
+        from bigtrain.parallel.lora import check_lora
+        check_lora(spec, LoraConfig(r=args.lora_r))
     shape = shape_from_spec(spec, args.precision)
     base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
-                 micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence)
+                 micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, lora_r=args.lora_r)
     rows = [estimate(shape, s) for s in all_setups(base)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
     print(f"{args.model} {size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
-          f"({args.num_gpus} per node x {args.num_nodes} nodes), {args.precision}, micro-batch {args.micro_batch}{seq}")
+          f"({args.num_gpus} per node x {args.num_nodes} nodes), {args.precision}, micro-batch {args.micro_batch}{seq}"
+          + (f", LoRA r={args.lora_r}: {sum(shape.adapter_numels(args.lora_r)) / 1e6:,.2f}M adapter parameters train"
+             if args.lora_r else ""))
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
     print("GiB. GPU/rank = params + optim + the larger of acts (end of forward) and grads + buffers (end of "
           "backward); buffers: gradient buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"
@@ -292,9 +318,22 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="tensor-parallel ranks per layer (parallel.tensor; default 1)")
     p.add_argument("--sequence", type=_positive_int, default=1,
                    help="sequence-parallel ranks per sample (parallel.sequence; default 1)")
+    p.add_argument("--lora-r", "--lora_r", dest="lora_r", type=_non_negative_int, default=0,
+                   help="LoRA rank (lora.r): adapters on every linear layer of the decoder train, the base is frozen, "
+                        "so gradients and optimizer states are the adapters' only (default 0: every weight trains)")
     p.add_argument("--headroom", type=float, default=0.1,
                    help="fraction of --gpu-mem kept free for the CUDA context and fragmentation (default 0.1)")
     p.set_defaults(func=run_estimate)
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
 
 
 def _positive_int(text: str) -> int:

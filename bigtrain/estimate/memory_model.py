@@ -24,6 +24,10 @@ Tensor parallelism (t ranks per layer) divides the weights and their states by t
 Korthikanti's 10sbh + 24sbh/t (the layer's input, norms and residuals stay whole on every rank); ZeRO then
 partitions over the data-parallel ranks. Sequence parallelism (Ulysses, u ranks) divides every activation by u
 (each rank holds its slice of the sequence), and ZeRO partitions over the data x sequence ranks.
+
+LoRA (rank r) adds r x (in + out) parameters per adapted linear layer and freezes the rest: the frozen base keeps
+its P bytes per parameter (partitioned at stage 3, with no fp32 copy), while gradients and the K bytes of
+optimizer state exist for the adapters alone (bigtrain.parallel.lora gives the optimizer nothing else).
 """
 from __future__ import annotations
 
@@ -115,10 +119,15 @@ class ModelShape:
     profile: str = "korthikanti"  # LayerProfile name for transformer activations
     dropout: float = 0.0
     measured: dict[int, ActivationCount] = field(default_factory=dict)  # bytes/value -> count, when measured
+    linear_dims: tuple[tuple[int, int], ...] = ()  # (in, out) of each linear layer LoRA adapts (not the head)
 
-    def persistent_params(self, threshold: int) -> int:
-        """Elements ZeRO-3 keeps whole on every rank: tensors of at most `threshold` elements."""
-        return sum(n for n in self.param_numels if n <= threshold)
+    def persistent_params(self, threshold: int, lora_r: int = 0) -> int:
+        """Elements ZeRO-3 keeps whole on every rank: tensors of at most `threshold` elements (adapters included)."""
+        return sum(n for n in (*self.param_numels, *self.adapter_numels(lora_r)) if n <= threshold)
+
+    def adapter_numels(self, lora_r: int) -> tuple[int, ...]:
+        """LoRA's tensors at rank `lora_r`: A (r x in) and B (out x r) for each adapted layer."""
+        return tuple(n for i, o in self.linear_dims for n in (lora_r * i, o * lora_r)) if lora_r else ()
 
 
 def transformer_activations(shape: ModelShape, bytes_per_value: int) -> ActivationCount:
@@ -167,12 +176,15 @@ class Setup:
     param_persistence_threshold: int = _ZERO.param_persistence_threshold
     tensor: int = 1  # tensor-parallel ranks per layer (AutoTP)
     sequence: int = 1  # sequence-parallel ranks per sample (Ulysses)
+    lora_r: int = 0  # LoRA rank (lora.r): > 0 trains adapters only, on a frozen base
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero stage {self.zero_stage}: allowed 0, 1, 2, 3")
+        if self.lora_r < 0:
+            raise ValueError(f"LoRA rank {self.lora_r}: must be >= 0 (0 trains every weight)")
         if min(self.world_size, self.gpus_per_node, self.micro_batch, self.grad_accum, self.tensor, self.sequence) < 1:
             raise ValueError("world size, GPUs per node, micro batch, gradient accumulation and the tensor / "
                              "sequence sizes must be >= 1")
@@ -207,7 +219,7 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int) -> Setup
     precision = "bf16" if run.precision == "auto" else run.precision
     split = run.parallel.tensor * run.parallel.sequence
     return Setup(world_size=triple.dp_size * split, gpus_per_node=gpus_per_node, zero_stage=z.stage,
-                 tensor=run.parallel.tensor, sequence=run.parallel.sequence,
+                 tensor=run.parallel.tensor, sequence=run.parallel.sequence, lora_r=run.lora.r,
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
                  checkpointing=run.activation_checkpointing.enabled, micro_batch=triple.micro_batch,
                  grad_accum=triple.grad_accum, reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
@@ -255,20 +267,23 @@ class MemoryEstimate:
         return self.host * self.setup.gpus_per_node
 
 
-def model_state_terms(psi: float, setup: Setup, persistent: float = 0.0) -> dict[str, float]:
-    """params / grads / optimizer bytes per rank on the device and on host / NVMe (ZeRO formulas)."""
+def model_state_terms(psi: float, setup: Setup, persistent: float = 0.0,
+                      trained: float | None = None) -> dict[str, float]:
+    """params / grads / optimizer bytes per rank on the device and on host / NVMe (ZeRO formulas). `psi`: every
+    parameter; `trained`: those with gradients and optimizer states (LoRA's adapters; default all)."""
     n, stage, p = setup.zero_ranks, setup.zero_stage, PRECISIONS[setup.precision]
     psi, persistent = psi / setup.tensor, persistent / setup.tensor
+    trained = psi if trained is None else trained / setup.tensor
     mixed = p == 2
     k = (4 if (mixed or stage >= 1) else 0) + 8  # fp32 master copy + Adam's two fp32 moments
-    params = p * psi if stage < 3 else p * psi / n + p * persistent
-    grads = p * psi if stage < 2 else p * psi / n
-    optimizer = k * psi if stage == 0 else k * psi / n
+    params = p * psi if stage < 3 else p * psi / n + p * persistent  # persistent: partitioned and whole
+    grads = p * trained if stage < 2 else p * trained / n
+    optimizer = k * trained if stage == 0 else k * trained / n
     offloaded = 0.0
     if setup.offload_optimizer != "none":
         # The host keeps master + moments and an fp32 gradient partition; stage 1/2 also a 16-bit
         # copy of its parameter partition. Stage >= 2 sends gradients out of the device bucket by bucket.
-        offloaded = (k + 4) * psi / n + (p * psi / n if stage < 3 else 0.0)
+        offloaded = (k + 4) * trained / n + (p * trained / n if stage < 3 else 0.0)
         optimizer = 0.0
         grads = grads if stage == 1 else 0.0
     if setup.offload_param != "none":
@@ -281,9 +296,14 @@ def model_state_terms(psi: float, setup: Setup, persistent: float = 0.0) -> dict
 
 def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
     """Per-rank memory of training `shape` under `setup`."""
-    psi, p, stage = shape.num_params, PRECISIONS[setup.precision], setup.zero_stage
-    persistent = shape.persistent_params(setup.param_persistence_threshold) if stage == 3 else 0
-    terms = model_state_terms(psi, setup, persistent)
+    stage, p = setup.zero_stage, PRECISIONS[setup.precision]
+    adapters = sum(shape.adapter_numels(setup.lora_r))
+    if setup.lora_r and not adapters:
+        raise ValueError(f"LoRA rank {setup.lora_r}: the {shape.family} shape names no linear layers to adapt")
+    psi, trained = shape.num_params + adapters, (adapters or None)
+    persistent = shape.persistent_params(setup.param_persistence_threshold, setup.lora_r) if stage == 3 else 0
+    terms = model_state_terms(psi, setup, persistent, trained)
+    trained = trained or psi
     buffers = 0.0
     if stage in (1, 2):  # contiguous gradient buckets, double-buffered when overlapping communication
         buffers = (2 if setup.overlap_comm else 1) * setup.reduce_bucket_size * p
@@ -295,7 +315,7 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
         live = p * min(psi - persistent, largest + setup.prefetch_bucket_size) / setup.tensor
     transient = 0.0
     if p == 2 or stage >= 1:  # the optimizer steps on an fp32 gradient of its (partition of the) master copy
-        transient = 4 * psi / setup.tensor / (1 if stage == 0 else setup.zero_ranks)
+        transient = 4 * trained / setup.tensor / (1 if stage == 0 else setup.zero_ranks)
         if setup.offload_optimizer != "none":
             transient = 0.0  # made on the host, inside the offloaded partition counted there
     acts = split_activations(activations_per_sample(shape, p), setup).total(setup.micro_batch, setup.checkpointing)

@@ -9,14 +9,17 @@ process group; the checkpoint is only read.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bigtrain import models
 from bigtrain.checkpoint.safe_load import checkpoint_loading
+from bigtrain.config.run_config import LoraConfig
 from bigtrain.export.locate import Located, locate_checkpoint
+from bigtrain.export.lora import check_adapter_export, write_lora
 from bigtrain.export.verify import largest_logit_difference, reload_hf
-from bigtrain.export.weights import consolidate
+from bigtrain.export.weights import Consolidated, consolidate
 from bigtrain.export.write import (
     MAX_SHARD_SIZE,
     check_out_dir,
@@ -27,6 +30,7 @@ from bigtrain.export.write import (
     write_recipe,
     write_safetensors,
 )
+from bigtrain.parallel.lora import saved_lora
 
 log = logging.getLogger("bigtrain")
 
@@ -44,28 +48,36 @@ class ExportResult:
     notes: list[str] = field(default_factory=list)
     max_logit_diff: float | None = None  # the export reloaded vs the model written, on a fixed batch (0 in fp32)
     files: list[str] = field(default_factory=list)
+    verified_by: str = ""  # how the export was loaded back for that comparison
 
 
 def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None, force: bool = False,
                       tokenizer: str | None = None, trust_checkpoint: bool = False,
-                      max_shard_size: str | int = MAX_SHARD_SIZE) -> ExportResult:
+                      max_shard_size: str | int = MAX_SHARD_SIZE, adapter: bool = False) -> ExportResult:
     """Export the newest complete checkpoint under `path` (or `tag`) to the directory `out`.
 
     `tokenizer` overrides the run's own (its trained tokenizer dir, or data.tokenizer).
     ValueError for a user's mistake: see `locate_checkpoint` and `check_out_dir`, and a file that
     needs a type outside the allow-list unless `trust_checkpoint` (bigtrain.checkpoint.safe_load).
+    A LoRA run (`lora.r` > 0) is exported merged, or with `adapter` as the peft adapter directory alone
+    (`bigtrain.export.lora`).
     """
     found = locate_checkpoint(path, tag)
     out = Path(out).expanduser()
     check_out_dir(out, force, protected=found.tag_dir)
     mb = found.state.model_build
     spec = models.build(mb.family, mb.size, **mb.overrides)
+    lora = saved_lora(found.state.run_config)
+    if adapter:
+        check_adapter_export(spec, lora, found.tag_dir)
     tok_source = _tokenizer_source(found, tokenizer) if spec.modality in ("text", "classify") else None
     tok = load_tokenizer(tok_source) if tok_source else None  # before the slow part: fail early
     with checkpoint_loading(found.tag_dir, trust_checkpoint):
         consolidated = consolidate(found.tag_dir, spec, found.state.pipeline_stages)
     hf = spec.hf_class is not None
     with staging_dir(out) as tmp:
+        if lora is not None:
+            return _export_lora(tmp, out, found, spec, consolidated, lora, tok, tok_source, max_shard_size, adapter)
         if hf:
             model = write_hf(tmp, spec, consolidated.tensors, tok, max_shard_size)
         else:
@@ -81,8 +93,27 @@ def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None,
         # Self-check before the directory goes live: reload it as a user would, compare logits.
         reloaded = reload_hf(tmp) if hf else load_exported(tmp)
         result.max_logit_diff = largest_logit_difference(model, reloaded, spec)
+        result.verified_by = "from_pretrained" if hf else "load_exported"
         result.files = sorted(p.name for p in tmp.iterdir())
         write_recipe(tmp, {**_recipe(found, result), "verified_max_logit_diff": result.max_logit_diff})
+    return result
+
+
+def _export_lora(tmp: Path, out: Path, found: Located, spec: models.ModelSpec, consolidated: Consolidated,
+                 lora: LoraConfig, tok: Any, tok_source: str | None, max_shard_size: str | int,
+                 adapter: bool) -> ExportResult:
+    """The LoRA run's merged model or adapter directory into the staging directory `tmp`, verified."""
+    written = write_lora(tmp, spec, consolidated.tensors, lora, tok, max_shard_size, adapter_only=adapter)
+    del consolidated.tensors
+    if tok is not None:
+        tok.save_pretrained(str(tmp))
+    result = ExportResult(out=out.resolve(), checkpoint=found.tag_dir, layout=consolidated.layout,
+                          format=written.format, num_params=written.num_params, tokenizer=tok_source,
+                          notes=[*consolidated.notes, *written.notes], max_logit_diff=written.max_logit_diff,
+                          verified_by=written.verified_by)
+    write_recipe(tmp, {**_recipe(found, result), "lora": asdict(lora),
+                       "verified_max_logit_diff": written.max_logit_diff})
+    result.files = sorted(p.name for p in tmp.iterdir())
     return result
 
 

@@ -44,16 +44,23 @@ def fixed_batch(spec: ModelSpec) -> Any:
     return ids
 
 
-@torch.no_grad()
 def largest_logit_difference(written: nn.Module, reloaded: nn.Module, spec: ModelSpec) -> float:
     """max |logits(written) - logits(reloaded)| on `fixed_batch(spec)`, both in eval mode."""
-    inputs = fixed_batch(spec)
-    a = output_logits(call_module(written.eval(), inputs)).float()
-    b = output_logits(call_module(reloaded.eval(), inputs)).float()
-    if a.shape != b.shape:
-        raise ValueError(f"the reloaded export gives logits of shape {tuple(b.shape)}, the trained model "
-                         f"{tuple(a.shape)}: the directory builds another model")
-    if not bool(torch.isfinite(a).all()):
+    return compare_logits(fixed_logits(written, spec), fixed_logits(reloaded, spec))
+
+
+@torch.no_grad()
+def fixed_logits(model: nn.Module, spec: ModelSpec) -> torch.Tensor:
+    """The model's fp32 logits on `fixed_batch(spec)`, in eval mode."""
+    return output_logits(call_module(model.eval(), fixed_batch(spec))).float()
+
+
+def compare_logits(trained: torch.Tensor, reloaded: torch.Tensor) -> float:
+    """max |trained - reloaded|; ValueError when they cannot be the same model or the trained ones overflow."""
+    if trained.shape != reloaded.shape:
+        raise ValueError(f"the reloaded export gives logits of shape {tuple(reloaded.shape)}, the trained model "
+                         f"{tuple(trained.shape)}: the directory builds another model")
+    if not bool(torch.isfinite(trained).all()):
         raise ValueError("the checkpoint's model gives non-finite logits on a fixed batch (its weights overflow): "
                          "its run diverged before this save; export an earlier checkpoint with --tag")
-    return float((a - b).abs().max())
+    return float((trained - reloaded).abs().max())

@@ -99,8 +99,24 @@ def _zero(tag_dir: Path, layout: str) -> Consolidated:
         return Consolidated(_module_with_masters(tag_dir), layout, ["fp32 master weights (BF16_Optimizer state)"])
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    tensors = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag_dir.name, lazy_mode=True)
-    return Consolidated(dict(tensors), layout, ["fp32 master weights (DeepSpeed zero_to_fp32)"])
+    tensors = dict(get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag_dir.name, lazy_mode=True))
+    notes = ["fp32 master weights (DeepSpeed zero_to_fp32)"]
+    if layout == "zero":
+        frozen = _frozen_from_module(tag_dir, tensors)
+        if frozen:
+            tensors.update(frozen)
+            notes.append(f"{len(frozen)} frozen tensors (no optimizer state, e.g. a LoRA run's base) from the saved "
+                         "module, as trained")
+    return Consolidated(tensors, layout, notes)
+
+
+def _frozen_from_module(tag_dir: Path, tensors: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Parameters that no optimizer holds (requires_grad off: a LoRA run's base): at ZeRO-1 DeepSpeed records
+    them nowhere but in the saved module, which zero_to_fp32 does not read, and they never change."""
+    saved = load_torch_file(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", mmap=True)
+    if saved.get("frozen_param_shapes"):  # ZeRO-2 records them, and zero_to_fp32 has read them already
+        return {}
+    return {name: t for name, t in saved["module"].items() if name not in tensors}
 
 
 def _module_with_masters(tag_dir: Path) -> dict[str, torch.Tensor]:

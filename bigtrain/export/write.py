@@ -96,7 +96,15 @@ MAX_SHARD_SIZE = "5GB"  # transformers' own default: one file up to this size, t
 def write_hf(out: Path, spec: ModelSpec, tensors: Mapping[str, Any], tokenizer: Any = None,
              max_shard_size: str | int = MAX_SHARD_SIZE) -> nn.Module:
     """`spec.hf_class(config).save_pretrained(out)`: config.json naming the trained architecture, and the
-    weights as safetensors, sharded above `max_shard_size` (tied weights stored once, as HF expects).
+    weights as safetensors, sharded above `max_shard_size` (tied weights stored once, as HF expects)."""
+    model = empty_hf_model(spec, tokenizer)
+    load_into(model, tensors)
+    model.save_pretrained(str(out), max_shard_size=max_shard_size)
+    return model
+
+
+def empty_hf_model(spec: ModelSpec, tokenizer: Any = None) -> nn.Module:
+    """The trained architecture with uninitialised weights, its config as an export writes it.
 
     A self-trained vocabulary has no special-token ids in the config; they are taken from
     `tokenizer` then, so `generate` knows where text ends.
@@ -110,11 +118,9 @@ def write_hf(out: Path, spec: ModelSpec, tensors: Mapping[str, Any], tokenizer: 
         vocab = getattr(config, "vocab_size", None) or 0
         if getattr(config, attr, None) is None and isinstance(token_id, int) and token_id < vocab:
             setattr(config, attr, token_id)
-    with _no_init():  # every weight is overwritten below; random init of a large model takes minutes
+    with _no_init():  # every weight is overwritten; random init of a large model takes minutes
         model = spec.hf_class(config)
     model.tie_weights()  # skipped with the init; save_pretrained then stores a tied head once
-    load_into(model, tensors)
-    model.save_pretrained(str(out), max_shard_size=max_shard_size)
     return model
 
 
@@ -159,6 +165,9 @@ def load_exported(directory: str | Path) -> nn.Module:
     if not recipe_path.is_file():
         raise ValueError(f"{directory} is not a bigtrain export (no {RECIPE}); run `bigtrain export` first")
     recipe = json.loads(recipe_path.read_text())
+    if recipe.get("format") == "peft-adapter":
+        from bigtrain.export.lora import load_adapter
+        return load_adapter(directory).eval()
     if recipe.get("format") == "huggingface":
         from bigtrain.export.verify import reload_hf
         model = reload_hf(directory)

@@ -13,7 +13,9 @@ from bigtrain.distributed.world import all_reduce_mean
 from bigtrain.ds.runtime import resolve_compile
 from bigtrain.models.losses import correct_counts
 from bigtrain.models.spec import ModelSpec, call_module, output_logits, pipeline_inputs
+from bigtrain.config.run_config import LoraConfig
 from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
+from bigtrain.parallel.lora import LoraCounts, apply_lora, check_lora
 from bigtrain.parallel.split import ModelSplit, Topology
 from bigtrain.train import fast_path
 
@@ -27,6 +29,7 @@ class EngineOptions:
     seed: int = 1234
     compile: bool | str = False  # train.compile: False | True | "auto" | "deepcompile" (bigtrain.train.fast_path)
     loss_impl: str = "plain"  # train.loss_impl: "plain" | "chunked" | "auto"
+    lora: LoraConfig | None = None  # the run's lora section: r > 0 trains adapters on a frozen base
 
 
 class Engine:
@@ -37,6 +40,8 @@ class Engine:
         self.is_pipeline = options.pipeline_stages > 1
         self.router_loss: torch.Tensor | None = None  # the last step's, for mixtures of experts
         zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
+        check_lora(spec, options.lora, options.pipeline_stages)  # before a large model is built
+        self.lora: LoraCounts | None = None
         if self.is_pipeline:
             model = to_pipeline_module(
                 spec, options.pipeline_stages, partition_method=options.partition_method,
@@ -46,6 +51,8 @@ class Engine:
             spec, Topology.of(ds_config, torch.distributed.get_world_size()), torch.distributed.get_rank())
         if not self.is_pipeline:
             model = build_module(spec, ds_config if zero3 else None, seed=options.seed, mpu=self.split.mpu)
+            # the adapters first: the optimizer below gets only what still trains
+            self.lora = apply_lora(model, spec, options.lora, options.seed, options.activation_checkpointing)
             self.split.attach(model, spec, ds_config["train_micro_batch_size_per_gpu"])
             if options.activation_checkpointing:
                 apply_activation_checkpointing(spec, model, every_n=options.checkpoint_every_n_layers,

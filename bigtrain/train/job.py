@@ -29,6 +29,7 @@ from bigtrain.ds.resolve import Resolved, resolve
 from bigtrain.metrics.logs import attach_log_file
 from bigtrain.metrics.plot import write_loss_plot
 from bigtrain.models.registry import slow_vocab_hint
+from bigtrain.parallel.lora import check_same_lora, training_flops
 from bigtrain.train import autobatch
 from bigtrain.train.engine import Engine, EngineOptions, start_schedule
 from bigtrain.train.inputs import TrainingData, build_training_data, model_overrides
@@ -67,6 +68,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         model_build = ModelBuild(run.model.family, run.model.size, model_overrides(run.model, data, run.data.seq_len))
         if found:
             check_same_model(ckpt_dir / found[0], found[1], model_build)
+            check_same_lora(ckpt_dir / found[0], found[1].run_config, run.lora)
         plan = plan_resume(ckpt_dir, found, Shape.of_job(world.size, resolved.ds_config, resolved.run.pipeline.stages),
                            world, None, trust_checkpoint) if found else None
         spec = build_model(model_build, world)
@@ -81,6 +83,10 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         if world.is_main:
             log.info("model %s/%s: %.2fM parameters; %s", spec.family, spec.size, spec.num_params / 1e6,
                      _batch_line(resolved.ds_config, engine, world))
+            if engine.lora:
+                log.info("%s", engine.lora.line)
+        if engine.lora:  # no weight gradients for the frozen base: fewer FLOPs per step than spec's 6N
+            spec = replace(spec, flops_per_sample=training_flops(spec, engine.lora))
         # the loop, then what the run tells its user
         reporter = Reporter(resolved.run, spec, resolved.ds_config, engine, world, out,
                             prior_losses=saved.losses if saved else None)
@@ -184,7 +190,7 @@ def engine_options(run: RunConfig) -> EngineOptions:
         pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
         activation_checkpointing=run.activation_checkpointing.enabled,
         checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed,
-        compile=run.train.compile, loss_impl=run.train.loss_impl)
+        compile=run.train.compile, loss_impl=run.train.loss_impl, lora=run.lora)
 
 
 def probe_micro_batch(spec: models.ModelSpec, config: JobConfig, resolved: Resolved, options: EngineOptions,

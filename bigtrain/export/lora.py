@@ -1,0 +1,101 @@
+"""Exporting a LoRA run: the merged model as a Hugging Face directory, or the peft adapter directory alone.
+
+Merging under ZeRO-3 is a known trap: inside the training job each rank holds a slice of every base weight, and
+peft's merge on such a model merges into empty placeholders (peft issue #297) unless every weight is gathered
+first. bigtrain's export never meets the trap: it works offline on the checkpoint, consolidated into whole fp32
+tensors (the frozen base as saved, the adapters' fp32 masters), rebuilds the trained model on CPU with the same
+adapters (`peft.get_peft_model`), and lets peft merge or save that. Each export verifies itself against the
+trained model: the logits of the rebuilt base + adapters on a fixed batch against those of what was written,
+loaded back as a user would (`from_pretrained`; `PeftModel.from_pretrained` on the base for an adapter).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from bigtrain.config.run_config import LoraConfig
+from bigtrain.export.verify import compare_logits, fixed_logits, reload_hf
+from bigtrain.export.write import MAX_SHARD_SIZE, empty_hf_model, load_into
+from bigtrain.models import ModelSpec
+from bigtrain.parallel.lora import ADAPTER, peft_config
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+@dataclass(frozen=True)
+class LoraWritten:
+    """What `write_lora` wrote and how it checked it."""
+
+    format: str  # "huggingface" (merged) | "peft-adapter"
+    num_params: int  # of the merged model, or of the adapters
+    max_logit_diff: float  # trained base + adapters vs what was written, reloaded
+    verified_by: str
+    notes: list[str]
+
+
+def check_adapter_export(spec: ModelSpec, lora: LoraConfig | None, tag_dir: Path) -> None:
+    """ValueError (one line) when `--adapter` cannot give a usable adapter directory."""
+    if lora is None:
+        raise ValueError(f"--adapter: {tag_dir} trained every weight (lora.r=0), so it has no adapter; export the "
+                         "whole model without --adapter")
+    if not spec.pretrained:
+        raise ValueError("--adapter: the run's base model started from random weights (no model.pretrained "
+                         "directory with weights), so an adapter alone cannot be loaded on it; export the merged "
+                         "model without --adapter")
+
+
+def trained_model(spec: ModelSpec, tensors: Mapping[str, Any], lora: LoraConfig, tokenizer: Any = None) -> Any:
+    """The trained model on CPU in fp32: the base with the run's adapters (a `peft.PeftModel`), every tensor
+    loaded strictly from the consolidated checkpoint (the adapters peft draws here are all overwritten)."""
+    from peft import get_peft_model
+    model = empty_hf_model(spec, tokenizer)
+    peft_model = get_peft_model(model, peft_config(lora, model), adapter_name=ADAPTER)
+    load_into(peft_model.base_model.model, tensors)  # names as in training: `...q_proj.base_layer.weight`, ...
+    return peft_model.eval()
+
+
+def write_lora(out: Path, spec: ModelSpec, tensors: Mapping[str, Any], lora: LoraConfig, tokenizer: Any = None,
+               max_shard_size: str | int = MAX_SHARD_SIZE, adapter_only: bool = False) -> LoraWritten:
+    """Write the merged model (`save_pretrained`) or, with `adapter_only`, the adapter directory into `out`;
+    both reloaded and compared with the trained model's logits."""
+    model = trained_model(spec, tensors, lora, tokenizer)
+    trained = fixed_logits(model, spec)
+    scale = f"alpha/r = {lora.alpha:g}/{lora.r}"
+    if adapter_only:
+        base = str(Path(spec.pretrained).resolve())
+        model.peft_config[ADAPTER].base_model_name_or_path = base  # what PeftModel.from_pretrained(DIR) loads
+        model.save_pretrained(str(out), safe_serialization=True)
+        (out / "README.md").unlink(missing_ok=True)  # peft's empty model-card template
+        num = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+        del model
+        reloaded = load_adapter(out)
+        return LoraWritten("peft-adapter", num, compare_logits(trained, fixed_logits(reloaded, spec)),
+                           f"PeftModel.from_pretrained on the base {base}",
+                           [f"LoRA adapter (r={lora.r}, {scale}); load it on its base with "
+                            "peft.PeftModel.from_pretrained(base, DIR)"])
+    merged = model.merge_and_unload(safe_merge=True)  # whole tensors here: W + (alpha/r) B A, nothing gathered
+    merged.save_pretrained(str(out), max_shard_size=max_shard_size)
+    num = sum(p.numel() for p in merged.parameters())
+    del model, merged
+    reloaded = reload_hf(out)
+    return LoraWritten("huggingface", num, compare_logits(trained, fixed_logits(reloaded, spec)),
+                       "from_pretrained, against the trained base + adapters",
+                       [f"LoRA adapters (r={lora.r}, {scale}) merged into the base weights"])
+
+
+def load_adapter(directory: str | Path, base: str | Path | None = None) -> nn.Module:
+    """An adapter export on its base (the directory its adapter_config.json names, or `base`), as a user loads
+    it; ValueError (one line) when the base directory is gone."""
+    import json
+
+    from peft import PeftModel
+    directory = Path(directory)
+    base = base or json.loads((directory / ADAPTER_FILES[0]).read_text()).get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        raise ValueError(f"the adapter in {directory} is for the base model {base}, which is not a directory here; "
+                         "pass the base model directory")
+    return PeftModel.from_pretrained(reload_hf(base), str(directory), torch_device="cpu").to(torch.float32).eval()
