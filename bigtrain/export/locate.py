@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bigtrain.checkpoint.state import CheckpointState, read_state
+from bigtrain.checkpoint.integrity import damaged_files
 from bigtrain.checkpoint.store import MARKER, TAG_RE, check_complete, find_resumable, tag_for
 
 WHERE = "give a run's --out directory, its checkpoints/ directory, or one step_NNNNNN directory"
@@ -71,6 +72,10 @@ def _complete(ckpt_dir: Path, tag: str) -> Located:
     problem = check_complete(tag_dir)
     if problem is not None:
         raise ValueError(f"checkpoint {tag_dir} is not complete: {problem}; export an earlier one (--tag)")
+    damaged = damaged_files(tag_dir)
+    if damaged:
+        raise ValueError(f"checkpoint {tag_dir} is damaged: {', '.join(damaged[:3])} changed since it was saved (its "
+                         "bytes no longer match the digest in the marker); export an earlier one (--tag)")
     return _checked(Located(ckpt_dir, tag, read_state(tag_dir)))
 
 

@@ -159,8 +159,10 @@ def batch_report(run: RunConfig, world: int, ds_path: str | None, device: Device
     """The lines describing the resolved batch triple, and the resolved run config (raises LintError).
     Resolved exactly as the runner resolves it (`bigtrain.ds.resolve.resolve`)."""
     from bigtrain.ds.resolve import resolve
+    from bigtrain.parallel.split import Topology, check_split_layout
     resolved = resolve(run, ds_path, world, device, sources=sources)
     ds = resolved.ds_config
+    check_split_layout(run, Topology.of(ds, world))  # a family that cannot split so, LoRA with TP, ...
     stages = resolved.run.pipeline.stages
     dp = world // stages
     lines = [f"batch: train_batch_size {ds['train_batch_size']} = micro {ds['train_micro_batch_size_per_gpu']} "

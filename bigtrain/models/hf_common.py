@@ -135,7 +135,9 @@ def set_training_defaults(config: Any, attn_implementation: str) -> None:
 
 def router_aux_coef(config: Any) -> float | None:
     """The weight of a mixture of experts' load-balancing loss in the training loss; None for a dense model."""
-    return float(config.router_aux_loss_coef) if getattr(config, "output_router_logits", False) else None
+    if config is None or not getattr(config, "output_router_logits", False):
+        return None
+    return float(config.router_aux_loss_coef)
 
 
 def choose_attention(model_cls: type, requested: str | None) -> tuple[str, str]:

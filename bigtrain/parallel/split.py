@@ -73,14 +73,15 @@ class ModelSplit:
         groups._init_tp_mesh_device(tensor_model_parallel_size=topology.tensor)
         return cls(topology, rank, groups)
 
-    def attach(self, model: torch.nn.Module, spec: ModelSpec, micro_batch: int) -> None:
+    def attach(self, model: torch.nn.Module, spec: ModelSpec, micro_batch: int, packed: bool = False) -> None:
         """Ulysses around the model's sdpa attention (process-wide in transformers' attention table)."""
         if self.topology.sequence == 1:
             return
         from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         _swapped_attention.setdefault("sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"])
-        ALL_ATTENTION_FUNCTIONS["sdpa"] = document_sdpa(_swapped_attention["sdpa"])  # the core Ulysses wraps
+        if packed:  # the core Ulysses wraps; unpacked rows need no per-example mask (and no check per layer)
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = document_sdpa(_swapped_attention["sdpa"])
         self.mpu = UlyssesSPAttentionHF.register_with_transformers(
             model_name_or_path=model, core_attn_implementation="sdpa", sequence_parallel_size=self.topology.sequence,
             micro_batch_size=micro_batch, seq_length=spec.seq_len, seq_length_is_variable=False, disable_in_eval=True)
@@ -142,6 +143,22 @@ def document_sdpa(core: Any) -> Any:
         return core(module, query, key, value, attention_mask, *args, **kwargs)
 
     return attention
+
+
+def check_split_layout(run: Any, topology: Topology) -> None:
+    """ValueError (one line) when the sizes the resolved DeepSpeed dict asks for break a rule of the run config or
+    a mode the family does not have: a size from the user's JSON (tensor_parallel.autotp_size, ...) is judged
+    like the same size given with --set, before any data or model is built."""
+    from dataclasses import replace
+
+    from bigtrain.models.registry import family
+    replace(run, pipeline=replace(run.pipeline, stages=topology.pipeline),  # re-runs the run config's own rules
+            parallel=replace(run.parallel, tensor=topology.tensor, sequence=topology.sequence))
+    modes = family(run.model.family).parallel
+    for mode, size in (("tensor", topology.tensor), ("sequence", topology.sequence)):
+        if size > 1 and mode not in modes:
+            raise ValueError(f"parallel.{mode}={size}: the {run.model.family} family does not support {mode} "
+                             f"parallelism (it supports {', '.join(sorted(modes))}); {_why_not(run.model.family, mode)}")
 
 
 def check_split(spec: ModelSpec, topology: Topology) -> None:

@@ -30,6 +30,7 @@ class EngineOptions:
     compile: bool | str = False  # train.compile: False | True | "auto" | "deepcompile" (bigtrain.train.fast_path)
     loss_impl: str = "plain"  # train.loss_impl: "plain" | "chunked" | "auto"
     lora: LoraConfig | None = None  # the run's lora section: r > 0 trains adapters on a frozen base
+    packed: bool = False  # data.packing: several examples per row (sequence parallelism then keeps them apart)
 
 
 class Engine:
@@ -39,6 +40,8 @@ class Engine:
         self.spec = spec
         self.is_pipeline = options.pipeline_stages > 1
         self.router_loss: torch.Tensor | None = None  # the last step's, for mixtures of experts
+        from bigtrain.models.hf_common import router_aux_coef
+        self.router_coef = router_aux_coef(getattr(spec, "config", None)) or 0.0
         zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
         check_lora(spec, options.lora, options.pipeline_stages)  # before a large model is built
         self.lora: LoraCounts | None = None
@@ -53,7 +56,7 @@ class Engine:
             model = build_module(spec, ds_config if zero3 else None, seed=options.seed, mpu=self.split.mpu)
             # the adapters first: the optimizer below gets only what still trains
             self.lora = apply_lora(model, spec, options.lora, options.seed, options.activation_checkpointing)
-            self.split.attach(model, spec, ds_config["train_micro_batch_size_per_gpu"])
+            self.split.attach(model, spec, ds_config["train_micro_batch_size_per_gpu"], packed=options.packed)
             if options.activation_checkpointing:
                 apply_activation_checkpointing(spec, model, every_n=options.checkpoint_every_n_layers,
                                                ds_config=ds_config)
@@ -150,7 +153,11 @@ class Engine:
             with same_batch_in_tensor_group():
                 if self.split.sequence_parallel:
                     inputs, targets = self.split.shard(inputs, labels)
-                    loss = self.split.loss(output_logits(call_module(self.ds, inputs)), targets)
+                    output = call_module(self.ds, inputs)
+                    loss = self.split.loss(output_logits(output), targets)
+                    if getattr(output, "aux_loss", None) is not None:  # a mixture of experts' router loss
+                        loss = loss + self.router_coef * output.aux_loss
+                        router = output.aux_loss.detach() + (0 if router is None else router)
                 elif self.loss_in_forward:
                     loss = fast_path.call_with_loss(self.ds, inputs, labels)
                 else:
@@ -254,7 +261,7 @@ def start_schedule(scheduler: Any) -> None:
 
 
 def _float_dtype(ds_config: dict) -> torch.dtype:
-    if ds_config.get("bf16", {}).get("enabled"):
+    if (ds_config.get("bf16") or ds_config.get("bfloat16") or {}).get("enabled"):  # "bfloat16": DeepSpeed's old name
         return torch.bfloat16
     if ds_config.get("fp16", {}).get("enabled"):
         return torch.float16

@@ -50,6 +50,9 @@ def chunked_unsupported(spec: ModelSpec, module: nn.Module | None) -> str | None
         return "pipeline stages compute the plain loss on the last stage"
     if spec.modality != "text" or spec.pipeline_loss is not causal_lm_loss:
         return f"{spec.family} is not trained with the causal-LM loss"
+    from bigtrain.models.hf_common import router_aux_coef
+    if router_aux_coef(getattr(module, "config", None)) is not None:
+        return "a mixture of experts adds its router's load-balancing loss, which the chunked loss leaves out"
     return unsupported_reason(module)
 
 

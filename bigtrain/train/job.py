@@ -29,6 +29,7 @@ from bigtrain.ds.resolve import Resolved, resolve
 from bigtrain.metrics.logs import attach_log_file
 from bigtrain.metrics.plot import write_loss_plot
 from bigtrain.models.registry import slow_vocab_hint
+from bigtrain.parallel.split import Topology, check_split_layout
 from bigtrain.parallel.lora import check_same_lora, training_flops
 from bigtrain.train import autobatch
 from bigtrain.train.engine import Engine, EngineOptions, start_schedule
@@ -56,10 +57,12 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         stack.callback(claim_run_dir(out, ckpt_dir, world, resume=resume, overwrite=overwrite).release)
         open_run_log(out, world)
         # config: the DeepSpeed dict comes from `resolve` alone, here and after the micro-batch probe
+        asked = run
         run, auto_micro = autobatch.defer_auto(run)
         found = find_checkpoint(ckpt_dir, world) if resume else None
         config = JobConfig(run, ds_config_path, world, sources, found[1] if found else None)
         resolved = config.resolve()
+        check_split_layout(asked, Topology.of(resolved.ds_config, world.size))  # sizes a JSON gave, too
         seed_everything(run.train.seed)
         # data and model
         data = build_training_data(run.data, run.model, out, world, run.train.seed)
@@ -190,7 +193,7 @@ def engine_options(run: RunConfig) -> EngineOptions:
         pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
         activation_checkpointing=run.activation_checkpointing.enabled,
         checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed,
-        compile=run.train.compile, loss_impl=run.train.loss_impl, lora=run.lora)
+        compile=run.train.compile, loss_impl=run.train.loss_impl, lora=run.lora, packed=run.data.packing)
 
 
 def probe_micro_batch(spec: models.ModelSpec, config: JobConfig, resolved: Resolved, options: EngineOptions,

@@ -70,7 +70,9 @@ def _module_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: Worl
     was_training = model.training
     model.eval()
     try:
-        if engine.ds.zero_optimization_stage() == 3 and world.size > 1:
+        # ZeRO-3 gathers weights and AutoTP all-reduces inside every forward: every rank must generate alike.
+        tensor_parallel = engine.split is not None and engine.split.topology.tensor > 1
+        if (engine.ds.zero_optimization_stage() == 3 or tensor_parallel) and world.size > 1:
             text = generate_sample(model, tokenizer, max_new_tokens, engine.device, synced=True, prompt_ids=prompt_ids)
         else:
             text = generate_sample(model, tokenizer, max_new_tokens, engine.device,

@@ -43,13 +43,15 @@ def runs(tmp_path_factory) -> Path:
     moe = make_moe_dirs(root / "moe_dirs")
     zero = lambda stage: ["--set", f"zero.stage={stage}"]  # noqa: E731
     launch_jobs(root, [job("ref_b4", LLAMA, *B4), job("ref_b8", LLAMA, *B8),
-                       job("ref_mixtral", moe_args(moe["mixtral"])), job("ref_qwen2_moe", moe_args(moe["qwen2_moe"]))],
+                       *[job(f"ref_{m}", moe_args(moe[m])) for m in ("mixtral", "qwen2_moe", "qwen3_moe")]],
                 num_ranks=1, name="refs")
     two = [job(f"tp2_z{s}", LLAMA, *B4, *zero(s), "--set", "parallel.tensor=2") for s in range(4)]
     two += [job(f"sp2_z{s}", LLAMA, *B4, *zero(s), "--set", "parallel.sequence=2") for s in range(4)]
-    two += [job("mixtral_z3", moe_args(moe["mixtral"]), *zero(3)), job("qwen2_moe_z3", moe_args(moe["qwen2_moe"]), *zero(3)),
-            job("tp2_stop", LLAMA, *B4, *zero(1), "--set", "parallel.tensor=2", "--stop-after", "2")]
-    launch_jobs(root, two, num_ranks=2, name="two")
+    two += [job(f"{m}_z3", moe_args(moe[m]), *zero(3)) for m in ("mixtral", "qwen2_moe", "qwen3_moe")]
+    two += [job("tp2_stop", LLAMA, *B4, *zero(1), "--set", "parallel.tensor=2", "--stop-after", "2"),
+            # the end-of-run sample: AutoTP all-reduces inside every forward, so every rank generates alike
+            job("tp2_sample", LLAMA, *B4, *zero(1), "--set", "parallel.tensor=2", "--set", "train.sample_tokens=8")]
+    (root / "two.log").write_text(launch_jobs(root, two, num_ranks=2, name="two"))
     launch_jobs(root, [job("tp2_dp2", LLAMA, *B8, *zero(1), "--set", "parallel.tensor=2"),
                        job("sp2_dp2", LLAMA, *B8, *zero(1), "--set", "parallel.sequence=2")], num_ranks=4, name="four",
                 timeout=900)
@@ -67,13 +69,18 @@ def worst(reference: list[float], losses: list[float], steps: int = STEPS) -> fl
 @pytest.mark.parametrize("name, reference", [
     *[(f"tp2_z{s}", "ref_b4") for s in range(4)], *[(f"sp2_z{s}", "ref_b4") for s in range(4)],
     ("tp2_dp2", "ref_b8"), ("sp2_dp2", "ref_b8"), ("mixtral_z3", "ref_mixtral"), ("qwen2_moe_z3", "ref_qwen2_moe"),
-    ("tp2_to_1", "ref_b4")])
+    ("qwen3_moe_z3", "ref_qwen3_moe"), ("tp2_to_1", "ref_b4")])
 def test_a_split_model_trains_like_one_process(runs, name, reference):
     ran, ref = summary(runs / name), summary(runs / reference)
     margin = worst(ref["losses"], ran["losses"], MOE_STEPS if "moe" in name or "mixtral" in name else STEPS)
     print(f"{name} vs {reference}: worst relative loss difference {margin:.2e}")
     assert margin <= RTOL, (ref["losses"], ran["losses"])
     assert ran["steps"] == STEPS and ran["ds_config"]["train_batch_size"] == ref["ds_config"]["train_batch_size"]
+
+
+def test_a_tensor_parallel_run_ends_with_its_sample(runs):
+    assert summary(runs / "tp2_sample")["steps"] == STEPS
+    assert "sample from the trained model" in (runs / "two.log").read_text()
 
 
 def test_a_mixture_of_experts_reports_its_router_loss(runs):
