@@ -22,6 +22,7 @@ from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.safe_load import refuse_unsafe_files
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 from bigtrain.checkpoint.universal import SUFFIX, convert_collectively
+from bigtrain.ds.keys import split_sizes
 from bigtrain.distributed.world import World
 
 log = logging.getLogger("bigtrain")
@@ -108,7 +109,7 @@ class Shape:
     def of_job(cls, world_size: int, ds_config: dict, pipeline_stages: int) -> "Shape":
         zero = ds_config.get("zero_optimization") or {}
         offload = (zero.get("offload_optimizer") or {}).get("device") or "none"
-        tensor = int((ds_config.get("tensor_parallel") or {}).get("autotp_size") or 1)
+        tensor, _, _ = split_sizes(ds_config)
         return cls(world_size, int(zero.get("stage", 0)), pipeline_stages, str(offload), tensor)
 
     def __str__(self) -> str:
@@ -135,23 +136,18 @@ class ResumePlan:
 
 
 def plan_resume(ckpt_dir: Path, found: tuple[str, CheckpointState], current: Shape, world: World,
-                global_batch: int | None = None, trust: bool = False) -> ResumePlan:
+                trust: bool = False) -> ResumePlan:
     """How to load the checkpoint `found` (`store.find_resumable`) and, if its shape differs, convert it (collective).
 
     Every rank calls this before the engine exists. Rank 0 converts while the others wait;
     unsupported shape changes, and files that would need types outside the allow-list (unless
-    `trust`, see `safe_load`), raise the same ValueError on every rank before that.
-    `global_batch` (this job's train_batch_size) is compared with the saved one for a warning.
+    `trust`, see `safe_load`), raise the same ValueError on every rank before that. (A resumed job keeps the
+    checkpoint's global batch unless batch.global_batch is given: `bigtrain.ds.batch`, which says so.)
     """
     tag, state = found
     if not trust:
         refuse_unsafe_files(ckpt_dir / tag)  # before the engine and data are built: fail fast
     saved = Shape.of_checkpoint(state)
-    saved_batch = state.ds_config.get("train_batch_size")
-    if world.is_main and global_batch and saved_batch and saved_batch != global_batch:
-        log.warning("checkpoint %s trained with a global batch of %d, this job has %d: the run continues with "
-                    "another batch size; set batch.global_batch=%d to keep it", ckpt_dir / tag, saved_batch,
-                    global_batch, saved_batch)
     universal = needs_universal(saved, current, ckpt_dir / tag)
     if universal:
         path, reused = convert_collectively(ckpt_dir, tag, world, trust)

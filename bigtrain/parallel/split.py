@@ -48,8 +48,8 @@ class Topology:
     @classmethod
     def of(cls, ds_config: dict, world: int) -> "Topology":
         """The split a resolved DeepSpeed dict asks for."""
-        tensor = (ds_config.get("tensor_parallel") or {}).get("autotp_size") or 1
-        sequence = ds_config.get("sequence_parallel_size") or 1
+        from bigtrain.ds.keys import split_sizes
+        tensor, sequence, _ = split_sizes(ds_config)
         pipeline = (ds_config.get("pipeline") or {}).get("stages") or 1
         return cls(world, pipeline, tensor, sequence)
 

@@ -73,7 +73,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
             check_same_model(ckpt_dir / found[0], found[1], model_build)
             check_same_lora(ckpt_dir / found[0], found[1].run_config, run.lora)
         plan = plan_resume(ckpt_dir, found, Shape.of_job(world.size, resolved.ds_config, resolved.run.pipeline.stages),
-                           world, None, trust_checkpoint) if found else None
+                           world, trust_checkpoint) if found else None
         spec = build_model(model_build, world)
         options = engine_options(resolved.run)
         # engine, with the probed micro-batch and the universal-load switch resolved into its dict

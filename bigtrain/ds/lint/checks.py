@@ -12,6 +12,7 @@ from typing import Any
 
 from bigtrain.config.rules import DS_KEYS, DS_PARALLEL, Layout, divisibility_problem, layout_problems
 from bigtrain.config.rules import parallel_problems as split_problems
+from bigtrain.ds.keys import split_sizes
 from bigtrain.ds.lint import schema
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -186,15 +187,6 @@ def layout_lint(config: dict, pipeline_stages: int | None) -> list[Problem]:
             why = "DeepSpeed offloads to CPU memory instead" if nvme_as_cpu else "DeepSpeed ignores it"
             problems.append(Problem("zero_optimization", f"{line} ({why} at this stage)", level="warning"))
     return problems
-
-
-def split_sizes(config: dict) -> tuple[int, int, int]:
-    """(tensor, sequence, expert) parallel sizes a DeepSpeed dict asks for (1 where it asks for none)."""
-    tp = config.get("tensor_parallel")
-    ep = config.get("expert_parallel")
-    sizes = (tp.get("autotp_size", 1) if isinstance(tp, dict) else 1, config.get("sequence_parallel_size", 1),
-             ep.get("autoep_size", 1) if isinstance(ep, dict) and ep.get("enabled") else 1)
-    return tuple(size if is_int(size) and size >= 1 else 1 for size in sizes)  # type: ignore[return-value]
 
 
 def model_split(config: dict) -> int:
