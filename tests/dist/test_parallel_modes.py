@@ -3,7 +3,8 @@ on the same batches (issue 23): per-step losses within 1e-5 relative, fp32.
 
 Four launches share the work: one process for the references, 2 ranks for TP2 and SP2 at ZeRO 0-3 and the MoE
 models at ZeRO-3, 4 ranks for TP2 x DP2 and SP2 x DP2, and one process again for a TP2 run resumed on one rank.
-A reference with global batch 8 runs as micro 4 x accumulation 2 (the same samples per step as dp 2 x micro 4).
+A run stopped at step 2 and resumed at its own shape (tp2_again, sp2_again) must continue its uninterrupted twin's
+curve. A reference with global batch 8 runs as micro 4 x accumulation 2 (the same samples per step as dp 2 x micro 4).
 The MoE models are compared over their first MOE_STEPS steps: top-2 routing turns the ~1e-7 differences of another
 reduction order into different expert choices for a few tokens by step 4 (Mixtral: 4e-7 at steps 1-3, 1.7e-5 at 4).
 """
@@ -49,6 +50,9 @@ def runs(tmp_path_factory) -> Path:
     two += [job(f"sp2_z{s}", LLAMA, *B4, *zero(s), "--set", "parallel.sequence=2") for s in range(4)]
     two += [job(f"{m}_z3", moe_args(moe[m]), *zero(3)) for m in ("mixtral", "qwen2_moe", "qwen3_moe")]
     two += [job("tp2_stop", LLAMA, *B4, *zero(1), "--set", "parallel.tensor=2", "--stop-after", "2"),
+            job("tp2_again", LLAMA, *B4, *zero(1), "--set", "parallel.tensor=2", "--resume", copy_from="tp2_stop"),
+            job("sp2_stop", LLAMA, *B4, *zero(3), "--set", "parallel.sequence=2", "--stop-after", "2"),
+            job("sp2_again", LLAMA, *B4, *zero(3), "--set", "parallel.sequence=2", "--resume", copy_from="sp2_stop"),
             # the end-of-run sample: AutoTP all-reduces inside every forward, so every rank generates alike
             job("tp2_sample", LLAMA, *B4, *zero(1), "--set", "parallel.tensor=2", "--set", "train.sample_tokens=8")]
     (root / "two.log").write_text(launch_jobs(root, two, num_ranks=2, name="two"))
@@ -69,7 +73,7 @@ def worst(reference: list[float], losses: list[float], steps: int = STEPS) -> fl
 @pytest.mark.parametrize("name, reference", [
     *[(f"tp2_z{s}", "ref_b4") for s in range(4)], *[(f"sp2_z{s}", "ref_b4") for s in range(4)],
     ("tp2_dp2", "ref_b8"), ("sp2_dp2", "ref_b8"), ("mixtral_z3", "ref_mixtral"), ("qwen2_moe_z3", "ref_qwen2_moe"),
-    ("qwen3_moe_z3", "ref_qwen3_moe"), ("tp2_to_1", "ref_b4")])
+    ("qwen3_moe_z3", "ref_qwen3_moe"), ("tp2_to_1", "ref_b4"), ("tp2_again", "tp2_z1"), ("sp2_again", "sp2_z3")])
 def test_a_split_model_trains_like_one_process(runs, name, reference):
     ran, ref = summary(runs / name), summary(runs / reference)
     margin = worst(ref["losses"], ran["losses"], MOE_STEPS if "moe" in name or "mixtral" in name else STEPS)
