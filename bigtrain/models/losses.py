@@ -26,6 +26,12 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, -2), targets.reshape(-1), ignore_index=-100)
 
 
+def target_count(labels: torch.Tensor) -> torch.Tensor:
+    """The trained next-token targets in `labels` (those `lm_targets` does not ignore), in either layout: both
+    predict labels[..., 1:]."""
+    return (labels[..., 1:] != -100).sum()
+
+
 def correct_counts(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """[correct predictions, predictions] of a classifier's logits [B, C] against labels [B], as float64."""
     correct = (logits.argmax(dim=-1) == labels).sum()

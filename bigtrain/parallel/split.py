@@ -112,11 +112,14 @@ class ModelSplit:
         return ({"input_ids": input_ids[:, part].contiguous(), "position_ids": positions[:, part].contiguous()},
                 targets[:, part].contiguous())
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """The group's mean next-token loss over its real tokens, as this rank's share times the group size:
-        DeepSpeed averages gradients over every rank, so the shares sum to the loss one rank would compute."""
+        DeepSpeed averages gradients over every rank, so the shares sum to the loss one rank would compute.
+        With `scale` (a token-weighted step, `Engine._token_scale`): this rank's summed loss times it."""
         summed = F.cross_entropy(logits.float().flatten(0, -2), targets.reshape(-1), ignore_index=-100,
                                  reduction="sum")
+        if scale is not None:
+            return summed * scale.to(summed.dtype)
         tokens = (targets != -100).sum().to(torch.float64).reshape(1)
         torch.distributed.all_reduce(tokens, group=self.mpu.get_sequence_parallel_group())
         return summed / tokens[0].clamp(min=1).to(summed.dtype) * self.topology.sequence

@@ -9,9 +9,8 @@ import deepspeed
 import torch
 from deepspeed.accelerator import get_accelerator
 
-from bigtrain.distributed.world import all_reduce_mean
 from bigtrain.ds.runtime import resolve_compile
-from bigtrain.models.losses import correct_counts
+from bigtrain.models.losses import correct_counts, target_count
 from bigtrain.models.spec import ModelSpec, call_module, output_logits, pipeline_inputs
 from bigtrain.config.run_config import LoraConfig
 from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
@@ -31,6 +30,7 @@ class EngineOptions:
     loss_impl: str = "plain"  # train.loss_impl: "plain" | "chunked" | "auto"
     lora: LoraConfig | None = None  # the run's lora section: r > 0 trains adapters on a frozen base
     packed: bool = False  # data.packing: several examples per row (sequence parallelism then keeps them apart)
+    token_weighted: bool = False  # chat/instruction data: a step's loss is the mean over all its trained tokens
 
 
 class Engine:
@@ -39,6 +39,8 @@ class Engine:
     def __init__(self, spec: ModelSpec, ds_config: dict, options: EngineOptions):
         self.spec = spec
         self.is_pipeline = options.pipeline_stages > 1
+        # DeepSpeed's pipeline engine takes the micro-batches' losses itself: there each one's mean counts alike
+        self.token_weighted = options.token_weighted and not self.is_pipeline
         self.router_loss: torch.Tensor | None = None  # the last step's, for mixtures of experts
         from bigtrain.models.hf_common import router_aux_coef
         self.router_coef = router_aux_coef(getattr(spec, "config", None)) or 0.0
@@ -148,32 +150,62 @@ class Engine:
             return self.ds.train_batch(self._pipe_iter(batches))
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         router = None  # a mixture of experts' load-balancing loss (part of the loss), reported on its own
-        for _ in range(self.grad_accum):
-            inputs, labels = self._inputs(next(batches))
+        micro = [self._inputs(next(batches)) for _ in range(self.grad_accum)]
+        scale = self._token_scale([labels for _, labels in micro]) if self.token_weighted else None
+        for inputs, labels in micro:
             with same_batch_in_tensor_group():
                 if self.split.sequence_parallel:
                     inputs, targets = self.split.shard(inputs, labels)
                     output = call_module(self.ds, inputs)
-                    loss = self.split.loss(output_logits(output), targets)
+                    loss = self.split.loss(output_logits(output), targets, scale)
                     if getattr(output, "aux_loss", None) is not None:  # a mixture of experts' router loss
                         loss = loss + self.router_coef * output.aux_loss
                         router = output.aux_loss.detach() + (0 if router is None else router)
                 elif self.loss_in_forward:
-                    loss = fast_path.call_with_loss(self.ds, inputs, labels)
+                    loss = self._weigh(fast_path.call_with_loss(self.ds, inputs, labels), labels, scale)
                 else:
                     output = call_module(self.ds, inputs)
-                    loss = self.spec.loss(output, labels)
-                    if getattr(output, "aux_loss", None) is not None:
-                        router = output.aux_loss.detach() + (0 if router is None else router)
+                    aux = getattr(output, "aux_loss", None)
+                    loss = self._weigh(self.spec.loss(output, labels), labels, scale,
+                                       None if aux is None else self.router_coef * aux)
+                    if aux is not None:
+                        router = aux.detach() + (0 if router is None else router)
             self.ds.backward(loss)
             self.ds.step()
             total += loss.detach()  # stays on the device: no host sync per micro-batch
         self.router_loss = None if router is None else router / self.grad_accum
         return total / self.grad_accum
 
+    def _token_scale(self, labels: list[torch.Tensor]) -> torch.Tensor:
+        """For a step whose loss is the mean over all its trained tokens (as transformers' Trainer does with
+        `num_items_in_batch`): the factor that turns a micro-batch's summed token loss into its share of that
+        mean. DeepSpeed divides gradients by the accumulation steps and by the ranks that hold different tokens
+        (world / tensor); the step's tokens are the count over all ranks / (tensor x sequence), the ranks of one
+        group each counting the same samples. Without it each micro-batch's mean weighs alike: one of short
+        answers as much as one of long ones, and another grouping of the same samples trains differently."""
+        count = torch.stack([target_count(t) for t in labels]).sum().to(torch.float64).reshape(1)
+        world = 1
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(count)
+            world = torch.distributed.get_world_size()
+        return self.grad_accum * world * self.split.topology.sequence / count[0].clamp(min=1)
+
+    @staticmethod
+    def _weigh(mean: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor | None,
+               router: torch.Tensor | None = None) -> torch.Tensor:
+        """A micro-batch's mean token loss (plus `router`, a mixture of experts' router term, already in it) as
+        its share of the step's token mean; unchanged without `scale`. The router term keeps its weight."""
+        if scale is None:
+            return mean
+        weight = (target_count(labels) * scale).to(mean.dtype)  # exactly 1 when every micro-batch counts alike
+        if router is None:
+            return mean * weight
+        return (mean - router) * weight + router
+
     @torch.no_grad()
     def eval_loss(self, batches: list[dict]) -> float:
-        """Mean loss over `batches` (the same count on every rank), averaged over data-parallel ranks.
+        """Mean loss over `batches` (the same count on every rank), averaged over data-parallel ranks (weighing
+        each batch by its trained tokens for token-weighted data).
         Classifiers (`spec.eval_metric == "accuracy"`) also set `last_eval_accuracy`: correct
         predictions over all ranks' samples."""
         self.ds.eval()
@@ -190,17 +222,23 @@ class Engine:
                     counts += correct_counts(logits, self._inputs(batch)[1])
             result = sum(losses) / max(len(losses), 1)
         else:
-            losses = []
+            sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss x weight, weight
+            one = torch.ones((), dtype=torch.float64, device=self.device)
             for batch in batches:
                 inputs, labels = self._inputs(batch)
+                # token-weighted data: each batch weighs by its trained tokens, as in training
+                weight = target_count(labels).to(torch.float64) if self.token_weighted else one
                 if self.loss_in_forward and not accuracy:  # chunked: no full logits in eval either
-                    losses.append(fast_path.call_with_loss(self.ds, inputs, labels).float().item())
-                    continue
-                output = call_module(self.ds, inputs)
-                losses.append(self.spec.loss(output, labels).float().item())
-                if accuracy:
-                    counts += correct_counts(output_logits(output), labels)
-            result = all_reduce_mean([sum(losses) / max(len(losses), 1)], self.device)[0]
+                    loss = fast_path.call_with_loss(self.ds, inputs, labels)
+                else:
+                    output = call_module(self.ds, inputs)
+                    loss = self.spec.loss(output, labels)
+                    if accuracy:
+                        counts += correct_counts(output_logits(output), labels)
+                sums += torch.stack([loss.detach().to(torch.float64) * weight, weight])
+            if torch.distributed.is_initialized():
+                torch.distributed.all_reduce(sums)
+            result = float(sums[0] / sums[1]) if sums[1] else float("nan")
         if accuracy:
             torch.distributed.all_reduce(counts)
             self.last_eval_accuracy = float(counts[0] / counts[1]) if counts[1] else float("nan")

@@ -75,7 +75,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         plan = plan_resume(ckpt_dir, found, Shape.of_job(world.size, resolved.ds_config, resolved.run.pipeline.stages),
                            world, trust_checkpoint) if found else None
         spec = build_model(model_build, world)
-        options = engine_options(resolved.run)
+        options = engine_options(resolved.run, token_weighted=data.bundle.stats is not None)
         # engine, with the probed micro-batch and the universal-load switch resolved into its dict
         micro = probe_micro_batch(spec, config, resolved, options, data, world) if auto_micro else None
         if micro is not None or (plan and plan.universal):
@@ -188,12 +188,14 @@ def build_model(model_build: ModelBuild, world: World) -> models.ModelSpec:
     return spec
 
 
-def engine_options(run: RunConfig) -> EngineOptions:
+def engine_options(run: RunConfig, token_weighted: bool = False) -> EngineOptions:
+    """`token_weighted`: the data is chat/instruction examples, whose trained tokens differ from row to row."""
     return EngineOptions(
         pipeline_stages=run.pipeline.stages, partition_method=run.pipeline.partition_method,
         activation_checkpointing=run.activation_checkpointing.enabled,
         checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed,
-        compile=run.train.compile, loss_impl=run.train.loss_impl, lora=run.lora, packed=run.data.packing)
+        compile=run.train.compile, loss_impl=run.train.loss_impl, lora=run.lora, packed=run.data.packing,
+        token_weighted=token_weighted)
 
 
 def probe_micro_batch(spec: models.ModelSpec, config: JobConfig, resolved: Resolved, options: EngineOptions,
