@@ -52,8 +52,9 @@ class DataConfig:
     streaming: bool = doc(False, "Stream an hf: source through prepare instead of downloading it first.")
     hash_content: bool = doc(False, "Identify local data by content (reads every byte), not names, sizes, mtimes.")
     num_proc: int | None = doc(None, "Processes that tokenize an unprepared text source; None: every core.")
-    format: Literal["auto", "text", "chat", "prompt_completion", "alpaca"] = doc(
-        "auto", "Records: chat ('messages' of role/content, rendered by the chat template), prompt_completion, "
+    format: Literal["auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca"] = doc(
+        "auto", "Records: chat ('messages' of role/content, rendered by the chat template), sharegpt "
+        "('conversations' of from/value, rendered so too), prompt_completion, "
         "alpaca (instruction/input/output) or text; auto recognises them from the first record.")
     chat_template: str | None = doc(None, "Jinja chat template (a file, or the text) for chat records; None: the "
                                     "tokenizer's own.")

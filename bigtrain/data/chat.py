@@ -3,6 +3,7 @@
 The record shapes the HF Trainer / TRL SFT trainer, axolotl, LLaMA-Factory and torchtune take:
 
     chat               {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
+    sharegpt           {"conversations": [{"from": "system" | "human" | "gpt", "value": "..."}, ...]}
     prompt_completion  {"prompt": "...", "completion": "..."}
     alpaca             {"instruction": "...", "input": "..." (optional), "output": "..."}
 
@@ -21,12 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-FORMATS = ("auto", "text", "chat", "prompt_completion", "alpaca")
-EXAMPLE_FORMATS = ("chat", "prompt_completion", "alpaca")
+FORMATS = ("auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca")
+EXAMPLE_FORMATS = ("chat", "sharegpt", "prompt_completion", "alpaca")
+TEMPLATED = ("chat", "sharegpt")  # conversations, rendered by the tokenizer's chat template
 LONG_EXAMPLES = ("truncate", "drop")
 # The columns of each format; "?" marks an optional one (read where present).
-FIELDS: dict[str, tuple[str, ...]] = {"chat": ("messages",), "prompt_completion": ("prompt", "completion"),
+FIELDS: dict[str, tuple[str, ...]] = {"chat": ("messages",), "sharegpt": ("conversations",),
+                                      "prompt_completion": ("prompt", "completion"),
                                       "alpaca": ("instruction", "input?", "output")}
+# ShareGPT's speakers (as axolotl and LLaMA-Factory map them) -> chat roles.
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "tool": "tool",
+                  "observation": "tool"}
 # Stanford Alpaca's prompts (also axolotl's "alpaca" type), so a model fine-tuned here answers them as theirs do.
 ALPACA_PROMPT = ("Below is an instruction that describes a task, paired with an input that provides further "
                  "context. Write a response that appropriately completes the request.\n\n"
@@ -156,13 +163,15 @@ class Renderer:
         self.eos = int(eos)
         self.start = _start_tokens(tokenizer)
         self.template = getattr(tokenizer, "chat_template", None)
-        if fmt == "chat" and not self.template:
+        if fmt in TEMPLATED and not self.template:
             raise ValueError(no_template_line(tokenizer))
         self.tagged = has_generation_tags(self.template)
 
     def __call__(self, record: dict) -> tuple[list[int], list[int]]:
         if self.fmt == "chat":
             return self.chat(record["messages"])
+        if self.fmt == "sharegpt":
+            return self.chat(sharegpt_messages(record["conversations"]))
         if self.fmt == "prompt_completion":
             prompt, completion = _text(record, "prompt"), _text(record, "completion")
         else:
@@ -220,6 +229,21 @@ class Renderer:
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+def sharegpt_messages(turns: Any) -> list[dict]:
+    """A ShareGPT conversation as chat messages: "from" -> role, "value" -> content."""
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) for t in turns):
+        raise ValueError("a sharegpt record's 'conversations' must be a non-empty list of {\"from\": ..., "
+                         "\"value\": ...}")
+    messages = []
+    for turn in turns:
+        speaker = turn.get("from")
+        if speaker not in SHAREGPT_ROLES:
+            raise ValueError(f"a sharegpt turn is from {speaker!r}: bigtrain knows {', '.join(SHAREGPT_ROLES)}; "
+                             "convert the records to 'messages' with roles to train on other speakers")
+        messages.append({"role": SHAREGPT_ROLES[speaker], "content": turn.get("value")})
+    return messages
 
 
 def no_template_line(tokenizer: Any) -> str:

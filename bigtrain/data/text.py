@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bigtrain.data.blocks import ConcatBlocks, TokenBlocks, block_count
-from bigtrain.data.chat import FIELDS, ExampleOptions, detect_format, no_template_line, read_chat_template
+from bigtrain.data.chat import (FIELDS, TEMPLATED, ExampleOptions, detect_format, no_template_line,
+                               read_chat_template)
 from bigtrain.data.dataset import DataBundle, split_rows
 from bigtrain.data.mixture import MixtureSampler, parse_mixture
 from bigtrain.data.prepare.core import identity, prepare, text_source
@@ -47,7 +48,7 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
     tok, tok_dir = _tokenizer(parts, tokenizer, vocab_size, tokenizer_dir, fields, is_writer, barrier)
     if examples.chat_template:
         tok.chat_template = read_chat_template(examples.chat_template)
-    if "chat" in formats and not getattr(tok, "chat_template", None):  # every rank says so, before any prepares
+    if set(formats) & set(TEMPLATED) and not getattr(tok, "chat_template", None):  # every rank says so, before any prepares
         raise ValueError(no_template_line(tok))
     writers = (is_writer, is_writer if is_local_writer is None else is_local_writer)
     options = {"text_field": text_field, "hash_content": hash_content, "num_proc": num_proc, "seq_len": seq_len}

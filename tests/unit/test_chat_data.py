@@ -70,6 +70,24 @@ def test_a_two_turn_conversation_trains_exactly_the_assistant_tokens(tok, tok_di
     assert bundle.stats["format"] == "chat" and bundle.stats["examples"] == 23
 
 
+def test_sharegpt_conversations_train_like_the_same_messages(tok, tok_dir, tmp_path):
+    """ShareGPT records (axolotl's and LLaMA-Factory's "conversations" of from/value) are recognised and render to
+    the tokens and answer mask of the same conversation given as messages; an unknown speaker is one line."""
+    speaker = {"system": "system", "user": "human", "assistant": "gpt"}
+    shared = {"conversations": [{"from": speaker[m["role"]], "value": m["content"]} for m in TWO_TURNS]}
+    assert format_of(shared) == "sharegpt"
+    assert Renderer(tok, "sharegpt")(shared) == Renderer(tok, "chat")({"messages": TWO_TURNS})
+    source = write_jsonl(tmp_path / "sharegpt.jsonl", [shared] * 20)
+    bundle = build_data(str(source), seq_len=128, tokenizer=str(tok_dir), cache_dir=tmp_path / "cache",
+                        tokenizer_dir=tmp_path / "t", num_proc=1, val_fraction=0.1)
+    ids, mask = expected_two_turns(tok)
+    assert bundle.stats["format"] == "sharegpt"
+    assert bundle.train.take([0])["labels"][0, :len(ids)].tolist() == [t if m else -100 for t, m in zip(ids, mask)]
+    with pytest.raises(ValueError) as err:
+        Renderer(tok, "sharegpt")({"conversations": [{"from": "narrator", "value": "once"}]})
+    assert naming(str(err.value), "'narrator'", "human", "gpt", "messages")
+
+
 def test_prompt_completion_and_alpaca_train_on_the_answer_and_its_end_of_text(tok):
     eos = tok.eos_token_id
 

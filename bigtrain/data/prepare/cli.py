@@ -14,6 +14,7 @@ from pathlib import Path
 
 
 def add_prepare_parser(sub: argparse._SubParsersAction) -> None:
+    from bigtrain.data.chat import FORMATS  # light: no tokenizer, no torch
     p = sub.add_parser("prepare", help="tokenize text once into token shards that training memory-maps",
                        description="Tokenize a text source (txt/jsonl/json/parquet files, directories, globs, "
                                    "'builtin', hf:NAME[:CONFIG]) into uint16/uint32 token shards, a document "
@@ -27,8 +28,9 @@ def add_prepare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-proc", type=int, default=None, help="worker processes (default: every core)")
     p.add_argument("--seq-len", type=int, default=None, help="report how many training blocks this gives")
     p.add_argument("--text-field", default="text", help="text column of jsonl/json/parquet/hub data (default text)")
-    p.add_argument("--format", default="auto", choices=("auto", "text", "chat", "prompt_completion", "alpaca"),
-                   help="records: chat ('messages'), prompt_completion, alpaca (instruction/input/output), or "
+    p.add_argument("--format", default="auto", choices=FORMATS,
+                   help="records: chat ('messages'), sharegpt ('conversations'), prompt_completion, alpaca "
+                        "(instruction/input/output), or "
                         "text; auto (default) recognises them from the first record (data.format)")
     p.add_argument("--chat-template", default=None,
                    help="Jinja chat template (a file, or the text) for chat records, when the tokenizer has none "

@@ -60,14 +60,14 @@ def identity(src: Source, tokenizer: Any, text_field: str, hash_content: bool, f
     template too (the tokenizer's fingerprint covers its vocabulary only)."""
     import hashlib
 
-    from bigtrain.data.chat import FIELDS
+    from bigtrain.data.chat import FIELDS, TEMPLATED
     from bigtrain.data.tokenizer import tokenizer_fingerprint
     field: Any = "text" if (src.kind == "files" and src.loader == "text") or src.kind == "builtin" else text_field
     ident = {"format": FORMAT, "source": source_fingerprint(src, hash_content), "text_field": field,
              "tokenizer": tokenizer_fingerprint(tokenizer)}
     if fmt != "text":
         ident.update(text_field=list(FIELDS[fmt]), examples=fmt)
-    if fmt == "chat":
+    if fmt in TEMPLATED:
         template = getattr(tokenizer, "chat_template", None) or ""
         ident["chat_template"] = hashlib.sha256(str(template).encode()).hexdigest()[:16]
     return ident
@@ -91,8 +91,8 @@ def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field
     src = text_source(source) if isinstance(source, str) else source
     out = Path(out).expanduser()
     ident = identity(src, tokenizer, text_field, hash_content, fmt)
-    if fmt == "chat" and not getattr(tokenizer, "chat_template", None):
-        from bigtrain.data.chat import no_template_line
+    from bigtrain.data.chat import TEMPLATED, no_template_line
+    if fmt in TEMPLATED and not getattr(tokenizer, "chat_template", None):
         raise ValueError(no_template_line(tokenizer))
     num_proc = num_proc or default_num_proc()
     if num_proc < 1:
