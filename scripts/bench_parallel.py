@@ -82,7 +82,9 @@ def tensor_memory(tensor: int, root: Path) -> dict:
     predicted = estimate(shape_from_spec(spec, "fp32"), setup_from_run(run, 4, 4))
     return {"tensor": tensor, "model_state_bytes_per_rank": result and result["model_state_bytes_per_rank"],
             "peak_rss_per_rank": result and result["peak_memory_per_rank"],
-            "estimated_model_states": predicted.model_states, "estimated_device_peak": predicted.device_peak}
+            "estimated_model_states": predicted.model_states, "estimated_device_peak": predicted.device_peak,
+            # what the end-of-run count sees: ZeRO-1/2 free the gradients after every step
+            "estimated_after_step": predicted.params + predicted.optimizer}
 
 
 def main() -> None:

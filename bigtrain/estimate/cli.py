@@ -71,6 +71,22 @@ def linear_dims(module: torch.nn.Module) -> tuple[tuple[int, int], ...]:
     return tuple(dims)
 
 
+def tensor_whole_params(module: torch.nn.Module) -> int:
+    """Parameters AutoTP leaves whole on every rank of a tensor-parallel group: all but the linear layers'
+    (embeddings, norms; a head tied to the embedding counts as the embedding). Measured: a 4-layer Llama's
+    model states at parallel.tensor 2 and 4 are the split linear layers' share plus exactly these
+    (docs/benchmarks.md)."""
+    from torch import nn
+    seen: set[int] = set()
+    whole = 0
+    for m in module.modules():
+        for p in m.parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                whole += 0 if isinstance(m, nn.Linear) else p.numel()
+    return whole
+
+
 def _sample_batch(spec: ModelSpec, device: str) -> dict:
     import torch
     with torch.device(device):
@@ -163,7 +179,7 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape
     numel, numels, largest = parameter_layout(meta)
     assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec {spec.num_params}"
     common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest,
-                  linear_dims=linear_dims(meta))
+                  linear_dims=linear_dims(meta), tensor_whole_params=tensor_whole_params(meta))
     analytic = estimate_shape(spec)  # the family's closed form, where it has one
     if analytic is not None:
         return ModelShape(**common, **analytic)

@@ -20,7 +20,8 @@ layer has c_h=16, c_s=2, m_h=2, m_s=1, i.e. 34sbh + 5as^2b in 16 bit). bigtrain'
 layers' coefficients were counted from the tensors they save for backward. Full checkpointing keeps each block's input
 (s*h*e) and recomputes one block at a time.
 
-Tensor parallelism (t ranks per layer) divides the weights and their states by t, and a layer's activations as
+Tensor parallelism (t ranks per layer) divides the linear layers' weights and their states by t (AutoTP keeps the
+embeddings and norms whole on every rank: `ModelShape.tensor_whole_params`), and a layer's activations as
 Korthikanti's 10sbh + 24sbh/t (the layer's input, norms and residuals stay whole on every rank); ZeRO then
 partitions over the data-parallel ranks. Sequence parallelism (Ulysses, u ranks) divides every activation by u
 (each rank holds its slice of the sequence), and ZeRO partitions over the data x sequence ranks.
@@ -120,6 +121,7 @@ class ModelShape:
     dropout: float = 0.0
     measured: dict[int, ActivationCount] = field(default_factory=dict)  # bytes/value -> count, when measured
     linear_dims: tuple[tuple[int, int], ...] = ()  # (in, out) of each linear layer LoRA adapts (not the head)
+    tensor_whole_params: int = 0  # parameters tensor parallelism keeps whole on every rank (embeddings, norms)
 
     def persistent_params(self, threshold: int, lora_r: int = 0) -> int:
         """Elements ZeRO-3 keeps whole on every rank: tensors of at most `threshold` elements (adapters included)."""
@@ -267,13 +269,19 @@ class MemoryEstimate:
         return self.host * self.setup.gpus_per_node
 
 
+def tensor_share(count: float, tensor: int, whole: float = 0.0) -> float:
+    """A tensor-parallel rank's share of `count` parameters, `whole` of which every rank keeps whole."""
+    return (count - whole) / tensor + whole
+
+
 def model_state_terms(psi: float, setup: Setup, persistent: float = 0.0,
-                      trained: float | None = None) -> dict[str, float]:
+                      trained: float | None = None, whole: float = 0.0) -> dict[str, float]:
     """params / grads / optimizer bytes per rank on the device and on host / NVMe (ZeRO formulas). `psi`: every
-    parameter; `trained`: those with gradients and optimizer states (LoRA's adapters; default all)."""
+    parameter; `trained`: those with gradients and optimizer states (LoRA's adapters; default all); `whole`: those
+    a tensor-parallel group keeps whole on each rank (the rest is split over its ranks)."""
     n, stage, p = setup.zero_ranks, setup.zero_stage, PRECISIONS[setup.precision]
-    psi, persistent = psi / setup.tensor, persistent / setup.tensor
-    trained = psi if trained is None else trained / setup.tensor
+    trained = tensor_share(psi if trained is None else trained, setup.tensor, 0.0 if trained else whole)
+    psi, persistent = tensor_share(psi, setup.tensor, whole), persistent / setup.tensor
     mixed = p == 2
     k = (4 if (mixed or stage >= 1) else 0) + 8  # fp32 master copy + Adam's two fp32 moments
     params = p * psi if stage < 3 else p * psi / n + p * persistent  # persistent: partitioned and whole
@@ -302,7 +310,8 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
         raise ValueError(f"LoRA rank {setup.lora_r}: the {shape.family} shape names no linear layers to adapt")
     psi, trained = shape.num_params + adapters, (adapters or None)
     persistent = shape.persistent_params(setup.param_persistence_threshold, setup.lora_r) if stage == 3 else 0
-    terms = model_state_terms(psi, setup, persistent, trained)
+    whole = 0 if adapters else shape.tensor_whole_params  # LoRA never runs with tensor splits
+    terms = model_state_terms(psi, setup, persistent, trained, whole)
     trained = trained or psi
     buffers = 0.0
     if stage in (1, 2):  # contiguous gradient buckets, double-buffered when overlapping communication
@@ -315,7 +324,7 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
         live = p * min(psi - persistent, largest + setup.prefetch_bucket_size) / setup.tensor
     transient = 0.0
     if p == 2 or stage >= 1:  # the optimizer steps on an fp32 gradient of its (partition of the) master copy
-        transient = 4 * trained / setup.tensor / (1 if stage == 0 else setup.zero_ranks)
+        transient = 4 * tensor_share(trained, setup.tensor, whole) / (1 if stage == 0 else setup.zero_ranks)
         if setup.offload_optimizer != "none":
             transient = 0.0  # made on the host, inside the offloaded partition counted there
     acts = split_activations(activations_per_sample(shape, p), setup).total(setup.micro_batch, setup.checkpointing)
@@ -326,10 +335,10 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
 
 def split_activations(count: ActivationCount, setup: Setup) -> ActivationCount:
     """One rank's share of a sample's activations under tensor and sequence parallelism (see the module doc)."""
-    tensor_share = (10 + 24 / setup.tensor) / 34  # Korthikanti: 10sbh replicated, 24sbh split per layer
+    block_share = (10 + 24 / setup.tensor) / 34  # Korthikanti: 10sbh replicated, 24sbh split per layer
     u = setup.sequence
-    return ActivationCount(outside=count.outside / u, blocks=count.blocks * tensor_share / u,
-                           largest_block=count.largest_block * tensor_share / u, block_inputs=count.block_inputs / u,
+    return ActivationCount(outside=count.outside / u, blocks=count.blocks * block_share / u,
+                           largest_block=count.largest_block * block_share / u, block_inputs=count.block_inputs / u,
                            transient=count.transient / u)
 
 

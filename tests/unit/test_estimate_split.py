@@ -24,6 +24,20 @@ def test_tensor_parallel_divides_states_and_part_of_the_activations():
     assert tp2.setup.label == "zero1+tp2"
 
 
+def test_tensor_parallel_keeps_the_embeddings_and_norms_whole():
+    """What AutoTP leaves unsplit (measured against real TP2 ranks: tests/dist/test_parallel_modes.py) is counted
+    on every rank: a Llama shape's embedding and norms, not its linear layers or its head."""
+    from bigtrain.estimate.cli import shape_from_spec
+    from bigtrain.models import build
+    shape = shape_from_spec(build("llama", "tiny", vocab_size=512, seq_len=64))
+    cfg = build("llama", "tiny", vocab_size=512, seq_len=64).config
+    assert shape.tensor_whole_params == cfg.vocab_size * cfg.hidden_size + (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
+    one = estimate(shape, Setup(world_size=2, zero_stage=1, precision="fp32"))
+    tp2 = estimate(shape, Setup(world_size=2, zero_stage=1, precision="fp32", tensor=2))
+    whole = 4 * shape.tensor_whole_params
+    assert tp2.params == pytest.approx((one.params - whole) / 2 + whole)
+
+
 def test_sequence_parallel_divides_every_activation_and_keeps_zero_over_all_ranks():
     one = estimate(SHAPE, Setup(world_size=8, zero_stage=3, precision="bf16"))
     sp4 = estimate(SHAPE, Setup(world_size=8, zero_stage=3, precision="bf16", sequence=4))
