@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = run_config_from_args(args)
     except ValueError as err:
-        print(f"bigtrain: {err}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every rank finds it; one says it
+            print(f"bigtrain: {err}", file=sys.stderr)
         return 2
     from bigtrain.train.job import train
     from bigtrain.train.process import JobProcess

@@ -3,7 +3,8 @@
 The ranks run `python -m bigtrain.run` (the launcher's `--module`), so an installed package
 needs no checkout. The console shows bigtrain's lines: the launcher's INFO lines and DeepSpeed's
 per-process accelerator warning stay out (`--verbose` shows them; each rank keeps DeepSpeed's
-log in OUT/logs/rank{R}.log either way).
+log in OUT/logs/rank{R}.log either way). A run config that does not load is one line before any rank starts,
+and a rank's own stop is not repeated by the launcher's line (`bigtrain.launch.console`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from bigtrain.launch.console import copy_filtered
 
 RUN_MODULE = "bigtrain.run"
 # glibc malloc for CPU ranks: never mmap/munmap large blocks, never trim the heap (docs/benchmarks.md).
@@ -92,7 +95,20 @@ def thread_env(num_ranks: int) -> dict:
     return env
 
 
+def check_run_args(run_args: list[str]) -> str | None:
+    """The run config's one-line complaint about these arguments, before any rank starts (None: it loads)."""
+    from bigtrain.run import build_parser, run_config_from_args
+    try:
+        run_config_from_args(build_parser().parse_args(run_args))
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    if problem := check_run_args(args.run_args):
+        print(f"bigtrain: {problem}", file=sys.stderr)
+        return 2
     num_ranks = args.num_gpus or (ranks_here(args.hostfile) if args.hostfile else default_num_ranks())
     cmd = launcher_command(args.run_args, args.num_gpus or (None if args.hostfile else num_ranks), args.hostfile,
                            args.master_port, args.launcher_arg, args.verbose)
@@ -102,14 +118,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     # DeepSpeed's single-node runner dies on SIGTERM without telling its ranks; run it in a
     # session of its own and pass SIGTERM/SIGINT to the whole session, so every rank saves.
-    child = subprocess.Popen(cmd, env=env, start_new_session=True)
+    piped = None if args.verbose else subprocess.PIPE
+    child = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=piped, stderr=piped)
+    consoles = [] if args.verbose else [copy_filtered(child.stdout, sys.stdout),
+                                        copy_filtered(child.stderr, sys.stderr)]
 
     def forward(signum: int, frame: object) -> None:
         os.killpg(child.pid, signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    return child.wait()
+    code = child.wait()
+    for console in consoles:
+        console.join(timeout=10)  # the launcher's last lines; a rank left holding a pipe does not hold us
+    return code
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:

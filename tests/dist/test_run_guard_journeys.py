@@ -87,6 +87,26 @@ def test_a_mistake_seen_on_rank_0_only_is_one_line_and_the_other_ranks_leave_qui
         assert noise not in proc.stderr, proc.stderr[-3000:]
 
 
+def test_through_bigtrain_train_a_mistake_is_one_line_and_the_launcher_does_not_repeat_it(tmp_path):
+    """A run config that does not load stops before any rank starts (no launcher line, well under a rank's start
+    time); a mistake a rank finds (--resume with nothing to resume) is its one line, without DeepSpeed's launcher
+    line that repeats every argument."""
+    bigtrain = [str(Path(sys.executable).parent / "bigtrain"), "train", "--num-gpus", "2"]
+    started = time.perf_counter()
+    proc = subprocess.run([*bigtrain, *TINY, "--set", "lora.rank=8", "--out", str(tmp_path / "typo")], cwd=REPO,
+                          env=rank_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and time.perf_counter() - started < 5, proc.stderr
+    assert proc.stdout == "" and proc.stderr.splitlines() == ["bigtrain: unknown key 'lora.rank': allowed: alpha, "
+                                                              "dropout, r, targets"], proc.stderr
+    proc = subprocess.run([*bigtrain, *TINY, "--steps", "2", "--resume", "--out", str(tmp_path / "nothing")], cwd=REPO,
+                          env=rank_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    (line,) = bigtrain_lines(proc.stderr)
+    assert naming(line, "--resume", "no complete checkpoint"), line
+    for noise in ("sigkill_handler", "return code", "Traceback"):
+        assert noise not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
 def test_one_folder_one_run(tmp_path):
     """A second job on a busy folder, a fresh run on an earlier run's checkpoints, a resume with another model and a
     resume past a damaged checkpoint: each refused or handled with one line, and the first run's files intact."""
