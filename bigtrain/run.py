@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = FlagParser(description="Train a model with DeepSpeed (see README).",
                    epilog="Every flag may be spelled --snake_case or --kebab-case.")
     p.add_argument("--config", help="run config YAML/JSON")
-    p.add_argument("--model", help="model family: gpt2, resnet, encoder (model.family)")
+    p.add_argument("--model", help="model family: gpt2, llama, hf (a local Hugging Face directory, model.pretrained), encoder, resnet (model.family)")
     p.add_argument("--size", help="named size, e.g. tiny, mini, small, medium (model.size)")
     p.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config",
                    help="a DeepSpeed JSON (e.g. ds_configs/zero3.json); it decides the ZeRO stage, precision, "

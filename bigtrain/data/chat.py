@@ -30,6 +30,8 @@ LONG_EXAMPLES = ("truncate", "drop")
 FIELDS: dict[str, tuple[str, ...]] = {"chat": ("messages",), "sharegpt": ("conversations",),
                                       "prompt_completion": ("prompt", "completion"),
                                       "alpaca": ("instruction", "input?", "output")}
+# The roles chat templates render (transformers' docs; Llama 3's ipython, OpenAI's developer and function).
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "ipython", "function")
 # ShareGPT's speakers (as axolotl and LLaMA-Factory map them) -> chat roles.
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "tool": "tool",
@@ -188,9 +190,7 @@ class Renderer:
         return head + tail, [0] * len(head) + [1] * len(tail)
 
     def chat(self, messages: Any) -> tuple[list[int], list[int]]:
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-            raise ValueError("a chat record's 'messages' must be a non-empty list of {\"role\": ..., \"content\": ...}")
+        messages = chat_messages(messages)
         if self.tagged:  # the template marks the assistant's text itself
             out = self._apply(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
             return list(out["input_ids"]), [int(m) for m in out["assistant_masks"]]
@@ -231,6 +231,32 @@ class Renderer:
         return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
+def chat_messages(messages: Any) -> list[dict]:
+    """A record's messages, checked: known roles and text content (OpenAI-style text parts joined), so that what a
+    template would render as a Python repr or an empty answer is one line instead of silent training data."""
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise ValueError("a chat record's 'messages' must be a non-empty list of {\"role\": ..., \"content\": ...}")
+    checked = []
+    for message in messages:
+        role, content = message.get("role"), message.get("content")
+        if role not in CHAT_ROLES:
+            raise ValueError(f"a chat message has role {role!r}: bigtrain trains on {', '.join(CHAT_ROLES)} "
+                             "(ShareGPT's from/value turns: data.format=sharegpt)")
+        if isinstance(content, list):
+            kinds = {part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content}
+            if kinds - {"text"}:
+                raise ValueError(f"a chat message's content has {sorted(map(str, kinds - {'text'}))} parts: bigtrain "
+                                 "trains on text; give text parts or a string")
+            content = "".join(part.get("text") or "" for part in content)
+        if content is None and message.get("tool_calls"):
+            checked.append(message)  # an assistant's tool call: the template renders it
+            continue
+        if not isinstance(content, str):
+            raise ValueError(f"a {role!r} message's content is {type(content).__name__}, not text")
+        checked.append({**message, "content": content})
+    return checked
+
+
 def sharegpt_messages(turns: Any) -> list[dict]:
     """A ShareGPT conversation as chat messages: "from" -> role, "value" -> content."""
     if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) for t in turns):
@@ -244,6 +270,15 @@ def sharegpt_messages(turns: Any) -> list[dict]:
                              "convert the records to 'messages' with roles to train on other speakers")
         messages.append({"role": SHAREGPT_ROLES[speaker], "content": turn.get("value")})
     return messages
+
+
+def no_text_field_line(field: str, where: str, keys: Any) -> str:
+    """Plain-text records without their text field: name what they hold, the text field to set, and the record
+    shapes that train as chat or instruction examples instead."""
+    shapes = ", ".join(" + ".join(repr(c) for c in required(FIELDS[f])) for f in EXAMPLE_FORMATS)
+    return (f"data.text_field={field!r}: {where} has no such field; it has {keys}. Set data.text_field (prepare "
+            f"--text-field) to the one holding the text, or for chat / instruction examples give records with "
+            f"{shapes} (data.format)")
 
 
 def no_template_line(tokenizer: Any) -> str:

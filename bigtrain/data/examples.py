@@ -144,16 +144,25 @@ class ExampleCorpus:
         answers = corpus.answer_starts()
         has_target = self.lengths >= 2 if options.train_on_prompt else answers < self.lengths
         long = full > seq_len
-        keep = has_target & ~(long & (options.long_examples == "drop"))
+        keep_long = ~(long & (options.long_examples == "drop"))
+        keep = has_target & keep_long
         self.counts = {"examples": len(full), "too_long": int(long.sum()),
                        "truncated": int((long & keep).sum()) if options.long_examples == "truncate" else 0,
                        "dropped_too_long": int(long.sum()) if options.long_examples == "drop" else 0,
-                       "dropped_no_answer": int((~has_target & ~(long & (options.long_examples == "drop"))).sum())}
+                       "dropped_no_answer": int((~has_target & keep_long).sum()),
+                       # of those: no answer at all (no assistant turn, an empty completion), not cut off
+                       "no_answer": 0 if options.train_on_prompt else int(((answers >= full) & keep_long).sum())}
         kept = np.flatnonzero(keep)
         if len(kept) < 2:
+            if self.counts["no_answer"] > len(full) - 2:
+                fix = ("give records with an answer to train on (an assistant turn, a non-empty completion or "
+                       "output), or data.train_on_prompt=true to train on every token")
+            else:
+                fix = "raise data.seq_len or use more data"
             raise ValueError(f"data.source={source!r}: {len(kept)} of {len(full)} examples have an answer token "
-                             f"within data.seq_len={seq_len} ({self.counts['too_long']} are longer); need at least 2 "
-                             "(one to train, one to validate): raise data.seq_len or use more data")
+                             f"within data.seq_len={seq_len} ({self.counts['no_answer']} have none at all, "
+                             f"{self.counts['too_long']} are longer than data.seq_len); need at least 2 (one to "
+                             f"train, one to validate): {fix}")
         train, val = split_rows(len(kept), val_fraction)
         self.train_examples, self.val_examples = kept[train], kept[val]
 
@@ -236,7 +245,10 @@ def describe(stats: dict, seq_len: int) -> str:
         line += (f"; {stats['too_long']:,} longer than data.seq_len={seq_len} "
                  f"{'truncated' if stats['truncated'] else 'dropped'}")
     if stats["dropped_no_answer"]:
-        line += f"; {stats['dropped_no_answer']:,} without an answer token (after truncation) dropped"
+        cut = stats["dropped_no_answer"] - stats["no_answer"]
+        parts = ([f"{stats['no_answer']:,} without an answer (no assistant turn, an empty completion)"]
+                 if stats["no_answer"] else []) + ([f"{cut:,} whose answer starts after data.seq_len"] if cut else [])
+        line += f"; {' and '.join(parts)} dropped"
     if stats["packing"]:
         line += (f"; packed into {stats['train_rows']:,} rows: padding {stats['pad_share_unpacked']:.1%} of the tokens "
                  f"unpacked -> {stats['pad_share_packed']:.1%} packed")

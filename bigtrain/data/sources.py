@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
 
+from bigtrain.data.chat import no_text_field_line
+
 LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 HUB_PREFIX = "hf:"
 
@@ -218,12 +220,10 @@ def hub_texts(src: Source, text_field: str | tuple[str, ...]) -> Iterator[Any]:
         yield from _hub_records(src, records, text_field)
         return
     if names is not None and text_field not in names:
-        raise ValueError(f"data.text_field={text_field!r}: the data has no such column; it has {names}. "
-                         "Set data.text_field to one of them")
+        raise ValueError(no_text_field_line(text_field, "the data", names))
     for rows in records.iter(batch_size=1000):
         if text_field not in rows:
-            raise ValueError(f"data.text_field={text_field!r}: the data has no such column; it has "
-                             f"{sorted(rows)}. Set data.text_field to one of them")
+            raise ValueError(no_text_field_line(text_field, "the data", sorted(rows)))
         yield from (t for t in rows[text_field] if t)
 
 

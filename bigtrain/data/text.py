@@ -145,9 +145,11 @@ def _tokenizer(parts: list[Part], name: str | None, vocab_size: int, tokenizer_d
     for path in prepared:
         made_with = read_manifest(path)["tokenizer"]
         if made_with["fingerprint"] != fingerprint:
+            ours = getattr(tok, "name_or_path", "") or "?"
             raise ValueError(f"{path} was prepared with another tokenizer ({made_with['name']!r}) than this run's "
-                             f"({getattr(tok, 'name_or_path', '?')!r}); set data.tokenizer={str(path / 'tokenizer')!r}, "
-                             "or prepare every source with one tokenizer")
+                             f"({ours!r}); prepare it again with `bigtrain prepare --tokenizer {ours}` (a pretrained "
+                             f"model reads only its own tokenizer's ids), or, for a model built here, set "
+                             f"data.tokenizer={str(path / 'tokenizer')!r}")
     return tok, tok_dir
 
 

@@ -88,6 +88,22 @@ def test_sharegpt_conversations_train_like_the_same_messages(tok, tok_dir, tmp_p
     assert naming(str(err.value), "'narrator'", "human", "gpt", "messages")
 
 
+def test_messages_a_template_would_render_wrongly_are_one_line_and_text_parts_are_joined(tok):
+    """An unknown role, a null or non-text content would render as a stray header, an empty answer or a Python
+    repr that trains; OpenAI-style text parts render as their text."""
+    user = {"role": "user", "content": "what is two plus two"}
+    parts = [user, {"role": "assistant", "content": [{"type": "text", "text": "the answer "}, {"type": "text",
+                                                                                               "text": "is four"}]}]
+    assert Renderer(tok, "chat")({"messages": parts}) == Renderer(tok, "chat")(
+        {"messages": [user, {"role": "assistant", "content": "the answer is four"}]})
+    for bad, named in [({"role": "bot", "content": "hi"}, ("'bot'", "assistant", "data.format=sharegpt")),
+                       ({"role": "assistant", "content": None}, ("'assistant'", "NoneType", "not text")),
+                       ({"role": "assistant", "content": [{"type": "image_url", "url": "x"}]}, ("image_url", "text"))]:
+        with pytest.raises(ValueError) as err:
+            Renderer(tok, "chat")({"messages": [user, bad]})
+        assert naming(str(err.value), *named), err.value
+
+
 def test_prompt_completion_and_alpaca_train_on_the_answer_and_its_end_of_text(tok):
     eos = tok.eos_token_id
 
@@ -160,6 +176,26 @@ def test_examples_longer_than_seq_len_are_truncated_or_dropped_and_counted(tok_d
         for i in range(len(bundle.train)):
             labels = bundle.train.take([i])["labels"][0]
             assert (labels != -100).any()  # every row trains on something
+
+
+def test_examples_without_an_answer_and_records_of_no_format_get_the_advice_that_fixes_them(tok_dir, tmp_path):
+    """No assistant turn at all is not a seq_len problem; records in none of the shapes are not a text_field one
+    alone: each line names what fixes it."""
+    common = dict(seq_len=64, tokenizer=str(tok_dir), cache_dir=tmp_path / "cache", tokenizer_dir=tmp_path / "t",
+                  num_proc=1)
+    asked = [{"messages": [{"role": "user", "content": f"question {i}"}]} for i in range(20)]
+    with pytest.raises(ValueError) as err:
+        build_data(str(write_jsonl(tmp_path / "asked.jsonl", asked)), **common)
+    assert naming(str(err.value), "20 have none at all", "assistant turn", "data.train_on_prompt"), err.value
+    assert "raise data.seq_len" not in str(err.value)
+    one_unanswered = [*conversations(30), asked[0]]
+    bundle = build_data(str(write_jsonl(tmp_path / "mixed.jsonl", one_unanswered)), **common)
+    assert bundle.stats["no_answer"] == 1 and "1 without an answer (no assistant turn" in bundle.description
+    pairs = [{"question": f"q{i}", "answer": "a"} for i in range(20)]
+    with pytest.raises(ValueError) as err:
+        build_data(str(write_jsonl(tmp_path / "qa.jsonl", pairs)), **common)
+    assert naming(str(err.value), "data.text_field", "'answer', 'question'", "'messages'", "'prompt' + 'completion'",
+                  "data.format"), err.value
 
 
 def test_train_on_prompt_trains_every_token_but_each_examples_first(tok_dir, tmp_path):

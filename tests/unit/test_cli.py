@@ -59,6 +59,19 @@ def test_help_and_version_print_nothing_from_deepspeed():
     assert proc.stdout.startswith("bigtrain 0.") and "deepspeed 0." in proc.stdout and "torch 2." in proc.stdout
 
 
+def test_the_model_flags_help_names_every_family():
+    import argparse
+
+    from bigtrain import run
+    from bigtrain.estimate.cli import add_estimate_parser
+    from bigtrain.models.registry import families
+    verbs = argparse.ArgumentParser().add_subparsers()
+    add_estimate_parser(verbs)
+    for parser in (run.build_parser(), verbs.choices["estimate"]):
+        helped = next(a.help for a in parser._actions if "--model" in a.option_strings)
+        assert all(name in helped for name in families()), helped
+
+
 def cli_surface() -> dict:
     """Verbs, their flags and positionals, and run.py's flags, from the argparse trees."""
     import argparse

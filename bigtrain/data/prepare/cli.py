@@ -112,6 +112,9 @@ def summary(manifest: dict, out: Path, seconds: float) -> str:
                  f"({ex['trained_tokens'] / max(manifest['num_tokens'], 1):.0%})")
         if ex["no_answer"]:
             line += f", {ex['no_answer']:,} without an answer (not trained on)"
+        if not ex["trained_tokens"]:
+            line += ("\nwarning: no example has an answer (an assistant turn, a completion or output): training on "
+                     "this stops unless data.train_on_prompt=true")
     return line
 
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from bigtrain.data.chat import columns, record_text, required
+from bigtrain.data.chat import columns, no_text_field_line, record_text, required
 from bigtrain.data.sources import Source, first_not_utf8, line_at, not_utf8
 
 Field = str | tuple[str, ...]  # a text column, or the columns of an example record
@@ -130,8 +130,7 @@ def _parquet_pieces(path: Path, piece_bytes: int, text_field: Field) -> Iterator
             raise ValueError(f"{path} has no column {missing[0]!r} (it has {names}): the columns of these records "
                              f"are {columns(text_field)}; set data.format to the format the file holds")
     elif text_field not in names:
-        raise ValueError(f"data.text_field={text_field!r}: {path} has no such column; it has {names}. "
-                         "Set data.text_field to one of them")
+        raise ValueError(no_text_field_line(text_field, str(path), names))
     start, size = 0, 0
     for group in range(meta.num_row_groups):
         size += meta.row_group(group).total_byte_size
@@ -300,8 +299,7 @@ def _field(record: object, field: Field, where: str | Callable[[], str]) -> Any:
     where = where() if callable(where) else where
     if not isinstance(record, dict) or field not in record:
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-        raise ValueError(f"data.text_field={field!r}: a record in {where} has no such field; it has {keys}. "
-                         "Set data.text_field to one of them")
+        raise ValueError(no_text_field_line(field, f"a record in {where}", keys))
     raise ValueError(f"data.text_field={field!r}: a value in {where} is {type(record[field]).__name__}, not text")
 
 
