@@ -27,6 +27,20 @@ def _gathered(params: list[nn.Parameter]) -> contextlib.AbstractContextManager:
     return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
 
 
+def _for_nested_init(ds_config: dict, mpu: object) -> dict:
+    """The config transformers sees while `from_pretrained` loads into our partitioned module. Its own zero.Init
+    (nested in ours, which does the partitioning) gets no `mpu`, so DeepSpeed checks the batch against every rank,
+    not the data-parallel ones: a tensor-parallel run gives it the batch that holds there. And transformers refuses
+    its checkpoint-key conversions (every Llama directory has some) when the config names AutoTP, meant for its
+    inference path; here the weights are loaded whole and DeepSpeed splits them later, in `initialize`."""
+    if mpu is None:
+        return ds_config
+    world = dist.get_world_size()
+    loading = {k: v for k, v in ds_config.items() if k != "tensor_parallel"}
+    return {**loading, "train_batch_size": ds_config["train_micro_batch_size_per_gpu"]
+            * ds_config.get("gradient_accumulation_steps", 1) * world}
+
+
 def build_module(spec: ModelSpec, zero3_init_config: dict | None = None, seed: int | None = None,
                  mpu: object = None) -> nn.Module:
     """`spec.build(seed)`, partitioned inside `deepspeed.zero.Init(config_dict_or_path=zero3_init_config)` when given.
@@ -45,7 +59,7 @@ def build_module(spec: ModelSpec, zero3_init_config: dict | None = None, seed: i
     seed = seed_from_global_rng() if seed is None else seed
     # transformers holds only a weak reference: the module keeps it alive for later calls
     # (from_pretrained, resize_token_embeddings, generate) that must also see ZeRO-3.
-    hf_ds_config = HfDeepSpeedConfig(zero3_init_config)
+    hf_ds_config = HfDeepSpeedConfig(_for_nested_init(zero3_init_config, mpu))
     # prevent_arange_dtype_change: zero.Init would build rotary frequencies (arange) in bf16.
     with untouched_global_rng(), prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=zero3_init_config, mpu=mpu):
         module = spec.construct()

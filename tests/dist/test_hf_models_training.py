@@ -1,7 +1,8 @@
 """Training from local Hugging Face directories (tests/local_hf.py) in one 2-rank launch
 (tests/dist_scripts/hf_runs.py): each decoder trains under ZeRO-3 from its directory, resumes on the same
 curve, and exports to a directory that `from_pretrained` loads with the trained model's logits; the
-classifier trains on a 2-label jsonl file and reports accuracy; a mismatched --model stops before training.
+classifier trains on a 2-label jsonl file and reports accuracy; a mismatched --model stops before training; the
+Llama directory trains tensor parallel at ZeRO-3 like data parallel.
 What `--model hf` decides from a directory, without ranks: tests/unit/test_hf_models.py.
 """
 from __future__ import annotations
@@ -41,6 +42,9 @@ def runs(hf_dirs, tmp_path_factory) -> tuple[Path, str]:
                      "logits": True})
         jobs.append({"name": f"{arch}_resumed", "args": [*COMMON, *model, "--steps", str(STEPS), "--resume"],
                      "resume_from": arch})
+    # tensor parallel at ZeRO-3 from a directory with weights: transformers loads them inside bigtrain's zero.Init
+    jobs.append({"name": "llama_tp2", "args": [*COMMON, "--model", "hf", "--set", f"model.pretrained={hf_dirs['llama']}",
+                                               *data, "--steps", str(STEPS), "--set", "parallel.tensor=2"]})
     jobs.append({"name": "bert", "args": [*COMMON, "--model", "hf", "--set", f"model.pretrained={hf_dirs['bert']}",
                                           "--data", str(hf_dirs["labels"]), "--steps", "10",
                                           "--set", "train.eval_batches=4"]})
@@ -91,6 +95,14 @@ def test_export_reloads_with_the_trained_models_logits(runs, arch, tmp_path):
     print(f"{arch} export: max |logit difference| to the trained ZeRO-3 engine {diff:.1e}")
     assert diff <= 1e-5
     assert len(AutoTokenizer.from_pretrained(tmp_path / "hf")) == config["vocab_size"]
+
+
+def test_a_directory_with_weights_trains_tensor_parallel_at_zero3_like_data_parallel(runs):
+    """TP2 (one data-parallel rank) and DP2 read the same 8 samples per step from the same loaded weights."""
+    root, _ = runs
+    tp2, dp2 = summary(root, "llama_tp2"), summary(root, "llama")
+    assert tp2["ds_config"]["tensor_parallel"]["autotp_size"] == 2
+    assert max(abs(a - b) / b for a, b in zip(tp2["losses"], dp2["losses"])) <= 1e-5, (tp2["losses"], dp2["losses"])
 
 
 def test_classifier_directory_trains_on_two_labels_and_reports_accuracy(runs, tmp_path):
