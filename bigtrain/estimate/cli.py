@@ -121,12 +121,40 @@ def _no_packed_sequence_probe(device: str) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _fused_sdpa() -> Iterator[None]:
+    """On the meta device torch's sdpa runs its math kernel, which saves the [s, s] attention probabilities; the
+    fused kernels training runs (flash and memory-efficient on GPUs, flash on CPUs) save the inputs, the output
+    and one fp32 log-sum-exp per query. Measured inside this, sdpa saves what they save."""
+    from unittest import mock
+
+    import torch
+
+    class FusedAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = q.new_empty(*q.shape[:-1], v.shape[-1])
+            ctx.save_for_backward(q, k, v, out, q.new_empty(q.shape[:-1], dtype=torch.float32))
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return FusedAttention.apply(query, key, value)  # grouped key-value heads stay grouped (enable_gqa)
+
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", sdpa):
+        yield
+
+
 def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta") -> ActivationCount:
     """Bytes saved for backward by one sample, counted from the saved tensors of a forward on `device`.
 
     Parameters are not activations and are left out; every storage counts once. Blocks are
-    `spec.checkpoint_blocks`; a block's input is what checkpointing keeps of it. On the meta
-    device attention runs the math kernel, so use this for models without attention.
+    `spec.checkpoint_blocks`; a block's input is what checkpointing keeps of it. On the meta device sdpa saves
+    what training's fused kernels save (`_fused_sdpa`); an eager attention saves its probabilities either way.
     """
     import torch
     if device == "meta":
@@ -162,7 +190,8 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
     if spec.modality == "image":
         batch["pixel_values"] = batch["pixel_values"].to(dtype)
     inputs, labels = spec.batch_to_inputs(batch)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _no_packed_sequence_probe(device):
+    fused = _fused_sdpa() if device == "meta" else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _no_packed_sequence_probe(device), fused:
         spec.loss(module(**inputs) if isinstance(inputs, dict) else module(inputs), labels)
     for h in hooks:
         h.remove()
@@ -237,6 +266,18 @@ def run_settings(best: Setup, model_overrides: dict[str, Any]) -> str:
     return " ".join(f"--set {s}" for s in sets)
 
 
+def check_split_sizes(spec: ModelSpec, tensor: int, sequence: int) -> None:
+    """The rules `bigtrain train` holds these sizes to (the run config's, then the model's), so that no estimate
+    recommends what training refuses: ValueError with train's own line."""
+    from bigtrain.config.load import load_run_config
+    from bigtrain.parallel.split import Topology, check_split
+    sets = [f"model.family={spec.family}", f"parallel.tensor={tensor}", f"parallel.sequence={sequence}"]
+    sets += [f"data.seq_len={spec.seq_len}"] if spec.seq_len else []
+    sets += [f"model.pretrained={spec.source_dir}"] if spec.source_dir else []
+    load_run_config(None, sets)
+    check_split(spec, Topology(tensor * sequence, tensor=tensor, sequence=sequence))
+
+
 def run_estimate(args: argparse.Namespace) -> int:
     """Print the table and the recommendation; 0 when a setup fits, 1 when none does."""
     from bigtrain.models import build, modality
@@ -259,6 +300,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         from bigtrain.config.run_config import LoraConfig
         from bigtrain.parallel.lora import check_lora
         check_lora(spec, LoraConfig(r=args.lora_r))
+    check_split_sizes(spec, args.tensor, args.sequence)
     shape = shape_from_spec(spec, args.precision)
     base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
                  micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, lora_r=args.lora_r)
@@ -293,15 +335,14 @@ def run_estimate(args: argparse.Namespace) -> int:
 def sequence_split_that_fits(shape: ModelShape, base: Setup, gpu_mem: float, cpu_mem: float | None,
                              headroom: float, spec: ModelSpec) -> MemoryEstimate | None:
     """The fastest setup that fits with the smallest sequence-parallel size that makes one fit (sizes dividing the
-    ranks, the sequence and the attention heads), when the model's states alone fit and its activations do not."""
+    ranks that training accepts for this model: `check_split_sizes`), when its states alone fit and activations do
+    not."""
     seq_len = spec.seq_len or shape.seq_len
     if not seq_len or base.sequence > 1:
         return None
-    config = getattr(spec.config, "get_text_config", lambda: spec.config)()
-    heads = getattr(config, "num_attention_heads", None) or shape.heads or 1
     size = 2
     while size <= base.world_size // base.tensor:
-        if (base.world_size // base.tensor) % size == 0 and seq_len % size == 0 and heads % size == 0:
+        if (base.world_size // base.tensor) % size == 0 and _splits(spec, base.tensor, size):
             from dataclasses import replace
             best = recommend([estimate(shape, s) for s in all_setups(replace(base, sequence=size))], gpu_mem,
                              cpu_mem, headroom)
@@ -309,6 +350,14 @@ def sequence_split_that_fits(shape: ModelShape, base: Setup, gpu_mem: float, cpu
                 return best
         size *= 2
     return None
+
+
+def _splits(spec: ModelSpec, tensor: int, sequence: int) -> bool:
+    try:
+        check_split_sizes(spec, tensor, sequence)
+    except ValueError:
+        return False
+    return True
 
 
 def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -104,6 +104,17 @@ def test_resnet_activations_on_meta_equal_cpu():
     assert est.activations == pytest.approx(8 * (meta.outside + meta.blocks), rel=1e-9)
 
 
+def test_a_decoders_sdpa_activations_on_meta_are_what_the_fused_kernel_saves():
+    """On the meta device sdpa would run its math kernel and save [s, s] probabilities (4.7x the real count at
+    2048 tokens); the estimate counts what the fused kernel training runs saves, here CPU's flash attention."""
+    spec = build("llama", "custom", n_layer=2, n_embd=64, n_head=4, n_kv_head=2, intermediate_size=160,
+                 vocab_size=256, seq_len=1024, n_positions=1024)
+    meta = measure_activations(spec, torch.float32)
+    cpu = measure_activations(spec, torch.float32, device="cpu")
+    assert meta.outside + meta.blocks == pytest.approx(cpu.outside + cpu.blocks, rel=0.05)
+    assert meta.blocks < 2 * 1024 * 1024 * 4 * 4  # not one layer's fp32 [heads, s, s] probabilities
+
+
 def test_recommendation_is_the_fastest_setup_that_fits():
     shape = shape_from_spec(build("gpt2", "xl"))
     rows = [estimate(shape, s) for s in all_setups(Setup(world_size=16, gpus_per_node=8, micro_batch=4))]

@@ -45,6 +45,19 @@ def test_sequence_parallel_divides_every_activation_and_keeps_zero_over_all_rank
     assert sp4.model_states == pytest.approx(one.model_states)  # ZeRO still partitions over data x sequence
 
 
+@pytest.mark.parametrize("args, named", [
+    (["--model", "llama", "--size", "1b", "--tensor", "2", "--sequence", "2"], "parallel.sequence=2"),
+    (["--model", "gpt2", "--size", "small", "--tensor", "2"], "does not support tensor"),
+    (["--model", "gpt2", "--size", "small", "--sequence", "2"], "does not support sequence"),
+    (["--model", "llama", "--size", "1b", "--sequence", "2", "--seq-len", "1023"], "not divisible by parallel.sequence")])
+def test_estimate_refuses_the_splits_training_refuses(args, named):
+    """With train's own line: no estimate recommends a setup `bigtrain train` would refuse."""
+    bigtrain = str(Path(sys.executable).parent / "bigtrain")
+    proc = subprocess.run([bigtrain, "estimate", *args, "--num-gpus", "8"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and named in proc.stderr and "recommended" not in proc.stdout, proc.stderr
+
+
 def test_a_world_that_does_not_split_is_refused():
     with pytest.raises(ValueError, match="not divisible by tensor 4"):
         Setup(world_size=6, tensor=4)
@@ -52,10 +65,10 @@ def test_a_world_that_does_not_split_is_refused():
 
 def test_estimate_recommends_sequence_parallelism_when_activations_do_not_fit():
     bigtrain = str(Path(sys.executable).parent / "bigtrain")
-    proc = subprocess.run([bigtrain, "estimate", "--model", "llama", "--size", "1b", "--seq-len", "32768",
+    proc = subprocess.run([bigtrain, "estimate", "--model", "llama", "--size", "1b", "--seq-len", "131072",
                            "--gpu-mem", "80"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
-    assert "activations, not model states" in proc.stderr and "--set parallel.sequence=4" in proc.stderr
-    fits = subprocess.run([bigtrain, "estimate", "--model", "llama", "--size", "1b", "--seq-len", "32768",
-                           "--gpu-mem", "80", "--sequence", "4"], capture_output=True, text=True, timeout=300)
-    assert fits.returncode == 0 and "parallel.sequence=4" in fits.stdout and "+sp4" in fits.stdout
+    assert "activations, not model states" in proc.stderr and "--set parallel.sequence=2" in proc.stderr
+    fits = subprocess.run([bigtrain, "estimate", "--model", "llama", "--size", "1b", "--seq-len", "131072",
+                           "--gpu-mem", "80", "--sequence", "2"], capture_output=True, text=True, timeout=300)
+    assert fits.returncode == 0 and "parallel.sequence=2" in fits.stdout and "+sp2" in fits.stdout
