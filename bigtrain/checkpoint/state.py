@@ -47,6 +47,9 @@ class CheckpointState:
     pipeline_stages: int = 1
     data: dict = field(default_factory=dict)  # the sampler's state_dict: the data position
     losses: list[float] = field(default_factory=list)  # one per step from step 1
+    history: dict = field(default_factory=dict)
+    """The run's other curves up to this step ([step, value] lists: val_losses, val_accuracies, router_aux_losses)
+    and wall_s, the run's seconds so far: a resumed run's summary continues them."""
     model_build: ModelBuild | None = None
     run_config: dict = field(default_factory=dict)  # bigtrain.config.load.to_dict of the run's config
     ds_config: dict = field(default_factory=dict)  # the DeepSpeed config it trained with
@@ -62,6 +65,7 @@ class CheckpointState:
             tokenizer = str(Path(self.tokenizer_dir).resolve())
         return {"version": VERSION, "step": self.step, "world_size": self.world_size,
                 "pipeline_stages": self.pipeline_stages, "data": self.data, "losses": list(self.losses),
+                "history": dict(self.history),
                 "model_build": self.model_build.to_json() if self.model_build else None,
                 "run_config": self.run_config, "ds_config": self.ds_config,
                 "run_dir": run_dir, "tokenizer_dir": tokenizer,
@@ -87,7 +91,7 @@ class CheckpointState:
         run_dir = _resolve(Path(tag_dir), raw.get("run_dir"))
         return cls(step=int(raw["step"]), world_size=int(raw["world_size"]),
                    pipeline_stages=int(raw.get("pipeline_stages") or 1), data=raw.get("data") or {},
-                   losses=[float(x) for x in raw.get("losses") or []],
+                   losses=[float(x) for x in raw.get("losses") or []], history=raw.get("history") or {},
                    model_build=_model_build(raw.get("model_build")), run_config=raw.get("run_config") or {},
                    ds_config=raw.get("ds_config") or {}, run_dir=run_dir,
                    tokenizer_dir=_tokenizer(raw.get("tokenizer_dir"), run_dir, raw.get("saved_run_dir")))

@@ -92,7 +92,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
             spec = replace(spec, flops_per_sample=training_flops(spec, engine.lora))
         # the loop, then what the run tells its user
         reporter = Reporter(resolved.run, spec, resolved.ds_config, engine, world, out,
-                            prior_losses=saved.losses if saved else None)
+                            prior=saved)
         record = RunRecord(resolved.run, resolved.recorded, world, data, model_build.to_json())
         result = train_loop(engine, world=world, data=data, record=record, reporter=reporter, stop=lifeline,
                             settings=loop_settings(resolved.run, ckpt_dir, stop_after, plan),
@@ -272,11 +272,12 @@ class RunRecord:
     data: TrainingData
     model_build: dict  # ModelBuild.to_json()
 
-    def state_at(self, step: int, losses: list[float]) -> CheckpointState:
+    def state_at(self, step: int, losses: list[float], history: dict | None = None) -> CheckpointState:
         data = self.data
         tokenizer = data.tokenizer_dir.resolve() if data.tokenizer_dir else None
         return CheckpointState(step=step, world_size=self.world.size, pipeline_stages=self.run.pipeline.stages,
-                               data=data.state_dict(), losses=list(losses), model_build=ModelBuild(**self.model_build),
+                               data=data.state_dict(), losses=list(losses),
+                               history=dict(history or {}), model_build=ModelBuild(**self.model_build),
                                run_config=to_dict(self.run), ds_config=self.ds_config,
                                run_dir=Path(self.run.train.out_dir).resolve(), tokenizer_dir=tokenizer)
 

@@ -49,7 +49,7 @@ class Batches(Protocol):
 class CheckpointRecord(Protocol):
     """What a checkpoint records beside DeepSpeed's files, at a given step (`bigtrain.train.job.RunRecord`)."""
 
-    def state_at(self, step: int, losses: list[float]) -> CheckpointState: ...
+    def state_at(self, step: int, losses: list[float], history: dict | None = None) -> CheckpointState: ...
 
 
 @dataclass
@@ -65,7 +65,7 @@ class LoopResult:
 
 def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Batches, record: CheckpointRecord,
                reporter: Any, stop: Lifeline, start_step: int = 0) -> LoopResult:
-    """Run steps start_step+1 .. settings.steps; every checkpoint holds `record.state_at(step, losses)`.
+    """Run steps start_step+1 .. settings.steps; every checkpoint holds `record.state_at(step, losses, history)`.
 
     `stop` (the job's lifeline) says when SIGTERM/SIGINT or the launcher's death asks every rank
     to save and stop; the flag travels with each step's loss all-reduce, so all ranks stop at the
@@ -109,8 +109,8 @@ def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Ba
             what = f"saving the checkpoint of step {step}"
             with stop.bound(what, collective_timeout_s() + 60, "every rank to write its part") \
                     if (last or stop_now) else _phase(stop, what):
-                path = checkpoint.save(engine.ds, settings.ckpt_dir, step, record.state_at(step, reporter.losses), world,
-                                       settings.keep_last)
+                state = record.state_at(step, reporter.losses, reporter.history())
+                path = checkpoint.save(engine.ds, settings.ckpt_dir, step, state, world, settings.keep_last)
             result.last_checkpoint, saved_at = path, step
             if world.is_main:
                 log.info("saved checkpoint %s", path)

@@ -63,15 +63,19 @@ class Reporter:
     """Rank 0 talks; every rank measures (the summary gathers per-rank memory)."""
 
     def __init__(self, run: RunConfig, spec: ModelSpec, ds_config: dict, engine: Any, world: World, out: Path,
-                 prior_losses: list[float] | None = None):
+                 prior: Any = None):
+        """`prior`: the checkpoint state a resumed run continues (its losses and curves; None: a fresh run)."""
         self.engine, self.world, self.spec = engine, world, spec
         self.total_steps = run.train.steps
         self.interval = run.logging.interval
         self.global_batch = ds_config["train_batch_size"]
-        self.losses: list[float] = list(prior_losses or [])
-        self.val_losses: list[tuple[int, float]] = []
-        self.val_accuracies: list[tuple[int, float]] = []  # classifiers only
-        self.router_losses: list[tuple[int, float]] = []  # mixtures of experts only
+        history = prior.history if prior is not None else {}
+        self.losses: list[float] = list(prior.losses) if prior is not None else []
+        self.val_losses: list[tuple[int, float]] = [tuple(x) for x in history.get("val_losses", [])]
+        self.val_accuracies: list[tuple[int, float]] = [tuple(x) for x in history.get("val_accuracies", [])]
+        self.router_losses: list[tuple[int, float]] = [tuple(x) for x in history.get("router_aux_losses", [])]
+        self.prior_wall_s = float(history.get("wall_s", 0.0))  # the earlier processes' share of the run
+        self.first_step = prior.step + 1 if prior is not None else 1
         self.meter = ThroughputMeter(warmup=2)
         if not run.train.peak_tflops:
             torch.distributed.barrier()  # all ranks measure at once, as they will train: shared cores
@@ -80,10 +84,18 @@ class Reporter:
             source = "given" if run.train.peak_tflops else f"measured ({run.precision} matmul, {torch.get_num_threads()} threads)"
             log.info("peak %.2f TFLOP/s per rank, %s", self.peak_tflops, source)
         self.monitor = MetricsLogger(monitor=getattr(engine.ds, "monitor", None), run_config=asdict(run))
+        if prior is not None:
+            self.monitor.continue_from(prior.step)
         self.bar = ProgressBar(run.train.steps, enabled=world.is_main, log_every=self.interval)
         if not run.logging.progress_bar:
             self.bar.tty = False  # plain log lines every interval instead of a redrawn bar
         self.started = time.perf_counter()
+
+    def history(self) -> dict:
+        """The curves and run time so far, for a checkpoint (a resume continues them)."""
+        return {"val_losses": [list(x) for x in self.val_losses], "val_accuracies": [list(x) for x in self.val_accuracies],
+                "router_aux_losses": [list(x) for x in self.router_losses],
+                "wall_s": self.prior_wall_s + time.perf_counter() - self.started}
 
     def clock_restart(self) -> None:
         """Start the step clock (again): before the first step, and after eval or a checkpoint."""
@@ -157,7 +169,9 @@ class Reporter:
             "model_state_bytes_per_rank": [g["model_state"]["model_state_bytes"] for g in gathered],
             "model": {"family": self.spec.family, "size": self.spec.size, "num_params": self.spec.num_params,
                       "flops_per_sample": self.spec.flops_per_sample, "tokens_per_sample": self.spec.tokens_per_sample},
-            "wall_s": time.perf_counter() - self.started,
+            # the run's seconds over every process that trained it; the rates above are this process's steps
+            "wall_s": self.prior_wall_s + time.perf_counter() - self.started,
+            "rates_from_step": self.first_step,
         }
         if self.spec.tokens_per_sample:
             summary["tokens_per_s"] = samples_per_s * self.spec.tokens_per_sample

@@ -26,6 +26,9 @@ COMMON = ["--size", "tiny", "--set", "data.vocab_size=512", "--set", "data.seq_l
           "--set", "batch.global_batch=8", "--set", "batch.micro_batch=4"]
 
 
+EVAL = ("--set", f"train.eval_interval={SPLIT}", "--set", "train.eval_batches=1", "--set", "logging.interval=1")
+
+
 def job(name: str, stage: int, *extra: str, copy_from: str | None = None, expect_error: bool = False) -> dict:
     return {"name": name, "args": [*COMMON, "--set", f"zero.stage={stage}", *extra], "copy_from": copy_from,
             "expect_error": expect_error}
@@ -38,7 +41,8 @@ def runs(tmp_path_factory) -> tuple[Path, str]:
     stop = ("--stop-after", str(SPLIT))
     two_ranks = [job("full2", 2), job("split2", 2, *stop), job("to_zero3", 3, "--resume", copy_from="split2"),
                  job("to_offload", 2, "--set", "offload.optimizer=cpu", "--resume", copy_from="split2"),
-                 job("full3", 3), job("split3", 3, *stop), job("resume3", 3, "--resume", copy_from="split3"),
+                 job("full3", 3, *EVAL), job("split3", 3, *EVAL, *stop),
+                 job("resume3", 3, *EVAL, "--resume", copy_from="split3"),
                  job("full0", 0), job("split0", 0, *stop)]
     one_rank = [job("to_one_rank", 2, "--resume", copy_from="split2"),
                 job("zero3_to_one_rank", 2, "--resume", copy_from="split3"),
@@ -78,6 +82,12 @@ def test_resume_at_the_same_shape_continues_exactly_without_a_conversion(runs):
     assert before["steps"] == SPLIT and before["stopped_by"] == "stop_after"
     assert after["steps"] == STEPS and after["losses"][:SPLIT] == before["losses"]
     assert max(abs(a - b) for a, b in zip(full["losses"], after["losses"])) <= 1e-6, (full, after)
+    # the curves the checkpoint carries: the evaluation before the stop, the CSV files without repeated rows
+    assert [s for s, _ in after["val_losses"]] == [SPLIT, STEPS] == [s for s, _ in full["val_losses"]]
+    assert after["val_losses"][0] == before["val_losses"][0] and after["rates_from_step"] == SPLIT + 1
+    assert after["wall_s"] > before["wall_s"] * 0.5  # the whole run's, not this process's alone
+    rows = (root / "resume3" / "csv" / "train" / "bigtrain_loss.csv").read_text().splitlines()
+    assert rows[0] == "step,loss" and [int(r.split(",")[0]) for r in rows[1:]] == list(range(1, STEPS + 1)), rows
     assert not (root / "resume3" / "checkpoints" / "step_000005_universal").exists()
     assert naming(log, "resumed from", str(root / "resume3" / "checkpoints" / "step_000005"), "step 5", "RNG restored")
 
