@@ -95,14 +95,36 @@ def thread_env(num_ranks: int) -> dict:
     return env
 
 
+def free_port() -> int:
+    """A TCP port no process listens on now (the rendezvous binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def check_run_args(run_args: list[str]) -> str | None:
     """The run config's one-line complaint about these arguments, before any rank starts (None: it loads)."""
     from bigtrain.run import build_parser, run_config_from_args
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(run_args)
+    if unknown:
+        return unknown_flag_line(unknown[0], parser)
     try:
-        run_config_from_args(build_parser().parse_args(run_args))
+        run_config_from_args(args)
     except ValueError as err:
         return str(err)
     return None
+
+
+def unknown_flag_line(flag: str, run_parser: argparse.ArgumentParser) -> str:
+    """One line for an argument neither `bigtrain train` nor bigtrain.run takes, with the nearest one of theirs."""
+    import difflib
+    ours = ["--num-gpus", "--hostfile", "--master-port", "--launcher-arg", "--verbose"]
+    theirs = [s for a in run_parser._actions for s in a.option_strings if s.startswith("--")]
+    name = flag.split("=", 1)[0]
+    near = difflib.get_close_matches(name.replace("_", "-"), ours + theirs, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]}?" if near else "; `bigtrain train --help` and `python -m bigtrain.run --help` list them"
+    return f"unknown argument {flag!r}{hint}"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -110,8 +132,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"bigtrain: {problem}", file=sys.stderr)
         return 2
     num_ranks = args.num_gpus or (ranks_here(args.hostfile) if args.hostfile else default_num_ranks())
+    # One machine: a free port, so that two jobs side by side do not both take DeepSpeed's 29500.
+    port = args.master_port or (None if args.hostfile else free_port())
     cmd = launcher_command(args.run_args, args.num_gpus or (None if args.hostfile else num_ranks), args.hostfile,
-                           args.master_port, args.launcher_arg, args.verbose)
+                           port, args.launcher_arg, args.verbose)
     env = thread_env(num_ranks)
     if not args.verbose and "DS_ACCELERATOR" not in env and (name := detected_accelerator()):
         env["DS_ACCELERATOR"] = name
@@ -141,7 +165,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-gpus", type=int, default=None,
                    help="ranks on this machine (default: GPUs, or 2 on CPU); with --hostfile, ranks per node")
     p.add_argument("--hostfile", default=None, help="multi-node hostfile (see hostfile.example)")
-    p.add_argument("--master-port", type=int, default=None, help="rendezvous port")
+    p.add_argument("--master-port", type=int, default=None,
+                   help="rendezvous port (default: a free one on one machine, DeepSpeed's 29500 with --hostfile)")
     p.add_argument("--launcher-arg", action="append", default=[],
                    help="extra argument for the deepspeed launcher, e.g. --launcher-arg=--bind_cores_to_rank")
     p.add_argument("--verbose", action="store_true",

@@ -263,3 +263,38 @@ def test_trackers_are_deepspeeds_monitors_with_the_run_config(monkeypatch, tmp_p
     logger = monitor.MetricsLogger(monitor=fake, run_config={"zero": {"stage": 3}, "precision": "bf16"})
     assert updates == [{"zero": {"stage": 3}, "precision": "bf16"}]
     assert params == [{"zero.stage": 3, "precision": "bf16"}] and logger.monitor is fake
+
+
+def test_bigtrain_train_on_one_machine_takes_a_free_port(monkeypatch):
+    """Two jobs side by side would both take DeepSpeed's default 29500; a given --master-port is kept."""
+    import socket
+
+    from bigtrain import cli
+    from bigtrain.launch import train
+    started = []
+
+    class Launched:
+        def __init__(self, cmd, **kwargs):
+            started.append(cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(train.subprocess, "Popen", Launched)
+    for extra in ([], ["--master-port", "29777"]):
+        args = cli.build_parser().parse_known_args(["train", "--num-gpus", "2", "--verbose", *extra])[0]
+        args.run_args = ["--size", "tiny"]
+        assert train.cmd_train(args) == 0
+    chosen, given = (int(cmd[cmd.index("--master_port") + 1]) for cmd in started)
+    assert given == 29777 and chosen != 29500
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", chosen))  # it was free
+
+
+@pytest.mark.parametrize("typo, meant", [("--num_gpu", "--num-gpus"), ("--gpus", "--num-gpus"), ("--stepz", "--steps")])
+def test_bigtrain_train_names_the_flag_a_typo_meant_before_any_rank_starts(monkeypatch, capsys, typo, meant):
+    from bigtrain import cli
+    from bigtrain.launch import train
+    monkeypatch.setattr(train.subprocess, "Popen", lambda *a, **k: pytest.fail("a launcher started"))
+    assert cli.main(["train", typo, "2", "--size", "tiny"]) == 2
+    assert capsys.readouterr().err.strip() == f"bigtrain: unknown argument {typo!r}; did you mean {meant}?"
