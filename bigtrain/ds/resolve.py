@@ -115,7 +115,18 @@ def resolve(run: RunConfig, user_json: dict | str | Path | None = None, world_si
     if load_universal:
         config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
     _check(config, world_size, device, notes, filled)
+    notes += _all_warm_up(config)
     return Resolved(config, absorb(run, config), notes)
+
+
+def _all_warm_up(config: dict) -> list[str]:
+    """A decaying schedule whose warm-up takes the whole run never decays: say so (a short test run, typically)."""
+    params = (config.get("scheduler") or {}).get("params") or {}
+    warmup, total = params.get("warmup_num_steps"), params.get("total_num_steps")
+    if isinstance(warmup, int) and isinstance(total, int) and 0 < total <= warmup:
+        return [f"warning: the schedule's warm-up ({warmup} steps) takes the whole run ({total} steps): the rate "
+                "climbs to the peak and never decays; lower schedule.warmup_steps (or the JSON's warmup_num_steps)"]
+    return []
 
 
 def _fixed_batch(run: RunConfig, batch: Mapping[str, int], sources: dict) -> tuple[RunConfig, dict]:

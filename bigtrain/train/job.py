@@ -83,6 +83,8 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         engine = Engine(spec, resolved.ds_config, options)
         data.set_data_parallel(engine.dp_rank, engine.dp_size)
         saved = resume_from(engine, plan, world, data, run.train.seed, trust_checkpoint) if plan else None
+        if saved and world.is_main and (line := schedule_change_line(found[1].run_config, run, engine.lr(), saved.step)):
+            log.warning("%s", line)
         if world.is_main:
             log.info("model %s/%s: %.2fM parameters; %s", spec.family, spec.size, spec.num_params / 1e6,
                      _batch_line(resolved.ds_config, engine, world))
@@ -280,6 +282,16 @@ class RunRecord:
                                history=dict(history or {}), model_build=ModelBuild(**self.model_build),
                                run_config=to_dict(self.run), ds_config=self.ds_config,
                                run_dir=Path(self.run.train.out_dir).resolve(), tokenizer_dir=tokenizer)
+
+
+def schedule_change_line(saved_run: dict, run: RunConfig, next_lr: float, step: int) -> str | None:
+    """A resume with another train.steps rebuilds the learning-rate schedule over the new length: say so."""
+    before = (saved_run.get("train") or {}).get("steps")
+    if before is None or before == run.train.steps:
+        return None
+    return (f"train.steps {before} -> {run.train.steps} on --resume: the learning-rate schedule is rebuilt for "
+            f"{run.train.steps} steps, so step {step + 1} trains at {next_lr:.3g} on the new schedule (the old one "
+            f"{'had ended' if step >= before else 'was'} at step {step}; the rate may jump)")
 
 
 def seed_everything(seed: int) -> None:

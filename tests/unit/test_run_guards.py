@@ -190,3 +190,19 @@ def test_step_1_trains_at_the_schedules_first_rate(one_rank_group, kind):
     moved = max(float((p.detach() - before[n]).abs().max()) for n, p in engine.ds.module.named_parameters())
     assert moved == pytest.approx(promised, rel=0.02)
     assert engine.lr() == pytest.approx(1e-2 * (0.1 + 0.9 / 10))  # step 2's rate, next in the warm-up
+
+
+def test_a_run_that_is_all_warm_up_and_a_resume_that_rebuilds_the_schedule_are_said():
+    """Short runs never left warm-up without a word; a resume with more steps rebuilt the schedule silently."""
+    from bigtrain.config.load import load_run_config
+    from bigtrain.ds.resolve import resolve
+    from bigtrain.train.job import schedule_change_line
+
+    def notes(steps: int) -> list[str]:
+        return resolve(load_run_config(None, [f"train.steps={steps}", "schedule.warmup_steps=20"]), None, 1).notes
+    assert any(naming(n, "warm-up (20 steps)", "whole run (20 steps)", "schedule.warmup_steps") for n in notes(20))
+    assert not any("warm-up" in n for n in notes(200))
+    run = load_run_config(None, ["train.steps=30"])
+    line = schedule_change_line({"train": {"steps": 20}}, run, 5.5e-4, 20)
+    assert naming(line, "train.steps 20 -> 30", "step 21", "0.00055", "rebuilt"), line
+    assert schedule_change_line({"train": {"steps": 30}}, run, 5.5e-4, 20) is None
