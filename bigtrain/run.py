@@ -73,8 +73,10 @@ def config_sources(args: argparse.Namespace) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from bigtrain.metrics.logs import route_library_logs
+    from bigtrain.metrics.logs import quiet_hf_progress_bars, route_library_logs
     route_library_logs(verbose=args.verbose, console=sys.stderr)  # before anything imports DeepSpeed
+    if not args.verbose:
+        quiet_hf_progress_bars()
     try:
         run = run_config_from_args(args)
     except ValueError as err:

@@ -36,6 +36,8 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from bigtrain.metrics.logs import quiet_hf_progress_bars
+    quiet_hf_progress_bars()
     from bigtrain.export.exporter import export_checkpoint
 
     result = export_checkpoint(args.ckpt_dir, args.out, tag=args.tag, force=args.force, tokenizer=args.tokenizer,

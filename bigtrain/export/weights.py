@@ -16,6 +16,7 @@ on each when it is needed, so only one whole parameter is materialised at a time
 from __future__ import annotations
 
 import contextlib
+import io
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,14 +63,19 @@ def consolidate(tag_dir: Path, spec: ModelSpec, pipeline_stages: int) -> Consoli
     if (layout == "pipeline") != (pipeline_stages > 1):
         raise ValueError(f"{tag_dir}: its files are a {layout} checkpoint but bigtrain.json says "
                          f"pipeline_stages={pipeline_stages}; the checkpoint directory is mixed up")
-    with contextlib.redirect_stdout(sys.stderr):  # zero_to_fp32 prints progress; stdout is for results
-        if layout == "pipeline":
-            return _pipeline(tag_dir, spec, pipeline_stages)
-        if layout == "plain":
-            return _plain(tag_dir)
-        if layout == "tensor":
-            return _tensor_parallel(tag_dir)
-        return _zero(tag_dir, layout)
+    printed = io.StringIO()  # zero_to_fp32's and the universal converter's progress: shown only when they fail
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            if layout == "pipeline":
+                return _pipeline(tag_dir, spec, pipeline_stages)
+            if layout == "plain":
+                return _plain(tag_dir)
+            if layout == "tensor":
+                return _tensor_parallel(tag_dir)
+            return _zero(tag_dir, layout)
+    except BaseException:
+        sys.stderr.write(printed.getvalue())
+        raise
 
 
 def _tensor_parallel(tag_dir: Path) -> Consolidated:

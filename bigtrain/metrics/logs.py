@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import sys
 from collections import deque
 from pathlib import Path
@@ -83,6 +84,15 @@ def route_library_logs(verbose: bool = False, console: TextIO | None = None,
         warned.propagate = False
         warned.addHandler(_sink)
     return _sink
+
+
+def quiet_hf_progress_bars() -> None:
+    """transformers' own progress bars ("Loading weights", "Writing model shards"), one per rank, stay off the
+    console: bigtrain says what it loads and writes. Before transformers is imported it reads the switch from the
+    environment; after, its logging module turns them off."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers.utils.logging" in sys.modules:
+        sys.modules["transformers.utils.logging"].disable_progress_bar()
 
 
 def setup_console(rank: int, is_main: bool, stream: TextIO | None = None) -> None:
