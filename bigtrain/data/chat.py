@@ -283,8 +283,8 @@ def no_text_field_line(field: str, where: str, keys: Any) -> str:
 
 def no_template_line(tokenizer: Any) -> str:
     return (f"data.format=chat: the tokenizer {str(getattr(tokenizer, 'name_or_path', '')) or '(trained here)'!r} "
-            "has no chat template to render conversations with; give one with data.chat_template=FILE (a Jinja "
-            "file) or the template text, or use a tokenizer that has one")
+            "has no chat template to render conversations with; give one with data.chat_template=FILE (prepare "
+            "--chat-template FILE: a Jinja file, or the template text), or use a tokenizer that has one")
 
 
 def _text(record: dict, field: str) -> str:

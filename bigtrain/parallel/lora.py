@@ -139,7 +139,7 @@ def check_same_lora(tag_dir: Path, run_config: dict | None, cfg: LoraConfig | No
     saved = saved_lora(run_config)
     wanted = cfg if enabled(cfg) else None
     if _shape(saved) != _shape(wanted):
-        raise ValueError(f"--resume: {tag_dir} trained with {_describe(saved)}, this job asks for "
+        raise ValueError(f"--resume: {tag_dir} trained {_describe(saved)}, this job asks for "
                          f"{_describe(wanted)}: resume with the lora settings it was trained with, or start a new "
                          "run with another --out")
 
@@ -150,6 +150,6 @@ def _shape(cfg: LoraConfig | None) -> tuple | None:
 
 
 def _describe(cfg: LoraConfig | None) -> str:
-    return "every weight trained (lora.r=0)" if cfg is None else \
-        f"lora.r={cfg.r}, lora.alpha={cfg.alpha:g}, lora.targets={cfg.targets}"
+    return "every weight (no LoRA, lora.r=0)" if cfg is None else \
+        f"LoRA adapters (lora.r={cfg.r}, lora.alpha={cfg.alpha:g}, lora.targets={cfg.targets})"
 
