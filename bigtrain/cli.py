@@ -86,13 +86,15 @@ def cmd_lint(args: argparse.Namespace) -> int:
     run = load_run_config(args.config, args.set)
     device = DeviceCaps.for_device(args.device)
     world = args.world_size
-    if world is None:  # what `deepspeed` would start here: one rank per device
-        from deepspeed.accelerator import get_accelerator
-        world = max(1, get_accelerator().device_count())
-        print(f"note: no --world-size: checking for {world} rank(s), this machine's "
-              f"{get_accelerator().device_name()} device count", file=sys.stderr)
+    if world is None:  # what `bigtrain train` starts here
+        from bigtrain.launch.train import default_num_ranks
+        world = default_num_ranks()
+        print(f"note: no --world-size: checking for {world} rank(s), what `bigtrain train` starts on this machine",
+              file=sys.stderr)
     resolved = resolve_ds_file(args.file, run, world, args.pipeline_stages, device=device, fit_world=True,
                                sources=field_sources(args.config, args.set))  # the runner's precedence
+    from bigtrain.parallel.split import Topology, check_split_layout
+    check_split_layout(resolved.run, Topology.of(resolved.ds_config, world))  # the family's modes, as train judges
     for note in resolved.notes:  # the lint's warnings, the precedence lines, filled sections, batch fitting
         print(note if note.startswith("warning: ") else f"note: {note}", file=sys.stderr)
     print(json.dumps(resolved.ds_config, indent=2))

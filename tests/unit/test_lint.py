@@ -209,14 +209,26 @@ def test_cli_prints_warnings_with_the_resolved_config(tmp_path, capsys):
     assert json.loads(out)["train_batch_size"] == 16
 
 
-def test_cli_world_size_defaults_to_this_machines_devices(tmp_path, capsys):
-    from deepspeed.accelerator import get_accelerator
-    count = get_accelerator().device_count()
+def test_cli_world_size_defaults_to_what_bigtrain_train_starts(tmp_path, capsys):
+    """One rank per GPU, two on a CPU host: the job `bigtrain train` would start here, not DeepSpeed's count."""
+    from bigtrain.launch.train import default_num_ranks
+    count = default_num_ranks()
     config = {k: v for k, v in GOOD.items() if k != "train_batch_size"}
     code, out, err = run_cli(tmp_path, capsys, config, "--device", "cuda")
     assert code == 0, err
-    assert naming(err, "no --world-size", f"{count} rank(s)"), err
+    assert naming(err, "no --world-size", f"{count} rank(s)", "bigtrain train"), err
     assert json.loads(out)["train_batch_size"] == 4 * 2 * count
+
+
+def test_cli_judges_the_split_as_train_does(tmp_path, capsys):
+    """A family that cannot split so is refused as train refuses it; a split the world cannot hold is said alone,
+    without a batch error at data-parallel size 0."""
+    tp2 = {**GOOD, "tensor_parallel": {"autotp_size": 2}}
+    code, _, err = run_cli(tmp_path, capsys, tp2, "--world-size", "2", "--set", "model.family=gpt2")
+    assert code == 2 and naming(err, "parallel.tensor=2", "gpt2", "does not support tensor"), err
+    code, _, err = run_cli(tmp_path, capsys, {**tp2, "train_batch_size": 4, "gradient_accumulation_steps": 1},
+                           "--world-size", "3", "--set", "model.family=llama")
+    assert code == 2 and "data-parallel size 0" not in err and naming(err, "autotp_size"), err
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "ds_configs").glob("*.json")))

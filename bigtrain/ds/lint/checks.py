@@ -101,6 +101,8 @@ def batch_problems(config: dict, world_size: int | None, pipeline_stages: int | 
         problem = divisibility_problem(world_size, stages)
         if problem:
             return [Problem("pipeline.stages", problem)]
+        if world_size % (stages * model_split(config)):
+            return []  # the split does not divide the world: parallel_problems says so, and no batch holds there
         dp = world_size // (stages * model_split(config))
     elif None not in (total, micro, accum):
         return []  # it holds at the data-parallel size it was written for
