@@ -121,26 +121,33 @@ def user_batch(said: dict, run: RunConfig, world_size: int | None, sources: Mapp
         return None  # a mistyped batch size: the lint names it
     dp = rules.data_parallel_size(world_size, run.pipeline.stages, tensor=run.parallel.tensor,
                                   sequence=run.parallel.sequence)
+    given = {m: v for m, (v, strength) in known.items() if sources.get(f"batch.{m}") == "--set"}
+    if len(given) == 3 and given["global_batch"] != given["micro_batch"] * given["grad_accum"] * dp:
+        shown = ", ".join(f"batch.{m}={v}" for m, v in given.items())
+        raise LintError([f"--set {shown}: {given['global_batch']} != micro {given['micro_batch']} x accum "
+                         f"{given['grad_accum']} x data-parallel {dp}; give only two of the three and bigtrain "
+                         "derives the third"])
     triple = fit_batch(known, dp, resume_batch, sources, notes)
     if resume_batch is None and any(getattr(triple, m) != v for m, v in written.items()):
-        notes.append(_fitted_line(written, triple))
+        notes.append(_fitted_line(written, triple, given))
     return triple
 
 
-def _fitted_line(written: dict[str, int], triple: BatchTriple) -> str:
-    """One line for a JSON batch fitted to this world size: what it said, what trains, what was kept."""
-    if len(written) == 3:
+def _fitted_line(written: dict[str, int], triple: BatchTriple, given: dict[str, int]) -> str:
+    """One line for a JSON batch fitted to this job: what it said, why it changed (the world size, or batch
+    sizes given with --set), what trains."""
+    said = ", ".join(f"{BATCH_FIELDS['batch.' + k]} {v}" for k, v in written.items())
+    if given:
+        why = "to hold " + ", ".join(f"--set batch.{m}={v}" for m, v in given.items())
+    elif len(written) == 3:
         g, m, a = (written[k] for k in MEMBERS)
-        said = f"{g} = micro {m} x accum {a}"
-        was = f"was {g // (m * a)}"
+        why = f"was {g // (m * a)}"
     else:
-        said = ", ".join(f"{BATCH_FIELDS['batch.' + k]} {v}" for k, v in written.items())
-        was = "the JSON's values do not hold there"
+        why = "the JSON's values do not hold there"
     g = written.get("global_batch")
-    kept = ("derived the global batch" if g is None else "kept the global batch" if g == triple.global_batch
-            else f"global batch {g} -> {triple.global_batch}")
-    return (f"batch triple recomputed for data-parallel size {triple.dp_size} ({was}): {triple}; the JSON says "
-            f"{said}; {kept}")
+    kept = ("" if g is None and "global_batch" in given else "; derived the global batch" if g is None
+            else "; kept the global batch" if g == triple.global_batch else f"; global batch {g} -> {triple.global_batch}")
+    return f"batch triple for data-parallel size {triple.dp_size} ({why}): {triple}; the JSON says {said}{kept}"
 
 
 def fit_batch(known: dict[str, tuple[int, int]], dp: int, resume_batch: int | None, sources: Mapping[str, str],

@@ -380,3 +380,14 @@ def test_cli_fits_a_batch_written_for_another_world_size_and_says_so(tmp_path, c
     code, out, err = run_cli(tmp_path, capsys, pair, "--world-size", "8", "--device", "cuda")
     assert code == 0 and json.loads(out)["train_batch_size"] == 32
     assert naming(err, "note: batch triple", "data-parallel size 8", "16 -> 32"), err
+
+
+def test_batch_lines_say_what_the_set_values_did(tmp_path, capsys):
+    """A JSON triple that holds at this world size, changed by --set batch.global_batch, is said to be changed for
+    the --set value (not 'the JSON's values do not hold'); three inconsistent --set values are named as --set's."""
+    code, _, err = run_cli(tmp_path, capsys, GOOD, "--world-size", "2", "--set", "batch.global_batch=8")
+    assert code == 0 and naming(err, "to hold --set batch.global_batch=8", "micro 4 x accum 1"), err
+    assert "do not hold" not in err and "derived the global batch" not in err
+    code, _, err = run_cli(tmp_path, capsys, GOOD, "--world-size", "2", "--set", "batch.global_batch=8",
+                           "--set", "batch.micro_batch=2", "--set", "batch.grad_accum=3")
+    assert code == 2 and naming(err, "--set batch.global_batch=8", "micro 2 x accum 3") and "JSON" not in err, err
