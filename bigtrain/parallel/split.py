@@ -16,6 +16,7 @@ Ranks are laid out data-major: a group is `size` consecutive ranks, as DeepSpeed
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,8 @@ class ModelSplit:
         """Check the model can be split so, and make the tensor-parallel groups (before the model is built:
         zero.Init needs them). Sequence parallelism is switched on by `attach`, once the model exists."""
         check_split(spec, topology)
+        if rank == 0 and (line := kv_heads_line(spec, topology)):
+            logging.getLogger(__name__).warning("%s", line)
         reset_groups()  # an earlier job's groups in this process would be taken for this one's
         if topology.tensor == 1:
             return cls(topology, rank)
@@ -162,6 +165,17 @@ def check_split_layout(run: Any, topology: Topology) -> None:
         if size > 1 and mode not in modes:
             raise ValueError(f"parallel.{mode}={size}: the {run.model.family} family does not support {mode} "
                              f"parallelism (it supports {', '.join(sorted(modes))}); {_why_not(run.model.family, mode)}")
+
+
+def kv_heads_line(spec: ModelSpec, topology: Topology) -> str | None:
+    """DeepSpeed's AutoTP warns in the rank's log only when a tensor group outnumbers the key-value heads."""
+    config = getattr(spec.config, "get_text_config", lambda: spec.config)()
+    kv_heads = getattr(config, "num_key_value_heads", None)
+    if kv_heads is None or topology.tensor <= kv_heads:
+        return None
+    return (f"parallel.tensor={topology.tensor} with the model's {kv_heads} key-value heads: DeepSpeed's AutoTP "
+            f"gives the ranks beyond {kv_heads} no attention shard of their own, so attention does not get faster "
+            f"past parallel.tensor={kv_heads} (training is correct either way)")
 
 
 def check_split(spec: ModelSpec, topology: Topology) -> None:

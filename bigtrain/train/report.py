@@ -81,8 +81,10 @@ class Reporter:
             torch.distributed.barrier()  # all ranks measure at once, as they will train: shared cores
         self.peak_tflops = run.train.peak_tflops or measure_peak_tflops(PRECISION_DTYPE[run.precision], seconds=1.0)
         if world.is_main:
-            source = "given" if run.train.peak_tflops else f"measured ({run.precision} matmul, {torch.get_num_threads()} threads)"
-            log.info("peak %.2f TFLOP/s per rank, %s", self.peak_tflops, source)
+            source = "given" if run.train.peak_tflops else (
+                f"measured ({run.precision} matmul, {torch.get_num_threads()} threads, 1 s: it varies with what else "
+                "runs on the machine; --peak-tflops fixes it to compare MFU across runs)")
+            log.info("peak %.2f TFLOP/s per rank for MFU, %s", self.peak_tflops, source)
         self.monitor = MetricsLogger(monitor=getattr(engine.ds, "monitor", None), run_config=asdict(run))
         if prior is not None:
             self.monitor.continue_from(prior.step)

@@ -65,3 +65,16 @@ def test_deepspeeds_old_bfloat16_name_is_bf16():
     from bigtrain.train.engine import _float_dtype
     assert _float_dtype({"bfloat16": {"enabled": True}}) == torch.bfloat16
     assert _float_dtype({"bf16": {"enabled": False}}) == torch.float32
+
+
+def test_a_tensor_group_larger_than_the_key_value_heads_is_said_on_the_console():
+    """It trains correctly, but DeepSpeed only says so in the rank's log: the ranks past the key-value heads hold
+    no attention shard of their own."""
+    from bigtrain.models import build
+    from bigtrain.parallel.split import Topology, kv_heads_line
+    from messages import naming
+    spec = build("llama", "custom", n_layer=2, n_embd=64, n_head=4, n_kv_head=2, intermediate_size=160,
+                 vocab_size=256, seq_len=32)
+    line = kv_heads_line(spec, Topology(4, tensor=4))
+    assert naming(line, "parallel.tensor=4", "2 key-value heads", "correct"), line
+    assert kv_heads_line(spec, Topology(2, tensor=2)) is None
