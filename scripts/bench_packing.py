@@ -1,0 +1,98 @@
+"""What data.packing buys on chat data: real (not padding) tokens per second, packed vs unpacked, in A B A B order.
+
+    .venv/bin/python scripts/bench_packing.py [--out docs/bench_packing.json] [--steps 30] [--pairs 2]
+
+Chat data made here: 2,000 conversations whose user turns and answers are spans of Python's reference docs
+(pydoc_data) of varied length (answers 8-400 words, log-uniform), a byte-level BPE trained on the same text with
+Llama 3's special tokens and chat template. A 4-layer Llama shape (256 wide) trains on one rank at seq_len 512,
+micro-batch 8, fp32, the peak given (so no run measures it), once unpacked and once packed per pair. The figure is
+`summary.json`'s `real_tokens_per_s` (tokens/s x (1 - padding share)) and the padding shares; both runs see the
+same examples, in rows of different counts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+
+
+def make_data(root: Path, examples: int = 2000) -> tuple[Path, Path]:
+    from bigtrain.data.builtin import builtin_documents
+    from bigtrain.data.tokenizer import train_bpe
+    words = " ".join(builtin_documents()).split()
+    tok = train_bpe(builtin_documents()[:200], 4096)
+    tok.add_special_tokens({"additional_special_tokens": SPECIALS})
+    tok.bos_token = "<|begin_of_text|>"
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(str(root / "tok"))
+    rng = random.Random(0)
+
+    def span(n: int) -> str:
+        start = rng.randrange(len(words) - n)
+        return " ".join(words[start:start + n])
+
+    path = root / "chat.jsonl"
+    with path.open("w") as f:
+        for _ in range(examples):
+            answer = int(math.exp(rng.uniform(math.log(8), math.log(400))))
+            f.write(json.dumps({"messages": [{"role": "user", "content": span(rng.randint(5, 40))},
+                                             {"role": "assistant", "content": span(answer)}]}) + "\n")
+    return path, root / "tok"
+
+
+def run(root: Path, data: Path, tok: Path, packed: bool, steps: int, name: str) -> dict:
+    out = root / name
+    bigtrain = str(Path(sys.executable).parent / "bigtrain")
+    args = [bigtrain, "train", "--num-gpus", "1", "--model", "llama", "--size", "custom", "--data", str(data),
+            "--set", f"data.tokenizer={tok}", "--set", "model.overrides.n_layer=4", "--set", "model.overrides.n_embd=256",
+            "--set", "model.overrides.n_head=4", "--set", "model.overrides.n_kv_head=2",
+            "--set", "model.overrides.intermediate_size=704", "--set", "data.seq_len=512", "--set", "precision=fp32",
+            "--set", "batch.micro_batch=8", "--set", "batch.global_batch=8", "--steps", str(steps),
+            "--set", "train.eval_interval=0", "--set", "train.eval_batches=0", "--set", "train.sample_tokens=0",
+            "--set", "logging.progress_bar=false", "--set", "checkpoint.interval=0", "--peak-tflops", "1",
+            "--set", f"data.packing={str(packed).lower()}", "--out", str(out)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    if proc.returncode:
+        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    d = summary["data"]
+    return {"name": name, "packed": packed, "tokens_per_s": summary["tokens_per_s"],
+            "real_tokens_per_s": d["real_tokens_per_s"], "pad_share": d["pad_share"], "train_rows": d["train_rows"],
+            "train_examples": d["train_examples"], "step_s_median": summary["step_s_median"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="docs/bench_packing.json")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--pairs", type=int, default=2)
+    args = p.parse_args()
+    results: dict = {"started": time.strftime("%F %T"), "steps": args.steps, "runs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        data, tok = make_data(root)
+        for pair in range(args.pairs):
+            for packed in (False, True):
+                row = run(root, data, tok, packed, args.steps, f"{'packed' if packed else 'unpacked'}{pair}")
+                results["runs"].append(row)
+                print(json.dumps(row))
+    by = {k: [r["real_tokens_per_s"] for r in results["runs"] if r["packed"] == k] for k in (False, True)}
+    results["ratio_real_tokens_per_s"] = [b / a for a, b in zip(by[False], by[True])]
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print("packed / unpacked real tokens/s per pair:", ", ".join(f"{r:.2f}" for r in results["ratio_real_tokens_per_s"]))
+
+
+if __name__ == "__main__":
+    main()
