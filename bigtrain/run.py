@@ -57,6 +57,8 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     shorthands = [("model.family", args.model), ("model.size", args.size), ("data.source", args.data),
                   ("train.steps", args.steps), ("train.out_dir", args.out), ("train.seed", args.seed),
                   ("train.peak_tflops", args.peak_tflops)]
+    if args.stop_after is not None and args.stop_after < 1:
+        raise ValueError(f"--stop-after {args.stop_after}: must be >= 1 (the step to save and stop after)")
     overrides = [f"{key}={value}" for key, value in shorthands if value is not None]
     return load_run_config(args.config, overrides + list(args.set))
 

@@ -98,12 +98,14 @@ class OptimizerConfig:
 @dataclass
 class ScheduleConfig:
     kind: Literal["cosine", "linear", "constant"] = doc("cosine", "LR decay after warm-up.")
-    warmup_steps: int = doc(20, "Linear warm-up steps from min_lr_ratio * lr to lr.")
+    warmup_steps: int = doc(20, "Linear warm-up steps from min_lr_ratio * lr to lr (>= 1; DeepSpeed's schedulers "
+                                "warm up over at least 2).")
     min_lr_ratio: float = doc(0.1, "Final (and initial warm-up) LR as a fraction of the peak.")
 
     def __post_init__(self) -> None:
-        if self.warmup_steps < 0:
-            raise ValueError(f"schedule.warmup_steps={self.warmup_steps}: must be >= 0")
+        if self.warmup_steps < 1:  # DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR refuse 0 on every rank
+            raise ValueError(f"schedule.warmup_steps={self.warmup_steps}: must be >= 1 (DeepSpeed's schedulers "
+                             "refuse 0; 1 is the shortest warm-up, which they run over 2 steps)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"schedule.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
 

@@ -126,21 +126,24 @@ class MetricsLogger:
         if self.writing and values:
             self.monitor.write_events([(f"{self.prefix}{k}", v, step) for k, v in values.items()])
 
-    def continue_from(self, step: int) -> None:
-        """A resumed run's CSV files: rows of steps after `step` (run before a stop, run again now) are dropped, and
-        DeepSpeed's CSV monitor, which heads every file it first writes in a process, is told the files have
-        their header. TensorBoard and wandb keep their own step order."""
+    def continue_from(self, step: int, samples: int) -> None:
+        """A resumed run's CSV files: rows after the checkpoint (run before a stop, run again now) are dropped, and
+        DeepSpeed's CSV monitor, which heads every file it first writes in a process, is told the files have their
+        header. bigtrain's files count steps (kept up to `step`), DeepSpeed's own count samples (kept up to
+        `samples`). TensorBoard and wandb keep their own step order."""
         import csv
 
         writer = getattr(self.monitor, "csv_monitor", None)
         log_dir = getattr(writer, "log_dir", None)  # rank 0's only
         if writer is None or not log_dir or not Path(log_dir).is_dir():
             return
+        ours = self.prefix.replace("/", "_")
         for path in sorted(Path(log_dir).glob("*.csv")):
             rows = list(csv.reader(path.read_text().splitlines()))
             if not rows:
                 continue
-            kept = [rows[0]] + [r for r in rows[1:] if r and r[0] != "step" and int(float(r[0])) <= step]
+            last = step if path.name.startswith(ours) else samples
+            kept = [rows[0]] + [r for r in rows[1:] if r and r[0] != "step" and int(float(r[0])) <= last]
             with path.open("w", newline="") as f:
                 csv.writer(f).writerows(kept)
             writer.filenames.append(path.stem)

@@ -87,7 +87,7 @@ class Reporter:
             log.info("peak %.2f TFLOP/s per rank for MFU, %s", self.peak_tflops, source)
         self.monitor = MetricsLogger(monitor=getattr(engine.ds, "monitor", None), run_config=asdict(run))
         if prior is not None:
-            self.monitor.continue_from(prior.step)
+            self.monitor.continue_from(prior.step, prior.step * self.global_batch)
         self.bar = ProgressBar(run.train.steps, enabled=world.is_main, log_every=self.interval)
         if not run.logging.progress_bar:
             self.bar.tty = False  # plain log lines every interval instead of a redrawn bar

@@ -88,6 +88,9 @@ def test_resume_at_the_same_shape_continues_exactly_without_a_conversion(runs):
     assert after["wall_s"] > before["wall_s"] * 0.5  # the whole run's, not this process's alone
     rows = (root / "resume3" / "csv" / "train" / "bigtrain_loss.csv").read_text().splitlines()
     assert rows[0] == "step,loss" and [int(r.split(",")[0]) for r in rows[1:]] == list(range(1, STEPS + 1)), rows
+    # DeepSpeed's own file counts samples, not steps: the rows before the stop stay, as in the uninterrupted run
+    ours, theirs = ((root / name / "csv" / "train" / "Train_Samples_lr.csv").read_text() for name in ("resume3", "full3"))
+    assert ours == theirs, (ours, theirs)
     assert not (root / "resume3" / "checkpoints" / "step_000005_universal").exists()
     assert naming(log, "resumed from", str(root / "resume3" / "checkpoints" / "step_000005"), "step 5", "RNG restored")
 
