@@ -252,7 +252,7 @@ def chat_messages(messages: Any) -> list[dict]:
             checked.append(message)  # an assistant's tool call: the template renders it
             continue
         if not isinstance(content, str):
-            raise ValueError(f"a {role!r} message's content is {type(content).__name__}, not text")
+            raise ValueError(f"a chat message of role {role!r} has content of type {type(content).__name__}, not text")
         checked.append({**message, "content": content})
     return checked
 
