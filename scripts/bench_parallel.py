@@ -68,7 +68,7 @@ def longest_sequence(sequence: int, cap: float, root: Path) -> dict:
 
 def tensor_memory(tensor: int, root: Path) -> dict:
     from bigtrain.config.load import load_run_config
-    from bigtrain.estimate.cli import shape_from_spec
+    from bigtrain.estimate.shape import shape_from_spec
     from bigtrain.estimate.memory_model import estimate, setup_from_run
     from bigtrain.models import build
     sets = ["--set", "data.seq_len=512", "--set", f"parallel.tensor={tensor}", "--set", "zero.stage=1",

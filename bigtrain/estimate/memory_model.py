@@ -156,7 +156,7 @@ def activations_per_sample(shape: ModelShape, bytes_per_value: int) -> Activatio
         return shape.measured[bytes_per_value]
     if shape.n_layer and shape.hidden:
         return transformer_activations(shape, bytes_per_value)
-    raise ValueError(f"no activation model for {shape.family}: measure it (bigtrain.estimate.cli.measure_activations)")
+    raise ValueError(f"no activation model for {shape.family}: measure it (bigtrain.estimate.shape.measure_activations)")
 
 
 @dataclass(frozen=True)

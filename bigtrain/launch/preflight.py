@@ -188,7 +188,7 @@ def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int |
     """(lines, problems): the estimated peak per rank on `device_name` ranks, and a problem if it does not
     fit `gpu_mem`."""
     from bigtrain.estimate.memory_model import estimate, fits, setup_from_run
-    from bigtrain.estimate.cli import shape_from_spec
+    from bigtrain.estimate.shape import shape_from_spec
     from bigtrain.models import build
     if run.model.pretrained:
         return ["memory: not estimated for a pretrained model directory (use `bigtrain estimate`)"], []

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from bigtrain.estimate.cli import shape_from_spec
+from bigtrain.estimate.shape import shape_from_spec
 from bigtrain.estimate.memory_model import Setup, estimate
 from bigtrain.models import build
 from launch import REPO, rank_env, torchrun_cmd

@@ -103,7 +103,7 @@ def test_the_estimator_counts_what_a_tensor_parallel_rank_holds(runs, name, worl
     """AutoTP splits the linear layers and keeps the embedding and the norms whole on every rank; the estimator
     counts them so (it divided every weight by parallel.tensor before: 17% short here). The end-of-run count holds
     the weights and the optimizer states: at ZeRO 0-2 on several ranks DeepSpeed has freed the gradients then."""
-    from bigtrain.estimate.cli import shape_from_spec
+    from bigtrain.estimate.shape import shape_from_spec
     from bigtrain.estimate.memory_model import Setup, estimate
     from bigtrain.models import build
     ran = summary(runs / name)

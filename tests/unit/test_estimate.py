@@ -8,7 +8,7 @@ import torch
 
 from bigtrain.estimate.memory_model import (ModelShape, Setup, all_setups, estimate, fits, model_state_terms, parse_memory,
                                recommend, setup_from_run, speed_rank, transformer_activations)
-from bigtrain.estimate.cli import measure_activations, shape_from_spec
+from bigtrain.estimate.shape import measure_activations, shape_from_spec
 from bigtrain.models import build
 from messages import naming
 

@@ -7,7 +7,7 @@ import pytest
 
 from bigtrain.config.load import load_run_config
 from bigtrain.config.run_config import LoraConfig
-from bigtrain.estimate.cli import shape_from_spec
+from bigtrain.estimate.shape import shape_from_spec
 from bigtrain.estimate.memory_model import ModelShape, Setup, estimate, setup_from_run
 from bigtrain.models import build
 from bigtrain.parallel.lora import apply_lora

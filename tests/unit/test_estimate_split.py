@@ -27,7 +27,7 @@ def test_tensor_parallel_divides_states_and_part_of_the_activations():
 def test_tensor_parallel_keeps_the_embeddings_and_norms_whole():
     """What AutoTP leaves unsplit (measured against real TP2 ranks: tests/dist/test_parallel_modes.py) is counted
     on every rank: a Llama shape's embedding and norms, not its linear layers or its head."""
-    from bigtrain.estimate.cli import shape_from_spec
+    from bigtrain.estimate.shape import shape_from_spec
     from bigtrain.models import build
     shape = shape_from_spec(build("llama", "tiny", vocab_size=512, seq_len=64))
     cfg = build("llama", "tiny", vocab_size=512, seq_len=64).config

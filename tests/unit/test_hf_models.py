@@ -148,7 +148,7 @@ def test_attention_is_sdpa_where_the_class_has_it_else_the_architectures_default
         optimizer.zero_grad()
         losses.append(loss.item())
     assert losses[-1] < losses[0], losses
-    from bigtrain.estimate.cli import shape_from_spec
+    from bigtrain.estimate.shape import shape_from_spec
     assert shape_from_spec(spec, "bf16").num_params == spec.num_params  # `bigtrain estimate` measures it too
 
 

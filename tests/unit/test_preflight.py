@@ -10,7 +10,7 @@ import pytest
 
 from bigtrain.config.load import load_run_config
 from bigtrain.estimate.memory_model import estimate, setup_from_run
-from bigtrain.estimate.cli import shape_from_spec
+from bigtrain.estimate.shape import shape_from_spec
 from bigtrain.models import build
 from bigtrain.launch.preflight import (HostEntry, PreflightError, add_preflight_parser, check_host, check_hosts,
                                 estimate_overrides, read_hostfile, run_preflight, world_size)
