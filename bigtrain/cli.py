@@ -31,6 +31,10 @@ VERBS = [
 ]
 
 
+# The --model help of every verb that takes one (bigtrain.run, estimate).
+FAMILY_HELP = "model family: gpt2, llama, hf (a local Hugging Face directory, model.pretrained), encoder, resnet"
+
+
 class FlagParser(argparse.ArgumentParser):
     """An ArgumentParser that takes every long flag as `--snake_case` or `--kebab-case`.
 

@@ -16,7 +16,7 @@ if __package__ in (None, ""):
     sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
-from bigtrain.cli import FlagParser  # noqa: E402
+from bigtrain.cli import FAMILY_HELP, FlagParser  # noqa: E402
 from bigtrain.config.run_config import RunConfig  # noqa: E402
 from bigtrain.config.load import load_run_config  # noqa: E402
 
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = FlagParser(description="Train a model with DeepSpeed (see README).",
                    epilog="Every flag may be spelled --snake_case or --kebab-case.")
     p.add_argument("--config", help="run config YAML/JSON")
-    p.add_argument("--model", help="model family: gpt2, llama, hf (a local Hugging Face directory, model.pretrained), encoder, resnet (model.family)")
+    p.add_argument("--model", help=f"{FAMILY_HELP} (model.family)")
     p.add_argument("--size", help="named size, e.g. tiny, mini, small, medium (model.size)")
     p.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config",
                    help="a DeepSpeed JSON (e.g. ds_configs/zero3.json); it decides the ZeRO stage, precision, "

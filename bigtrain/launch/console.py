@@ -1,5 +1,5 @@
-"""The launcher's and the ranks' output on the way to the console of `bigtrain train`: the DeepSpeed launcher's line for a rank that
-ended with bigtrain's own stop (exit 2, a user's mistake; 3, a diverging run) is left out, as that stop has
+"""The launcher's and the ranks' output on the way to the console of `bigtrain train`: the DeepSpeed launcher's
+line for a rank that ended with bigtrain's own stop (exit 2, a user's mistake; 3, a diverging run) is left out, as that stop has
 already said everything in one `bigtrain:` line. Every other byte passes through as it comes (progress bars
 included); a rank that died otherwise keeps the launcher's line.
 """

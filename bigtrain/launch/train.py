@@ -123,7 +123,8 @@ def unknown_flag_line(flag: str, run_parser: argparse.ArgumentParser) -> str:
     theirs = [s for a in run_parser._actions for s in a.option_strings if s.startswith("--")]
     name = flag.split("=", 1)[0]
     near = difflib.get_close_matches(name.replace("_", "-"), ours + theirs, n=1, cutoff=0.6)
-    hint = f"; did you mean {near[0]}?" if near else "; `bigtrain train --help` and `python -m bigtrain.run --help` list them"
+    hint = (f"; did you mean {near[0]}?" if near
+            else "; `bigtrain train --help` and `python -m bigtrain.run --help` list them")
     return f"unknown argument {flag!r}{hint}"
 
 

@@ -156,15 +156,19 @@ def check_split_layout(run: Any, topology: Topology) -> None:
     a mode the family does not have: a size from the user's JSON (tensor_parallel.autotp_size, ...) is judged
     like the same size given with --set, before any data or model is built."""
     from dataclasses import replace
-
-    from bigtrain.models.registry import family
     replace(run, pipeline=replace(run.pipeline, stages=topology.pipeline),  # re-runs the run config's own rules
             parallel=replace(run.parallel, tensor=topology.tensor, sequence=topology.sequence))
-    modes = family(run.model.family).parallel
+    check_family_modes(run.model.family, topology)
+
+
+def check_family_modes(family_name: str, topology: Topology) -> None:
+    """ValueError (one line) for a split the family has no mode for."""
+    from bigtrain.models.registry import family
+    modes = family(family_name).parallel
     for mode, size in (("tensor", topology.tensor), ("sequence", topology.sequence)):
         if size > 1 and mode not in modes:
-            raise ValueError(f"parallel.{mode}={size}: the {run.model.family} family does not support {mode} "
-                             f"parallelism (it supports {', '.join(sorted(modes))}); {_why_not(run.model.family, mode)}")
+            raise ValueError(f"parallel.{mode}={size}: the {family_name} family does not support {mode} "
+                             f"parallelism (it supports {', '.join(sorted(modes))}); {_why_not(family_name, mode)}")
 
 
 def kv_heads_line(spec: ModelSpec, topology: Topology) -> str | None:
@@ -180,18 +184,12 @@ def kv_heads_line(spec: ModelSpec, topology: Topology) -> str | None:
 
 def check_split(spec: ModelSpec, topology: Topology) -> None:
     """ValueError (one line) for a model that cannot be split as asked: the family, the heads, the attention."""
-    from bigtrain.models.registry import family
-    modes = family(spec.family).parallel
+    check_family_modes(spec.family, topology)
     config = getattr(spec.config, "get_text_config", lambda: spec.config)()
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", heads)
     for mode, size in (("tensor", topology.tensor), ("sequence", topology.sequence)):
-        if size == 1:
-            continue
-        if mode not in modes:
-            raise ValueError(f"parallel.{mode}={size}: the {spec.family} family does not support {mode} "
-                             f"parallelism (it supports {', '.join(sorted(modes))}); {_why_not(spec.family, mode)}")
-        if heads is not None and heads % size:
+        if size > 1 and heads is not None and heads % size:
             raise ValueError(f"parallel.{mode}={size}: the model's {heads} attention heads do not divide by {size}; "
                              f"choose parallel.{mode} dividing {heads}")
     if topology.sequence > 1:

@@ -83,8 +83,9 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         engine = Engine(spec, resolved.ds_config, options)
         data.set_data_parallel(engine.dp_rank, engine.dp_size)
         saved = resume_from(engine, plan, world, data, run.train.seed, trust_checkpoint) if plan else None
-        if saved and world.is_main and (line := schedule_change_line(found[1].run_config, run, engine.lr(), saved.step)):
-            log.warning("%s", line)
+        if saved and world.is_main:
+            if line := schedule_change_line(found[1].run_config, run, engine.lr(), saved.step):
+                log.warning("%s", line)
         if world.is_main:
             log.info("model %s/%s: %.2fM parameters; %s", spec.family, spec.size, spec.num_params / 1e6,
                      _batch_line(resolved.ds_config, engine, world))

@@ -95,7 +95,8 @@ class Reporter:
 
     def history(self) -> dict:
         """The curves and run time so far, for a checkpoint (a resume continues them)."""
-        return {"val_losses": [list(x) for x in self.val_losses], "val_accuracies": [list(x) for x in self.val_accuracies],
+        return {"val_losses": [list(x) for x in self.val_losses],
+                "val_accuracies": [list(x) for x in self.val_accuracies],
                 "router_aux_losses": [list(x) for x in self.router_losses],
                 "wall_s": self.prior_wall_s + time.perf_counter() - self.started}
 
