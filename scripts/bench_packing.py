@@ -52,18 +52,30 @@ def make_data(root: Path, examples: int = 2000) -> tuple[Path, Path]:
     return path, root / "tok"
 
 
-def run(root: Path, data: Path, tok: Path, packed: bool, steps: int, name: str) -> dict:
+def bigtrain_command() -> str:
+    """The `bigtrain` console script: beside this Python (a venv), else on PATH (a machine without the venv)."""
+    import shutil
+    beside = Path(sys.executable).parent / "bigtrain"
+    return str(beside) if beside.exists() else (shutil.which("bigtrain") or str(beside))
+
+
+# The CPU measurement: a 4-layer Llama shape (256 wide) in fp32 on one rank, the peak given (no run measures it).
+CPU_SETS = ("model.overrides.n_layer=4", "model.overrides.n_embd=256", "model.overrides.n_head=4",
+            "model.overrides.n_kv_head=2", "model.overrides.intermediate_size=704", "data.seq_len=512",
+            "precision=fp32", "batch.micro_batch=8", "batch.global_batch=8")
+
+
+def run(root: Path, data: Path, tok: Path, packed: bool, steps: int, name: str, sets: tuple[str, ...] = CPU_SETS,
+        peak_tflops: float = 1.0, timeout_s: float = 1800) -> dict:
     out = root / name
-    bigtrain = str(Path(sys.executable).parent / "bigtrain")
-    args = [bigtrain, "train", "--num-gpus", "1", "--model", "llama", "--size", "custom", "--data", str(data),
-            "--set", f"data.tokenizer={tok}", "--set", "model.overrides.n_layer=4", "--set", "model.overrides.n_embd=256",
-            "--set", "model.overrides.n_head=4", "--set", "model.overrides.n_kv_head=2",
-            "--set", "model.overrides.intermediate_size=704", "--set", "data.seq_len=512", "--set", "precision=fp32",
-            "--set", "batch.micro_batch=8", "--set", "batch.global_batch=8", "--steps", str(steps),
+    args = [bigtrain_command(), "train", "--num-gpus", "1", "--model", "llama", "--size", "custom", "--data", str(data),
+            "--set", f"data.tokenizer={tok}", "--steps", str(steps),
             "--set", "train.eval_interval=0", "--set", "train.eval_batches=0", "--set", "train.sample_tokens=0",
-            "--set", "logging.progress_bar=false", "--set", "checkpoint.interval=0", "--peak-tflops", "1",
-            "--set", f"data.packing={str(packed).lower()}", "--out", str(out)]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+            "--set", "logging.progress_bar=false", "--set", "checkpoint.at_end=false",
+            "--peak-tflops", str(peak_tflops), "--set", f"data.packing={str(packed).lower()}", "--out", str(out)]
+    for item in sets:
+        args += ["--set", item]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())

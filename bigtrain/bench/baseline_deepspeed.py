@@ -16,8 +16,13 @@ from transformers.integrations import HfDeepSpeedConfig
 from bigtrain.bench import baseline
 from bigtrain.bench.baseline import Trainer
 from bigtrain.metrics import memory_report
+from bigtrain.models.init import seed_from_global_rng
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _gathered(params: list[torch.nn.Parameter]) -> Any:
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
 
 
 def wrap(job: dict, ds_config: dict | None) -> Trainer:
@@ -28,8 +33,13 @@ def wrap(job: dict, ds_config: dict | None) -> Trainer:
     spec = baseline.seeded_spec(job)
     zero3 = ds_config["zero_optimization"]["stage"] == 3
     hf_zero3 = HfDeepSpeedConfig(ds_config) if zero3 else None  # lets transformers init under ZeRO-3
+    seed = seed_from_global_rng()  # as spec.build() draws it: the same initial weights as every runner
     with deepspeed.zero.Init(config_dict_or_path=ds_config, enabled=zero3):
-        model = spec.build()
+        model = spec.construct()
+    # Under ZeRO-3 each rank holds a shard only: the init gathers a module's parameters, rank 0 draws them
+    # and the gather spreads them (what transformers' own init does under zero.Init).
+    spec.initialize(model, seed, gather=_gathered if zero3 else None,
+                    writer=not zero3 or torch.distributed.get_rank() == 0)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
 
     def micro_step(inputs: Any, labels: torch.Tensor) -> torch.Tensor:

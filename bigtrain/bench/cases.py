@@ -55,6 +55,10 @@ class Workload:
         """model.overrides for bigtrain: the shape, and for an image model the image side its FLOPs count uses."""
         if self.modality == "image":
             return {"image_size": self.image_size, **self.overrides}
+        from dataclasses import fields
+        from bigtrain.models.registry import family
+        if "vocab_multiple" not in {f.name for f in fields(family(self.family).settings_cls)}:
+            return dict(self.overrides)  # a family that never pads (Llama's vocabulary is a multiple of 64)
         return {"vocab_multiple": self.vocab_multiple, **self.overrides}
 
 
@@ -120,7 +124,7 @@ class Case:
             "activation_checkpointing.enabled": str(s.checkpointing).lower(), "pipeline.stages": s.pipeline,
             # A benchmark times training steps only: no evaluation, no sample, plain log lines.
             "train.eval_interval": 0, "train.eval_batches": 0, "train.sample_tokens": 0,
-            "logging.progress_bar": "false",
+            "logging.progress_bar": "false", "checkpoint.at_end": "false",
         }
         if s.pipeline > 1:  # as many samples per step as the data-parallel runs: micro x 2 micro-batches
             sets["batch.grad_accum"] = 2

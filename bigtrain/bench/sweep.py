@@ -18,7 +18,7 @@ from typing import Callable
 from bigtrain.bench.cases import Case, Strategy, Workload
 from bigtrain.bench.hostenv import LoadLog, host_facts, job_env
 from bigtrain.bench.jobs import REPO, Launch, run_case
-from bigtrain.bench.levers import lever_cases
+from bigtrain.bench.levers import BY_NAME, lever_cases
 from bigtrain.bench.peak import datasheet_bf16_tflops, read_peaks
 from bigtrain.bench.rows import check_rows, make_row, ratios
 
@@ -84,27 +84,37 @@ def full_plan(repeats: int = FULL_REPEATS) -> Plan:
 
 
 # GPT-2 small and medium as they are trained: GPT-2's vocabulary padded to 50304 rows (bigtrain's default
-# on a GPU), 1024 tokens, bf16.
+# on a GPU), 1024 tokens, bf16; and the Llama 3.2 1B shape (its 128,256-token vocabulary), 2048 tokens.
 GPU_WORKLOADS = (Workload("gpt2-small", "gpt2", "small", {}, seq_len=1024, micro_batch=16, precision="bf16",
                           vocab_multiple=64),
                  Workload("gpt2-medium", "gpt2", "medium", {}, seq_len=1024, micro_batch=8, precision="bf16",
                           vocab_multiple=64))
+GPU_LLAMA = Workload("llama-1b", "llama", "1b", {}, seq_len=2048, vocab_size=128256, micro_batch=8, precision="bf16")
 GPU_STEPS = 40  # steps take ~0.1-0.3 s on one H100: 38 measured after the warm-up
 DRY_STEPS = 3  # --dry-run: enough for the 2-step warm-up and one measured step
 GPU_STAGES = (1, 2, 3)
+# The tiniest model of each family standing in for a GPU workload in a dry run.
+DRY_SHAPES = {"gpt2": {"n_layer": 2, "n_embd": 64, "n_head": 2},
+              "llama": {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_kv_head": 1, "intermediate_size": 128}}
 
 
 def dry_workload(w: Workload) -> Workload:
-    """The tiniest GPT-2 standing in for `w` in a dry run (same runners, strategies and levers, on a CPU)."""
-    return replace(w, name=f"{w.name} (dry)", size="custom", overrides={"n_layer": 2, "n_embd": 64, "n_head": 2},
-                   seq_len=64, vocab_size=500, micro_batch=2)
+    """The tiniest model of `w`'s family standing in for it in a dry run (same runners, strategies and levers,
+    on a CPU)."""
+    return replace(w, name=f"{w.name} (dry)", size="custom", overrides=DRY_SHAPES[w.family], seq_len=64,
+                   vocab_size=500, micro_batch=2)
 
 
 def gpu_plan(num_gpus: int, repeats: int = GPU_REPEATS, dry: bool = False) -> Plan:
     """GPT-2 small and medium at ZeRO 1-3, each bigtrain job next to the hand-written DeepSpeed loop, the
-    nanoGPT-style PyTorch loop, and each lever on its own (levers.LEVERS) on GPT-2 small; one rank per GPU.
+    nanoGPT-style PyTorch loop, each lever on its own (levers.LEVERS) on GPT-2 small, and the Llama 1B shape's
+    MFU; one rank per GPU.
 
-    `dry`: every case of that plan but the CUDA-only ones, on the tiniest GPT-2 for DRY_STEPS steps, one
+    The cases come in the order of what a short GPU lease should measure first (the bench stops at
+    --max-minutes): GPT-2 small at ZeRO-1 beside both loops, GPT-2 medium at ZeRO-1 beside DeepSpeed's, the
+    default levers undone, Llama 1B, then ZeRO-2/3 and the opt-in levers, then further pairs (`repeats`).
+
+    `dry`: every case of that plan but the CUDA-only ones, on the tiniest models for DRY_STEPS steps, one
     rank on this host's device (a CPU): the GPU path's code runs between GPU sessions without a GPU."""
     if dry:
         num_gpus, repeats, steps = 1, 1, DRY_STEPS
@@ -113,13 +123,26 @@ def gpu_plan(num_gpus: int, repeats: int = GPU_REPEATS, dry: bool = False) -> Pl
                          "or --gpu --dry-run to check the GPU plan's code paths on this host)")
     else:
         steps = GPU_STEPS
-    cases = []
-    for i, w in enumerate(GPU_WORKLOADS[:1] if dry else GPU_WORKLOADS):  # dry: both would be the same tiny model
-        w = dry_workload(w) if dry else w
-        cases += ratio_pairs(w, GPU_STAGES, steps, repeats)
-        cases += [Case(w, Z[1], "nanogpt", steps, "ratio") for _ in range(repeats)]
-        if i == 0:  # the levers on GPT-2 small
-            cases += lever_cases(w, steps, num_gpus, on_cpu=dry)
+    small, medium = (dry_workload(w) if dry else w for w in GPU_WORKLOADS)
+    llama = dry_workload(GPU_LLAMA) if dry else GPU_LLAMA
+    levers = lever_cases(small, steps, num_gpus, on_cpu=dry)
+    undone = [c for c in levers if not BY_NAME[c.setting].on]
+
+    def trio(w: Workload) -> list[Case]:
+        return [*ratio_pairs(w, (1,), steps), Case(w, Z[1], "nanogpt", steps, "ratio")]
+
+    cases = trio(small)
+    if not dry:  # dry: medium would be the same tiny model as small
+        cases += ratio_pairs(medium, (1,), steps)
+    cases += [*undone, Case(llama, Z[1], "bigtrain", steps, "efficiency"), *ratio_pairs(small, (2, 3), steps)]
+    if not dry:
+        cases.append(Case(medium, Z[1], "nanogpt", steps, "ratio"))
+    cases += [c for c in levers if c not in undone]
+    if not dry:
+        cases += ratio_pairs(medium, (2, 3), steps)
+    for _ in range(repeats - 1):
+        for w in (small,) if dry else (small, medium):
+            cases += ratio_pairs(w, GPU_STAGES, steps) + [Case(w, Z[1], "nanogpt", steps, "ratio")]
     return Plan("gpu-dry" if dry else "gpu", cases, ranks=num_gpus, repeats=repeats)
 
 
@@ -180,13 +203,17 @@ def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str],
             continue
         busy = load.sample(0.5)
         peak = peaks["fp32" if case.workload.precision == "fp32" else "bf16"]
+        # A job that hangs must not eat the rest of a short (GPU) budget: it ends a minute and a half past it.
+        left_s = 60 * max_minutes - (time.perf_counter() - start)
+        job_launch = replace(launch, timeout_s=min(launch.timeout_s, max(90.0, left_s + 90.0)))
         try:
-            result = run_case(case, workdir, launch, peak_tflops=peak)
+            result = run_case(case, workdir, job_launch, peak_tflops=peak)
         except (ValueError, OSError, RuntimeError) as err:  # a case bigtrain cannot set up: one failed row
             result = {"case": case.name, "runner": case.runner, "workload": case.workload.name,
                       "strategy": case.strategy.label, "group": case.group, "precision": case.workload.precision,
                       "setting": case.setting, "ok": False, "error": f"{type(err).__name__}: {err}"}
         results.append(result)
+        save_results({"results": results, "peaks": peaks}, Path(workdir) / "results_so_far.json")
         row = make_row(result, peaks)
         log(f"[{i}/{len(plan.cases)} {elapsed:4.1f} min, host {100 * busy:.0f}% busy before] {case.name}: "
             + (f"{row['samples_per_s']:.2f} samples/s, MFU {100 * row['mfu']:.1f}% ({case.workload.precision})"

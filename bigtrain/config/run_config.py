@@ -246,6 +246,8 @@ class CheckpointConfig:
     dir: str | None = doc(None, "Checkpoint directory (default OUT/checkpoints).")
     interval: int = doc(0, "Save every N steps (0: only at the end and on SIGTERM/SIGINT).")
     keep_last: int = doc(2, "Keep the newest N checkpoints.")
+    at_end: bool = doc(True, "Save when the run ends (false: benchmarks and throw-away runs, where a 1B model's "
+                       "final save writes ~17 GB; a stop by signal or --stop-after still saves).")
 
     def __post_init__(self) -> None:
         if self.interval < 0:

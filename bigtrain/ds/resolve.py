@@ -154,8 +154,9 @@ def _generated(run: RunConfig, world_size: int | None, sources: dict, resume_bat
         raise LintError(["a generated DeepSpeed config needs the world size; pass --world-size N"])
     dp = rules.data_parallel_size(world_size, run.pipeline.stages, tensor=run.parallel.tensor,
                                   sequence=run.parallel.sequence)
+    # micro_batch=auto: the job probes it (train.autobatch); until then the triple derives one from the rest
     known = {m: (getattr(run.batch, m), SET if sources.get(f"batch.{m}") == "--set" else CONFIG)
-             for m in MEMBERS if getattr(run.batch, m) is not None}
+             for m in MEMBERS if getattr(run.batch, m) not in (None, "auto")}
     triple = fit_batch(known, dp, resume_batch, sources, notes)
     run = with_triple(run, triple)
     return build_ds_config(run, world_size), run

@@ -232,7 +232,8 @@ def resume_from(engine: Engine, plan: ResumePlan, world: World, data: TrainingDa
 def loop_settings(run: RunConfig, ckpt_dir: Path, stop_after: int | None, plan: ResumePlan | None) -> LoopSettings:
     return LoopSettings(steps=run.train.steps, eval_interval=run.train.eval_interval,
                         eval_batches=run.train.eval_batches, ckpt_dir=ckpt_dir, ckpt_interval=run.checkpoint.interval,
-                        keep_last=run.checkpoint.keep_last, stop_after=stop_after, max_loss=run.train.max_loss,
+                        keep_last=run.checkpoint.keep_last, save_at_end=run.checkpoint.at_end, stop_after=stop_after,
+                        max_loss=run.train.max_loss,
                         resumed_from=plan.ckpt_dir / plan.tag if plan else None)
 
 

@@ -26,6 +26,7 @@ class LoopSettings:
     ckpt_dir: Path
     ckpt_interval: int  # 0: only at the end / on a signal
     keep_last: int
+    save_at_end: bool = True
     stop_after: int | None = None  # stop (and save) after this step: for tests and time-boxed jobs
     max_loss: float | None = None  # train.max_loss: a loss above it stops the run, as a non-finite one does
     resumed_from: Path | None = None  # the checkpoint this job resumed from: the last good one until it saves
@@ -101,11 +102,12 @@ def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Ba
         if settings.stop_after is not None and step >= settings.stop_after and not last:
             stop_now, stopped_by = True, stop.reason or "stop_after"
         periodic = settings.ckpt_interval and step % settings.ckpt_interval == 0
-        if (periodic or last or stop_now) and not engine.weights_finite():  # never save non-finite weights
+        save = periodic or (last and settings.save_at_end) or stop_now
+        if (save or last) and not engine.weights_finite():  # never save (or end on) non-finite weights
             result.diverged = f"step {step}: its update left non-finite weights (the loss was {loss:.4g})"
             result.stopped_by = "diverged"
             break
-        if periodic or last or stop_now:
+        if save:
             what = f"saving the checkpoint of step {step}"
             with stop.bound(what, collective_timeout_s() + 60, "every rank to write its part") \
                     if (last or stop_now) else _phase(stop, what):

@@ -240,13 +240,18 @@ def test_gpu_dry_run_is_the_gpu_plan_on_the_tiniest_model_without_cuda_only_case
     from bigtrain.bench.sweep import DRY_STEPS, gpu_plan
     gpu, dry = gpu_plan(num_gpus=1), gpu_plan(num_gpus=0, dry=True)
     assert (dry.mode, dry.ranks) == ("gpu-dry", 1)
-    small = [c for c in gpu.cases if c.workload.name.startswith("gpt2-small") and c.setting != "deepcompile"]
+    small = [c for c in gpu.cases if c.workload.family == "gpt2" and c.workload.name.startswith("gpt2-small")
+             and c.setting != "deepcompile"]
+    dry_gpt2 = [c for c in dry.cases if c.workload.family == "gpt2"]
     def shape(cases):  # micro_batch auto's global batch scales with the micro-batch: the keys only
         return [(c.runner, c.strategy.label, c.group, c.setting, [k for k, _ in c.sets], c.ds_sets) for c in cases]
-    assert shape(dry.cases) == shape(small)
-    assert [c.workload.vocab_multiple for c in dry.cases] == [c.workload.vocab_multiple for c in small]
+    assert shape(dry_gpt2) == shape(small)
+    assert [c.workload.vocab_multiple for c in dry_gpt2] == [c.workload.vocab_multiple for c in small]
     assert all(c.steps == DRY_STEPS and c.workload.overrides == {"n_layer": 2, "n_embd": 64, "n_head": 2}
-               for c in dry.cases)
+               for c in dry_gpt2)
+    llama = [c for c in dry.cases if c.workload.family == "llama"]  # the Llama 1B MFU row, on a tiny Llama
+    assert [(c.runner, c.strategy.label) for c in llama] == [("bigtrain", "z1")]
+    assert "model.overrides.vocab_multiple" not in " ".join(llama[0].run_overrides())  # Llama takes no padding
     overflow = next(c for c in dry.cases if c.setting == "overflow check on")
     ds = ds_config_for(overflow, 1, breakdown=False)  # measured GPU jobs: no synchronizing wall-clock breakdown
     assert ds["bf16"] == {"enabled": True, "check_grad_overflow": True} and ds["wall_clock_breakdown"] is False
