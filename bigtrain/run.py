@@ -19,6 +19,7 @@ if __package__ in (None, ""):
 from bigtrain.cli import FAMILY_HELP, FlagParser  # noqa: E402
 from bigtrain.config.run_config import RunConfig  # noqa: E402
 from bigtrain.config.load import load_run_config  # noqa: E402
+from bigtrain.distributed.op_locks import check_build_locks  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,10 +82,16 @@ def main(argv: list[str] | None = None) -> int:
         quiet_hf_progress_bars()
     try:
         run = run_config_from_args(args)
+        # before the process group: DeepSpeed builds its CPU all-reduce op there, and a killed build's lock
+        # would hang it (and the engine's FusedAdam / CPU Adam build later) without a word
+        lock_warnings = check_build_locks()
     except ValueError as err:
         if os.environ.get("RANK", "0") == "0":  # every rank finds it; one says it
             print(f"bigtrain: {err}", file=sys.stderr)
         return 2
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        for line in lock_warnings:
+            print(f"bigtrain: warning: {line}", file=sys.stderr)
     from bigtrain.train.job import train
     from bigtrain.train.process import JobProcess
     with JobProcess.start() as job:  # the process group, the console, and the exit code of a stop

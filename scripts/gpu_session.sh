@@ -29,8 +29,11 @@ fi
   python3 -c "import sys, torch, deepspeed, transformers, peft; print(sys.version.split()[0], 'torch', torch.__version__,
 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
 } 2>&1 | tee "$OUT/versions.txt"
+# A build killed mid-way (an earlier call on this machine) leaves torch's lock file, and every later build
+# waits on it forever: nothing else builds now, so remove it.
+rm -f "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"/*/*/lock
 # DeepSpeed JIT-builds FusedAdam at the first job; build it now, beside the peak measurement.
-python3 - >"$OUT/fused_adam_build.log" 2>&1 <<'PY' &
+python3 - >/tmp/fused_adam_build.log 2>&1 <<'PY' &
 from bigtrain.distributed.device import fix_cuda_arch_list
 print(fix_cuda_arch_list())
 from deepspeed.ops.op_builder import FusedAdamBuilder
@@ -40,14 +43,13 @@ PY
 bench=(python3 -m bigtrain.cli bench --gpu --max-minutes "$BENCH_MIN" --workdir /tmp/bench)
 [ -n "$ONLY" ] && bench+=(--only "$ONLY")
 [ "${DRY:-0}" = 1 ] && bench+=(--dry-run)
-"${bench[@]}" 2>&1 | tee "$OUT/bench.log"
+timeout "${HARD_S:-100000}" "${bench[@]}" 2>&1 | tee "$OUT/bench.log"
 page=docs; [ "${DRY:-0}" = 1 ] && page=/tmp/bench
 cp $page/benchmarks.md $page/benchmarks_gpu.json /tmp/bench/results_so_far.json "$OUT/" 2>/dev/null
 if [ "$JOURNEY_MIN" != 0 ]; then
   python3 scripts/gpu_journeys.py --out "$OUT" --minutes "$JOURNEY_MIN" $([ "${DRY:-0}" = 1 ] && echo --tiny) 2>&1 | tee "$OUT/journeys.log"
 fi
-# The failed jobs' logs (the last lines of each) for what went wrong.
-for log in /tmp/bench/*/log.txt; do
-  grep -q "Traceback\|Error" "$log" && { echo "== $log"; tail -25 "$log"; }
-done >"$OUT/failed_jobs.txt" 2>/dev/null
+# Every job's logs in one archive (8 files at most come back from $OUT).
+tar czf "$OUT/logs.tgz" /tmp/fused_adam_build.log /tmp/bench/*/log.txt /tmp/bench/*/logs /tmp/bench/*/summary.json \
+  /tmp/bench/*/result_rank0.json 2>/dev/null
 exit 0
