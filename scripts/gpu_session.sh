@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One short GPU lease in one call (issue 33): what the device image lacks (wheels carried in .whl/, see
+# One short GPU lease in one call (issue 33): what the device image lacks (wheels carried in .whl/, made by
+# scripts/gpu_wheels.sh; see
 # docs/benchmarks.md), then `bigtrain bench --gpu` in its priority order (it stops itself after
 # BENCH_MIN minutes), then the fine-tuning journeys (scripts/gpu_journeys.py, JOURNEY_MIN minutes).
 # Everything lands in $OUT: versions, the bench's page section and JSON, logs, journeys.json.
