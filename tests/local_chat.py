@@ -56,3 +56,21 @@ def conversations(n: int, seed: int = 0, max_words: int = 9) -> list[dict]:
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+def preference_pairs(n: int, seed: int = 0, conversational: bool = True) -> list[dict]:
+    """{"prompt", "chosen", "rejected"} records (TRL's shape): the chosen answer starts with "yes", the rejected one
+    with "no", so a model can learn which is preferred; as message lists, or as strings."""
+    rng = random.Random(seed)
+    records = []
+    for _ in range(n):
+        prompt = sentence(rng, rng.randint(2, 8))
+        chosen = "yes " + sentence(rng, rng.randint(1, 6))
+        rejected = "no " + sentence(rng, rng.randint(1, 6))
+        if conversational:
+            records.append({"prompt": [{"role": "user", "content": prompt}],
+                            "chosen": [{"role": "assistant", "content": chosen}],
+                            "rejected": [{"role": "assistant", "content": rejected}]})
+        else:
+            records.append({"prompt": prompt, "chosen": " " + chosen, "rejected": " " + rejected})
+    return records

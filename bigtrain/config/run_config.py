@@ -52,10 +52,13 @@ class DataConfig:
     streaming: bool = doc(False, "Stream an hf: source through prepare instead of downloading it first.")
     hash_content: bool = doc(False, "Identify local data by content (reads every byte), not names, sizes, mtimes.")
     num_proc: int | None = doc(None, "Processes that tokenize an unprepared text source; None: every core.")
-    format: Literal["auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca"] = doc(
+    format: Literal["auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca", "preference",
+                    "preference_instruction"] = doc(
         "auto", "Records: chat ('messages' of role/content, rendered by the chat template), sharegpt "
         "('conversations' of from/value, rendered so too), prompt_completion, "
-        "alpaca (instruction/input/output) or text; auto recognises them from the first record.")
+        "alpaca (instruction/input/output), preference pairs (prompt/chosen/rejected, strings or messages; "
+        "preference_instruction: instruction/input/chosen/rejected) or text; auto recognises them from the first "
+        "record.")
     chat_template: str | None = doc(None, "Jinja chat template (a file, or the text) for chat records; None: the "
                                     "tokenizer's own.")
     train_on_prompt: bool = doc(False, "Chat/instruction data: train on every token, not only the answers.")
@@ -226,6 +229,43 @@ class LoraConfig:
 
 
 @dataclass
+class ObjectiveConfig:
+    kind: Literal["lm", "dpo", "ipo", "orpo", "simpo", "reward"] = doc(
+        "lm", "What a step minimises (bigtrain.objectives): lm = the model's own loss (next-token cross-entropy, "
+        "a classifier's cross-entropy); dpo, ipo, orpo, simpo = preference objectives on pairs of answers "
+        "({prompt, chosen, rejected} records); reward = a scalar reward head trained on such pairs "
+        "(-log sigmoid(r_chosen - r_rejected)). Hyper-parameters keep TRL's meanings and defaults.")
+    beta: float = doc(0.1, "dpo/ipo: the KL strength beta (ipo's tau); orpo: the odds-ratio weight (lambda); "
+                      "simpo: the reward scale beta.")
+    label_smoothing: float = doc(0.0, "dpo: conservative DPO (cDPO), the assumed share of flipped pairs, in [0, 0.5).")
+    simpo_gamma: float = doc(0.5, "simpo: the target reward margin gamma.")
+    reference: Literal["auto", "adapters_off", "copy", "none"] = doc(
+        "auto", "The frozen reference dpo and ipo compare with: adapters_off = the policy with its LoRA adapters "
+        "switched off (no second copy; needs lora.r > 0); copy = a frozen second model partitioned like the "
+        "policy; auto = adapters_off with LoRA, else copy; none for objectives without one (orpo, simpo, reward, "
+        "lm).")
+
+    def __post_init__(self) -> None:
+        if not self.beta > 0:
+            raise ValueError(f"objective.beta={self.beta}: must be > 0 (TRL's default is 0.1)")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"objective.label_smoothing={self.label_smoothing}: must be in [0, 0.5) (cDPO's share "
+                             "of flipped pairs; 0 is plain DPO)")
+        needs = self.kind in ("dpo", "ipo")
+        if needs and self.reference == "none":
+            raise ValueError(f"objective.kind={self.kind} compares with a reference model: set objective.reference "
+                             "to auto, adapters_off or copy (orpo and simpo need none)")
+        if not needs and self.reference in ("adapters_off", "copy"):
+            raise ValueError(f"objective.reference={self.reference}: objective.kind={self.kind} uses no reference "
+                             "model; leave objective.reference=auto")
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the objective reads pairs of answers (chosen, rejected) rather than single examples."""
+        return self.kind != "lm"
+
+
+@dataclass
 class LoggingConfig:
     interval: int = doc(10, "Log every N steps.")
     tensorboard: bool = doc(False, "Write TensorBoard events to OUT/tensorboard via DeepSpeed's monitor.")
@@ -296,6 +336,7 @@ class RunConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -327,9 +368,32 @@ def check_combinations(run: RunConfig) -> None:
         raise ValueError(f"batch.micro_batch=auto with parallel.tensor={run.parallel.tensor} / parallel.sequence="
                          f"{run.parallel.sequence}: the probe sizes one rank's own batch; give batch.micro_batch as "
                          "a number")
+    if run.objective.pairs:
+        objective_problem(run)
     if run.batch.micro_batch == "auto" and run.pipeline.stages > 1:
         raise ValueError(f"batch.micro_batch=auto with pipeline.stages={run.pipeline.stages}: the probe sizes plain "
                          "modules only; give batch.micro_batch as a number")
+
+
+def objective_problem(run: RunConfig) -> None:
+    """What a pair objective cannot run with, in one line each (checked before any rank starts)."""
+    kind = run.objective.kind
+    if run.pipeline.stages > 1:
+        raise ValueError(f"objective.kind={kind} with pipeline.stages={run.pipeline.stages}: a pair objective needs "
+                         "the chosen and rejected answers' log-probabilities in one place, which pipeline stages "
+                         "do not give; set pipeline.stages=1 (ZeRO-3 shards the model instead)")
+    if run.parallel.tensor * run.parallel.sequence > 1:
+        raise ValueError(f"objective.kind={kind} with parallel.tensor={run.parallel.tensor} / parallel.sequence="
+                         f"{run.parallel.sequence}: not supported; train preference objectives with ZeRO (and LoRA)")
+    if run.data.packing:
+        raise ValueError(f"objective.kind={kind} with data.packing=true: pairs are compared answer with answer, one "
+                         "pair per row pair; set data.packing=false")
+    if run.objective.reference == "adapters_off" and run.lora.r == 0:
+        raise ValueError("objective.reference=adapters_off: the policy has no adapters to switch off (lora.r=0); "
+                         "set lora.r (e.g. 16), or objective.reference=copy (or auto)")
+    if run.batch.micro_batch == "auto":
+        raise ValueError(f"batch.micro_batch=auto with objective.kind={kind}: the probe sizes one-example rows; "
+                         "give batch.micro_batch as a number (of pairs)")
 
 
 def _positive(section: object, *names: str) -> None:

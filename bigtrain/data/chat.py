@@ -7,6 +7,14 @@ The record shapes the HF Trainer / TRL SFT trainer, axolotl, LLaMA-Factory and t
     prompt_completion  {"prompt": "...", "completion": "..."}
     alpaca             {"instruction": "...", "input": "..." (optional), "output": "..."}
 
+and the preference pairs of TRL's DPO/reward trainers and LLaMA-Factory, which render to two examples each (the
+chosen answer's, then the rejected one's; bigtrain.data.pairs serves them side by side):
+
+    preference              {"prompt": ..., "chosen": ..., "rejected": ...}: strings, or message lists (the prompt
+                            a list or a string for the user; without a prompt, the turns the two conversations
+                            share are the prompt: TRL's implicit prompt)
+    preference_instruction  {"instruction": "...", "input": "..." (optional), "chosen": "...", "rejected": "..."}
+
 An example renders to token ids and a 0/1 mask of the tokens the model is trained to produce: the assistant's
 turns (their end-of-turn marker included: the model must learn to stop), the completion, the output (each
 followed by the tokenizer's end-of-text). A conversation goes through the tokenizer's own chat template, as
@@ -22,14 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-FORMATS = ("auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca")
-EXAMPLE_FORMATS = ("chat", "sharegpt", "prompt_completion", "alpaca")
+FORMATS = ("auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca", "preference", "preference_instruction")
+PAIR_FORMATS = ("preference_instruction", "preference")  # two examples per record: chosen, rejected
+# In the order a record's keys are matched (a pair's keys first: they hold a prompt too).
+EXAMPLE_FORMATS = (*PAIR_FORMATS, "chat", "sharegpt", "prompt_completion", "alpaca")
 TEMPLATED = ("chat", "sharegpt")  # conversations, rendered by the tokenizer's chat template
 LONG_EXAMPLES = ("truncate", "drop")
 # The columns of each format; "?" marks an optional one (read where present).
 FIELDS: dict[str, tuple[str, ...]] = {"chat": ("messages",), "sharegpt": ("conversations",),
                                       "prompt_completion": ("prompt", "completion"),
-                                      "alpaca": ("instruction", "input?", "output")}
+                                      "alpaca": ("instruction", "input?", "output"),
+                                      "preference": ("prompt?", "chosen", "rejected"),
+                                      "preference_instruction": ("instruction", "input?", "chosen", "rejected")}
 # The roles chat templates render (transformers' docs; Llama 3's ipython, OpenAI's developer and function).
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "ipython", "function")
 # ShareGPT's speakers (as axolotl and LLaMA-Factory map them) -> chat roles.
@@ -169,20 +181,63 @@ class Renderer:
             raise ValueError(no_template_line(tokenizer))
         self.tagged = has_generation_tags(self.template)
 
+    def examples(self, record: dict) -> list[tuple[list[int], list[int]]]:
+        """The record's examples: one, or for a preference pair two (the chosen answer's, then the rejected's)."""
+        if self.fmt in PAIR_FORMATS:
+            return [self.answer(record, "chosen"), self.answer(record, "rejected")]
+        return [self(record)]
+
+    def answer(self, record: dict, which: str) -> tuple[list[int], list[int]]:
+        """One side of a preference pair: the prompt and that answer, the answer's tokens trained."""
+        if self.fmt == "preference_instruction":
+            return self._plain(_alpaca_prompt(record), _text(record, which))
+        answer, prompt = record.get(which), record.get("prompt")
+        if isinstance(answer, str):
+            if not isinstance(prompt, str):
+                raise ValueError(f"a preference record with a text {which!r} answer needs a text 'prompt' (it has "
+                                 f"{type(prompt).__name__}); give conversations as message lists to let the shared "
+                                 "turns be the prompt")
+            return self._plain(prompt, answer)
+        if not isinstance(answer, list):
+            raise ValueError(f"a preference record's {which!r} is {type(answer).__name__}: give a string, or a list "
+                             "of messages")
+        if prompt is None:  # TRL's implicit prompt: the turns both conversations share
+            head = _shared_turns(record.get("chosen"), record.get("rejected"))
+            answer = answer[len(head):]
+        else:
+            head = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return self.conversation_answer(chat_messages(head), chat_messages(answer))
+
+    def conversation_answer(self, prompt: list[dict], answer: list[dict]) -> tuple[list[int], list[int]]:
+        """A conversation whose trained tokens are the answer's assistant turns only, not the prompt's."""
+        if not answer:
+            raise ValueError("a preference record's chosen and rejected conversations are the same turns: there is "
+                             "no answer to compare")
+        asked = self._apply(prompt, add_generation_prompt=True) if prompt else ""  # the prompt as the model sees it
+        if self.tagged:
+            ids, mask = self.chat(prompt + answer)
+            cut = len(self._encode(asked))
+            return ids, [0] * cut + mask[cut:]
+        text, spans = self.render(prompt + answer)
+        if not text.startswith(asked):
+            raise ValueError("the chat template renders the prompt differently once an answer follows, so the answer "
+                             "cannot be told from the prompt; give data.chat_template a template that renders each "
+                             "turn alike")
+        spans = [(max(start, len(asked)), end) for start, end in spans if end > len(asked)]
+        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), _overlap_mask(enc["offset_mapping"], spans)
+
     def __call__(self, record: dict) -> tuple[list[int], list[int]]:
         if self.fmt == "chat":
             return self.chat(record["messages"])
         if self.fmt == "sharegpt":
             return self.chat(sharegpt_messages(record["conversations"]))
         if self.fmt == "prompt_completion":
-            prompt, completion = _text(record, "prompt"), _text(record, "completion")
-        else:
-            instruction, output = _text(record, "instruction"), _text(record, "output")
-            extra = record.get("input") or ""
-            if not isinstance(extra, str):
-                raise ValueError(f"an alpaca record's 'input' is {type(extra).__name__}, not text")
-            template = ALPACA_PROMPT if extra.strip() else ALPACA_PROMPT_NO_INPUT
-            prompt, completion = template.format(instruction=instruction, input=extra), output
+            return self._plain(_text(record, "prompt"), _text(record, "completion"))
+        return self._plain(_alpaca_prompt(record), _text(record, "output"))
+
+    def _plain(self, prompt: str, completion: str) -> tuple[list[int], list[int]]:
+        """A plain-text prompt and its completion, the completion (and the end-of-text after it) trained."""
         # Tokenized apart, so the prompt's tokens are the ones a prompt fed alone at inference gets (TRL warns
         # when the two differ; a byte-level BPE cuts at the space that starts a completion anyway).
         head = self.start + self._encode(prompt)
@@ -293,6 +348,26 @@ def _text(record: dict, field: str) -> str:
         raise ValueError(f"a record's {field!r} is {type(value).__name__}, not text (give prompt/completion pairs as "
                          "strings; conversations as one 'messages' list)")
     return value
+
+
+def _alpaca_prompt(record: dict) -> str:
+    """Stanford Alpaca's prompt for an instruction (and input) record."""
+    instruction, extra = _text(record, "instruction"), record.get("input") or ""
+    if not isinstance(extra, str):
+        raise ValueError(f"an instruction record's 'input' is {type(extra).__name__}, not text")
+    template = ALPACA_PROMPT if extra.strip() else ALPACA_PROMPT_NO_INPUT
+    return template.format(instruction=instruction, input=extra)
+
+
+def _shared_turns(chosen: Any, rejected: Any) -> list:
+    """The messages two conversations share from their start (TRL's implicit prompt)."""
+    if not (isinstance(chosen, list) and isinstance(rejected, list)):
+        raise ValueError("a preference record without a 'prompt' needs 'chosen' and 'rejected' as message lists "
+                         "(their shared turns are the prompt)")
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    return chosen[:shared]
 
 
 def _start_tokens(tokenizer: Any) -> list[int]:

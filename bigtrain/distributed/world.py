@@ -200,22 +200,23 @@ def shutdown() -> None:
 
 
 def reduce_step(loss: torch.Tensor, stop_requested: bool,
-                extra: torch.Tensor | None = None) -> tuple[float, bool, float | None]:
+                metrics: dict[str, torch.Tensor] | None = None) -> tuple[float, bool, dict[str, float]]:
     """The one collective and host sync of a training step: `loss` (a scalar on the device) averaged over all
-    ranks, whether any rank was asked to stop (one got SIGTERM, say), and `extra` (a mixture of experts'
-    router loss) averaged too, when given."""
-    t = torch.zeros(3, dtype=torch.float64, device=loss.device)
+    ranks, whether any rank was asked to stop (one got SIGTERM, say), and the objective's `metrics` (scalars on
+    the device: a router loss, DPO's rewards, ...) averaged too. Every rank has the same metric names."""
+    names = sorted(metrics or {})
+    t = torch.zeros(2 + len(names), dtype=torch.float64, device=loss.device)
     t[0] = loss.detach()  # device to device: no sync until the all-reduce's result is read
     if stop_requested:
         t[1] = 1.0
-    if extra is not None:
-        t[2] = extra.detach()
+    for i, name in enumerate(names):
+        t[2 + i] = metrics[name].detach()
     world = 1
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(t)
         world = torch.distributed.get_world_size()
-    loss_sum, stops, extra_sum = t.tolist()
-    return loss_sum / world, stops > 0, None if extra is None else extra_sum / world
+    values = t.tolist()
+    return values[0] / world, values[1] > 0, {name: v / world for name, v in zip(names, values[2:])}
 
 
 def all_reduce_mean(values: list[float], device: torch.device | str, group=None) -> list[float]:

@@ -10,18 +10,20 @@ import logging
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from deepspeed.accelerator import get_accelerator
 
-from bigtrain import models
+from bigtrain import models, objectives
+from bigtrain.models.registry import family as model_family
 from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.claim import claim_run_dir
 from bigtrain.checkpoint.resume import ResumePlan, Shape, check_same_model, plan_resume, restore_rng
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 from bigtrain.config.load import to_dict
-from bigtrain.config.run_config import RunConfig
+from bigtrain.config.run_config import ObjectiveConfig, RunConfig
 from bigtrain.distributed.device import fix_cuda_arch_list
 from bigtrain.distributed.lifeline import Lifeline
 from bigtrain.distributed.world import World, return_freed_memory
@@ -66,9 +68,13 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         seed_everything(run.train.seed)
         # data and model
         data = build_training_data(run.data, run.model, out, world, run.train.seed)
+        check_objective_data(run.objective, data.bundle)
         if world.is_main:
             log.info("data: %s", data.bundle.description)
-        model_build = ModelBuild(run.model.family, run.model.size, model_overrides(run.model, data, run.data.seq_len))
+        model_build = ModelBuild(run.model.family, run.model.size, {
+            **model_overrides(run.model, data, run.data.seq_len),
+            **objectives.model_overrides(run.objective, model_family(run.model.family).settings_cls,
+                                         getattr(data.tokenizer, "eos_token_id", None))})
         if found:
             check_same_model(ckpt_dir / found[0], found[1], model_build)
             check_same_lora(ckpt_dir / found[0], found[1].run_config, run.lora)
@@ -80,7 +86,8 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         micro = probe_micro_batch(spec, config, resolved, options, data, world) if auto_micro else None
         if micro is not None or (plan and plan.universal):
             resolved = config.resolve(micro_batch=micro, load_universal=bool(plan and plan.universal))
-        engine = Engine(spec, resolved.ds_config, options)
+        objective = objectives.build_objective(run.objective, lora=run.lora.r > 0)
+        engine = Engine(spec, resolved.ds_config, options, objective)
         data.set_data_parallel(engine.dp_rank, engine.dp_size)
         saved = resume_from(engine, plan, world, data, run.train.seed, trust_checkpoint) if plan else None
         if saved and world.is_main:
@@ -93,6 +100,13 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
                 log.info("%s", engine.lora.line)
         if engine.lora:  # no weight gradients for the frozen base: fewer FLOPs per step than spec's 6N
             spec = replace(spec, flops_per_sample=training_flops(spec, engine.lora))
+        if objective.pairs:  # a sample is a pair of answers (and a reference's forward passes of them)
+            spec = replace(spec, flops_per_sample=spec.flops_per_sample * objective.flops_factor(),
+                           tokens_per_sample=spec.tokens_per_sample * objective.rows_per_sample())
+            if world.is_main:
+                log.info("objective %s%s: %d pairs per step", objective.kind,
+                         f", reference {objective.reference}" if objective.uses_reference else "",
+                         resolved.ds_config["train_batch_size"])
         # the loop, then what the run tells its user
         reporter = Reporter(resolved.run, spec, resolved.ds_config, engine, world, out,
                             prior=saved)
@@ -179,6 +193,18 @@ def find_checkpoint(ckpt_dir: Path, world: World) -> tuple[str, CheckpointState]
     if found is None:
         raise ValueError(f"--resume: no complete checkpoint in {ckpt_dir}; drop --resume to start fresh")
     return found
+
+
+def check_objective_data(cfg: ObjectiveConfig, bundle: Any) -> None:
+    """The objective and the data must be of one kind: pairs of answers, or single examples (one line if not)."""
+    if cfg.pairs and not bundle.pairs:
+        raise ValueError(f"objective.kind={cfg.kind} trains on pairs of answers, and this data is "
+                         f"{'plain text' if bundle.stats is None else 'single examples'}: give preference records "
+                         "({\"prompt\", \"chosen\", \"rejected\"}, or instruction/input/chosen/rejected), or "
+                         "objective.kind=lm")
+    if bundle.pairs and not cfg.pairs:
+        raise ValueError("this data is preference pairs (chosen / rejected answers): set objective.kind to dpo, "
+                         "ipo, orpo, simpo or reward to train on them, or give single examples for objective.kind=lm")
 
 
 def build_model(model_build: ModelBuild, world: World) -> models.ModelSpec:

@@ -83,9 +83,9 @@ def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Ba
     while step < settings.steps:
         stop.set_phase(f"training step {step + 1}")
         lr = engine.lr()  # the rate this step's update uses (the scheduler moves on after it)
-        loss, stop_now, router_loss = reduce_step(engine.train_step(train_batches), stop.requested, engine.router_loss)
+        loss, stop_now, metrics = reduce_step(engine.train_step(train_batches), stop.requested, engine.step_metrics)
         step += 1
-        reporter.on_step(step, loss, lr, router_loss)
+        reporter.on_step(step, loss, lr, metrics)
         result.losses.append(loss)
         if problem := loss_problem(loss, settings.max_loss):
             result.diverged, result.stopped_by = f"step {step}: {problem}", "diverged"

@@ -74,6 +74,11 @@ class Reporter:
         self.val_losses: list[tuple[int, float]] = [tuple(x) for x in history.get("val_losses", [])]
         self.val_accuracies: list[tuple[int, float]] = [tuple(x) for x in history.get("val_accuracies", [])]
         self.router_losses: list[tuple[int, float]] = [tuple(x) for x in history.get("router_aux_losses", [])]
+        # the objective's other metrics per step (DPO's rewards/..., ...) and at each evaluation
+        self.metrics: dict[str, list[tuple[int, float]]] = {k: [tuple(x) for x in v]
+                                                            for k, v in history.get("metrics", {}).items()}
+        self.val_metrics: dict[str, list[tuple[int, float]]] = {k: [tuple(x) for x in v]
+                                                                for k, v in history.get("val_metrics", {}).items()}
         self.prior_wall_s = float(history.get("wall_s", 0.0))  # the earlier processes' share of the run
         self.first_step = prior.step + 1 if prior is not None else 1
         self.meter = ThroughputMeter(warmup=2)
@@ -98,27 +103,36 @@ class Reporter:
         return {"val_losses": [list(x) for x in self.val_losses],
                 "val_accuracies": [list(x) for x in self.val_accuracies],
                 "router_aux_losses": [list(x) for x in self.router_losses],
+                "metrics": {k: [list(x) for x in v] for k, v in self.metrics.items()},
+                "val_metrics": {k: [list(x) for x in v] for k, v in self.val_metrics.items()},
                 "wall_s": self.prior_wall_s + time.perf_counter() - self.started}
 
     def clock_restart(self) -> None:
         """Start the step clock (again): before the first step, and after eval or a checkpoint."""
         self.meter.start()
 
-    def on_step(self, step: int, loss: float, lr: float, router_loss: float | None = None) -> None:
-        """`router_loss`: a mixture of experts' load-balancing loss, part of `loss` (weighted by its coefficient)."""
+    def on_step(self, step: int, loss: float, lr: float, objective_metrics: dict[str, float] | None = None) -> None:
+        """`objective_metrics`: the objective's, averaged over the ranks (`router_aux_loss`: a mixture of experts'
+        load-balancing loss, part of `loss` weighted by its coefficient; DPO's rewards/..., ...)."""
+        objective_metrics = dict(objective_metrics or {})
         tokens = self.global_batch * self.spec.tokens_per_sample
         self.meter.step(self.global_batch, tokens)
         self.losses.append(loss)
+        router_loss = objective_metrics.pop("router_aux_loss", None)
         if router_loss is not None:
             self.router_losses.append((step, router_loss))
+        for name, value in objective_metrics.items():
+            self.metrics.setdefault(name, []).append((step, value))
         self.bar.tick(step)  # a terminal's bar moves every step; the fields change at log steps
         if step % self.interval and step != self.total_steps:
             return
-        metrics = self._window_metrics(loss, lr)
+        metrics = {**self._window_metrics(loss, lr), **objective_metrics}
         if router_loss is not None:
             metrics["router_aux_loss"] = router_loss
             if self.world.is_main:
                 self.bar.write(f"step {step}: router load-balancing loss {router_loss:.4f}")
+        if objective_metrics and self.world.is_main:
+            self.bar.write(f"step {step}: " + " | ".join(f"{k} {v:.4f}" for k, v in objective_metrics.items()))
         self.monitor.log(step, metrics)
         notify("log", step, metrics)
         if self.world.is_main:
@@ -129,7 +143,13 @@ class Reporter:
     def on_eval(self, step: int, val_loss: float) -> None:
         """Classifiers report accuracy (the engine's `last_eval_accuracy`), language models perplexity."""
         self.val_losses.append((step, val_loss))
-        if self.spec.eval_metric == "accuracy":
+        objective = dict(getattr(self.engine, "last_eval_metrics", {}) or {})
+        for name, value in objective.items():
+            self.val_metrics.setdefault(name, []).append((step, value))
+        if objective:  # a pair objective's held-out rewards: its loss is no log-likelihood to take a perplexity of
+            metrics = {"val_loss": val_loss, **{f"val_{k}": v for k, v in objective.items()}}
+            shown = " | ".join(f"{k} {v:.4f}" for k, v in objective.items())
+        elif self.spec.eval_metric == "accuracy":
             acc = float(getattr(self.engine, "last_eval_accuracy", float("nan")))
             self.val_accuracies.append((step, acc))
             metrics, shown = {"val_loss": val_loss, "val_accuracy": acc}, f"accuracy {acc:.4f}"
@@ -180,6 +200,11 @@ class Reporter:
             summary["tokens_per_s"] = samples_per_s * self.spec.tokens_per_sample
         if self.router_losses:
             summary["router_aux_losses"] = [[s, v] for s, v in self.router_losses]
+        if self.metrics:  # the objective's, by TRL's names for the preference objectives
+            summary["metrics"] = {k: [[s, v] for s, v in values] for k, values in self.metrics.items()}
+            summary["final_metrics"] = {k: values[-1][1] for k, values in self.metrics.items()}
+        if self.val_metrics:
+            summary["val_metrics"] = {k: [[s, v] for s, v in values] for k, values in self.val_metrics.items()}
         if self.spec.eval_metric == "accuracy":
             summary["val_accuracies"] = [[s, a] for s, a in self.val_accuracies]
             summary["final_val_accuracy"] = self.val_accuracies[-1][1] if self.val_accuracies else None

@@ -174,17 +174,18 @@ def _render(records: list[dict], render: Any, dtype: np.dtype,
     first: list[int] = []
     for record in records:
         try:
-            ids, trained = render(record)
+            examples = render.examples(record)  # a preference pair: two, kept next to each other
         except ValueError as e:
             shown = json.dumps(record, ensure_ascii=False, default=str)
             raise ValueError(f"{where}: the record {shown[:80]}{'...' if len(shown) > 80 else ''}: {e}") from None
-        if not ids:
+        if not any(ids for ids, _ in examples):
             continue
-        answer = next((i for i in range(1, len(trained)) if trained[i]), len(ids))
-        flat.extend(ids)
-        mask.extend(trained)
-        ends.append(len(flat))
-        first.append(answer)
+        for ids, trained in examples:
+            answer = next((i for i in range(1, len(trained)) if trained[i]), len(ids))
+            flat.extend(ids)
+            mask.extend(trained)
+            ends.append(len(flat))
+            first.append(answer)
     return (np.asarray(flat, dtype=dtype), np.asarray(mask, dtype=np.uint8), np.asarray(ends, dtype=np.int64),
             np.asarray(first, dtype=np.int64))
 

@@ -1,0 +1,141 @@
+"""Preference pairs as training rows: the chosen and the rejected answer to one prompt, side by side.
+
+A prepared preference corpus holds two examples per record (bigtrain.data.chat: the chosen answer's, then the
+rejected one's), so pair k is examples 2k and 2k + 1 and a pair never straddles a shard. A batch of n pairs is
+{"input_ids": [n, 2, L], "labels": [n, 2, L]}, [:, 0] chosen and [:, 1] rejected (`flat_pairs` lays them out as
+TRL's concatenated forward takes them: the n chosen rows, then the n rejected rows, one pass for both), labels
+-100 but on the answer's tokens (and the end-of-text after it). An answer
+cut by data.seq_len keeps its first tokens (data.long_examples=truncate) or drops its pair (drop); a pair whose
+two sides are the same tokens teaches nothing and is dropped; each is counted.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from bigtrain.data.chat import ExampleOptions
+from bigtrain.data.dataset import Batch, DataBundle, split_rows
+from bigtrain.data.prepare.store import PreparedCorpus
+
+IGNORE = -100
+
+
+class PairRows:
+    """Pairs of one prepared preference corpus; `pairs[i]` = (chosen example, rejected example)."""
+
+    def __init__(self, corpus: PreparedCorpus, seq_len: int, starts: np.ndarray, lengths: np.ndarray,
+                 pairs: np.ndarray):
+        self.corpus, self.seq_len = corpus, seq_len
+        self.starts, self.lengths, self.pairs = starts, lengths, pairs
+        self.pad_id = corpus.eos_id
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def take(self, indices: Sequence[int]) -> Batch:
+        n = len(indices)
+        ids = np.full((n, 2, self.seq_len), self.pad_id, dtype=np.int64)
+        labels = np.full((n, 2, self.seq_len), IGNORE, dtype=np.int64)
+        for b, index in enumerate(indices):
+            for side, example in enumerate(self.pairs[int(index)]):
+                start, length = int(self.starts[example]), int(self.lengths[example])
+                tokens = self.corpus.tokens(start, start + length).astype(np.int64)
+                ids[b, side, :length] = tokens
+                labels[b, side, :length] = np.where(self.corpus.mask(start, start + length) > 0, tokens, IGNORE)
+                labels[b, side, 0] = IGNORE
+        return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
+
+    def subset(self, rows: np.ndarray) -> "PairRows":
+        return PairRows(self.corpus, self.seq_len, self.starts, self.lengths, self.pairs[rows])
+
+
+class PairCorpus:
+    """One prepared preference corpus filtered for a sequence length: which pairs train, which validate."""
+
+    def __init__(self, corpus: PreparedCorpus, seq_len: int, options: ExampleOptions, val_fraction: float,
+                 source: str):
+        ends = corpus.document_ends()
+        if len(ends) % 2:
+            raise ValueError(f"{corpus.root} holds {len(ends)} examples, not pairs: prepare it again from preference "
+                             "records (data.format=preference)")
+        full = np.diff(ends, prepend=0)
+        starts, lengths = ends - full, np.minimum(full, seq_len)
+        answers = corpus.answer_starts()
+        pairs = np.arange(len(ends)).reshape(-1, 2)
+        has_answer = (answers < lengths)[pairs].all(axis=1)  # both sides keep an answer token within seq_len
+        long = (full > seq_len)[pairs].any(axis=1)
+        keep_long = ~(long & (options.long_examples == "drop"))
+        same = np.array([full[c] == full[r] and np.array_equal(corpus.tokens(starts[c], ends[c]),
+                                                               corpus.tokens(starts[r], ends[r]))
+                         for c, r in pairs], dtype=bool)
+        keep = has_answer & keep_long & ~same
+        self.counts = {"pairs": len(pairs), "too_long": int(long.sum()),
+                       "dropped_too_long": int(long.sum()) if options.long_examples == "drop" else 0,
+                       "dropped_no_answer": int((~has_answer & keep_long).sum()),
+                       "dropped_same_answers": int((same & has_answer & keep_long).sum())}
+        kept = np.flatnonzero(keep)
+        if len(kept) < 2:
+            why = ("every pair's chosen and rejected answers are the same tokens" if same.all() else
+                   f"{self.counts['dropped_no_answer']} leave no answer token within data.seq_len={seq_len}, "
+                   f"{self.counts['dropped_same_answers']} have the same chosen and rejected answer")
+            raise ValueError(f"data.source={source!r}: {len(kept)} of {len(pairs)} preference pairs can train ({why}); "
+                             "need at least 2 (one to train, one to validate): give pairs whose answers differ, or a "
+                             "longer data.seq_len")
+        train, val = split_rows(len(kept), val_fraction)
+        self.corpus, self.seq_len = corpus, seq_len
+        self.starts, self.lengths = starts, lengths
+        self.train, self.val = pairs[kept[train]], pairs[kept[val]]
+        self.tokens = int(lengths[self.train].sum())
+
+    def rows(self) -> tuple[PairRows, PairRows]:
+        return (PairRows(self.corpus, self.seq_len, self.starts, self.lengths, self.train),
+                PairRows(self.corpus, self.seq_len, self.starts, self.lengths, self.val))
+
+    def sample_prompt(self) -> list[int]:
+        """A held-out pair's prompt (its chosen side up to the answer), for the end-of-run sample."""
+        chosen = int(self.val[0][0])
+        start = int(self.starts[chosen])
+        cut = int(min(self.corpus.answer_starts()[chosen], self.lengths[chosen]))
+        return self.corpus.tokens(start, start + cut).astype(np.int64).tolist()[-(self.seq_len // 2):]
+
+
+def flat_pairs(batch: Batch) -> Batch:
+    """[n, 2, L] pair tensors as [2n, L] rows: the n chosen rows, then the n rejected rows."""
+    return {key: value.transpose(0, 1).reshape(-1, *value.shape[2:]) for key, value in batch.items()}
+
+
+def build_pairs(corpora: list[PreparedCorpus], sources: list[str], weights: list[float] | None, seq_len: int,
+                options: ExampleOptions, val_fraction: float, tokenizer: Any) -> DataBundle:
+    """The bundle of one preference corpus, or of a weighted mixture of them."""
+    from bigtrain.data.examples import ConcatRows
+    from bigtrain.data.mixture import MixtureSampler
+
+    parts = [PairCorpus(c, seq_len, options, val_fraction, s) for c, s in zip(corpora, sources)]
+    rows = [p.rows() for p in parts]
+    trains, vals = [r[0] for r in rows], [r[1] for r in rows]
+    stats: dict[str, Any] = {key: sum(p.counts[key] for p in parts) for key in parts[0].counts}
+    stats.update(format="/".join(sorted({c.examples["format"] for c in corpora})), layout="pairs",
+                 train_pairs=sum(len(t) for t in trains), val_pairs=sum(len(v) for v in vals),
+                 train_tokens=sum(p.tokens for p in parts), long_examples=options.long_examples)
+    stats["pad_share"] = 1.0 - stats["train_tokens"] / (2 * stats["train_pairs"] * seq_len)
+    desc = (f"preference pairs {', '.join(map(repr, sources))}: {stats['pairs']:,} pairs ({stats['train_pairs']:,} "
+            f"train / {stats['val_pairs']:,} held out) of at most {seq_len} tokens a side, loss on the answers")
+    dropped = [f"{stats[k]:,} {what}" for k, what in (("dropped_same_answers", "with the same chosen and rejected answer"),
+                                                       ("dropped_no_answer", "with no answer token within seq_len"),
+                                                       ("dropped_too_long", "longer than seq_len")) if stats[k]]
+    if dropped:
+        desc += f"; dropped {', '.join(dropped)}"
+    desc += f", vocab {len(tokenizer)}, from {', '.join(str(c.root) for c in corpora)}"
+    prompt = parts[0].sample_prompt()
+    if weights is None:
+        return DataBundle(trains[0], vals[0], tokenizer, len(tokenizer), 0, desc, stats=stats, sample_prompt=prompt,
+                          pairs=True)
+    desc += "; mixture weights " + ", ".join(f"{w:.3g}" for w in weights)
+
+    def make_sampler(rank: int, size: int, seed: int) -> MixtureSampler:
+        return MixtureSampler([len(t) for t in trains], weights, rank, size, seed)
+
+    return DataBundle(ConcatRows(trains), ConcatRows(vals), tokenizer, len(tokenizer), 0, desc, make_sampler,
+                      stats=stats, sample_prompt=prompt, pairs=True)

@@ -1,0 +1,95 @@
+"""The frozen reference model a preference objective compares with (`objective.reference`).
+
+- adapters_off: the policy itself with its LoRA adapters switched off: the base, with no second copy (TRL and
+  LLaMA-Factory do this for peft models).
+- copy: a second model built from the same directory and seed as the policy's start, frozen, in its own
+  `deepspeed.initialize` engine without an optimizer, partitioned like the policy at ZeRO-3 (offloaded where the
+  policy's parameters are) and whole on each rank below (DeepSpeed-Chat's and OpenRLHF's reference).
+
+Both give the log-probabilities of the same answers, so the same losses.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy as copying
+from typing import Any, Iterator
+
+import torch
+
+from bigtrain.models.spec import ModelSpec, call_module, output_logits
+
+DROPPED = ("optimizer", "scheduler", "gradient_clipping", "tensor_parallel", "compile")
+
+
+class Reference:
+    kind = "none"
+
+    def logps(self, policy: Any, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class AdaptersOff(Reference):
+    kind = "adapters_off"
+
+    @torch.no_grad()
+    def logps(self, policy: Any, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
+        from bigtrain.objectives.preference import answer_logps
+        with adapters_disabled(policy.module):
+            return answer_logps(output_logits(call_module(policy, inputs)), labels)[0]
+
+
+class FrozenCopy(Reference):
+    kind = "copy"
+
+    def __init__(self, spec: ModelSpec, ds_config: dict, seed: int):
+        import deepspeed
+
+        from bigtrain.parallel import build_module
+        config = reference_config(ds_config)
+        zero3 = config["zero_optimization"]["stage"] == 3
+        module = build_module(spec, config if zero3 else None, seed=seed)
+        for param in module.parameters():
+            param.requires_grad_(False)
+        self.ds, *_ = deepspeed.initialize(model=module, config=config)
+        self.ds.eval()
+
+    @torch.no_grad()
+    def logps(self, policy: Any, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
+        from bigtrain.objectives.preference import answer_logps
+        return answer_logps(output_logits(call_module(self.ds, inputs)), labels)[0]
+
+
+def build_reference(kind: str, spec: ModelSpec, ds_config: dict, seed: int) -> Reference:
+    if kind == "adapters_off":
+        return AdaptersOff()
+    assert kind == "copy", kind
+    return FrozenCopy(spec, ds_config, seed)
+
+
+def reference_config(ds_config: dict) -> dict:
+    """The policy's DeepSpeed dict for an engine that only runs forward passes: no optimizer or scheduler, ZeRO-3
+    (with its parameter offload) where the policy partitions its parameters, else stage 0."""
+    config = {k: copying.deepcopy(v) for k, v in ds_config.items() if k not in DROPPED}
+    zero = config.get("zero_optimization") or {}
+    if zero.get("stage", 0) == 3:
+        config["zero_optimization"] = {k: v for k, v in zero.items() if k != "offload_optimizer"}
+    else:
+        config["zero_optimization"] = {"stage": 0}
+    for monitor in ("tensorboard", "csv_monitor", "wandb", "comet"):
+        config.pop(monitor, None)
+    return config
+
+
+@contextlib.contextmanager
+def adapters_disabled(module: torch.nn.Module) -> Iterator[None]:
+    """peft's adapter layers in `module` switched off for the duration (the base weights alone)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    layers = [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
+    assert layers, "objective.reference=adapters_off on a model without LoRA adapters"
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
