@@ -206,13 +206,13 @@ class Renderer:
             answer = answer[len(head):]
         else:
             head = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return self.conversation_answer(chat_messages(head), chat_messages(answer))
+        if not answer:
+            raise ValueError(f"a preference record's {which!r} conversation has no turn after the prompt (chosen and "
+                             "rejected are the same turns): there is no answer to compare")
+        return self.conversation_answer(chat_messages(head) if head else [], chat_messages(answer))
 
     def conversation_answer(self, prompt: list[dict], answer: list[dict]) -> tuple[list[int], list[int]]:
         """A conversation whose trained tokens are the answer's assistant turns only, not the prompt's."""
-        if not answer:
-            raise ValueError("a preference record's chosen and rejected conversations are the same turns: there is "
-                             "no answer to compare")
         asked = self._apply(prompt, add_generation_prompt=True) if prompt else ""  # the prompt as the model sees it
         if self.tagged:
             ids, mask = self.chat(prompt + answer)

@@ -1,0 +1,155 @@
+"""Preference training on real ranks (issue 29), from a Llama directory made here with a chat template, on
+conversational {prompt, chosen, rejected} records (the chosen answers start with "yes", the rejected with "no"):
+
+- DPO on 2 ranks at ZeRO 0-3 gives the losses of one process (micro 4 x accumulation 2 = micro 4 x 2 ranks), its
+  first loss ln 2; with LoRA the base with its adapters off gives the losses of a frozen copy of the base;
+- a stop and resume continues the uninterrupted curve exactly;
+- the policy exports as a Hugging Face directory, and a reward model as a sequence classifier: both reload with
+  transformers and score the held-out pairs as the run's last evaluation did.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch import launch_jobs, summary
+from local_chat import preference_pairs, write_jsonl
+from local_lora import make_chat_base
+
+STEPS = 4
+COMMON = ["--set", "precision=fp32", "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0",
+          "--peak-tflops", "1", "--steps", str(STEPS), "--set", "train.eval_interval=0", "--set", "train.eval_batches=2",
+          "--set", "batch.micro_batch=4", "--set", "batch.global_batch=8", "--set", "data.seq_len=48",
+          "--set", "optimizer.lr=1e-2", "--set", "schedule.kind=constant", "--set", "schedule.warmup_steps=1"]
+DPO = ["--set", "objective.kind=dpo"]
+LORA = ["--set", "lora.r=8"]
+TWO_RANK = {"z0": ["--set", "zero.stage=0"], "z1": ["--set", "zero.stage=1"], "z2": ["--set", "zero.stage=2"],
+            "z3": ["--set", "zero.stage=3"]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("preference")
+    base = make_chat_base(root / "bases")["chat_llama"]
+    data = write_jsonl(root / "pairs.jsonl", preference_pairs(160))  # 8 held out: one batch of 4 per rank
+    (root / "base.txt").write_text(str(base))
+
+    def job(name: str, *extra: str, **more: object) -> dict:
+        return {"name": name, "args": ["--model", "hf", "--set", f"model.pretrained={base}", "--data", str(data),
+                                       *COMMON, *extra], **more}
+
+    launch_jobs(root, [job("ref", *DPO), job("reward_ref", "--set", "objective.kind=reward")], num_ranks=1,
+                name="refs")
+    two = [job(name, *DPO, *extra) for name, extra in TWO_RANK.items()]
+    two += [job("lora_off", *DPO, *LORA, "--set", "zero.stage=3"),
+            job("lora_copy", *DPO, *LORA, "--set", "zero.stage=3", "--set", "objective.reference=copy"),
+            job("stop", *DPO, "--set", "zero.stage=3", "--stop-after", "2"),
+            job("resumed", *DPO, "--set", "zero.stage=3", "--resume", copy_from="stop"),
+            job("orpo_on_chats", "--set", "objective.kind=orpo", expect_error=True, data="chats")]
+    for j in two:  # the chat records, not pairs: a preference objective refuses them
+        if j.pop("data", None):
+            j["args"][j["args"].index(str(data))] = str(root / "bases" / "chats.jsonl")
+    launch_jobs(root, two, num_ranks=2, name="two")
+    return root
+
+
+def worst(reference: list[float], losses: list[float]) -> float:
+    assert len(losses) == len(reference) == STEPS
+    return max(abs(a - b) / abs(a) for a, b in zip(reference, losses))
+
+
+@pytest.mark.parametrize("name", list(TWO_RANK))
+def test_dpo_on_two_ranks_trains_like_one_process(runs, name):
+    ran, ref = summary(runs / name), summary(runs / "ref")
+    margin = worst(ref["losses"], ran["losses"])
+    print(f"DPO {name} on 2 ranks vs 1 process: worst relative loss difference {margin:.2e}")
+    assert margin <= 1e-5, (ref["losses"], ran["losses"])
+    assert ref["losses"][0] == pytest.approx(math.log(2), abs=1e-6)  # the policy starts as the reference
+    assert ref["losses"][-1] < ref["losses"][0] - 0.05  # it learns the preference
+    metrics = ran["final_metrics"]
+    assert metrics["rewards/accuracies"] > 0.5 and metrics["rewards/margins"] > 0
+    assert set(metrics) == {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                            "logps/chosen", "logps/rejected"}
+
+
+def test_the_lora_base_with_adapters_off_is_the_same_reference_as_a_frozen_copy(runs):
+    off, copy = summary(runs / "lora_off"), summary(runs / "lora_copy")
+    assert off["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert worst(copy["losses"], off["losses"]) <= 1e-6
+    assert off["losses"][-1] < off["losses"][0]
+
+
+def test_a_stopped_dpo_run_resumes_on_the_uninterrupted_curve(runs):
+    assert summary(runs / "resumed")["losses"] == summary(runs / "z3")["losses"]
+
+
+def test_a_preference_objective_on_single_examples_is_one_line(runs):
+    error = (runs / "orpo_on_chats" / "error.txt").read_text()
+    assert "\n" not in error and "objective.kind=orpo" in error and "chosen" in error
+
+
+def _export(run: Path, out: Path) -> str:
+    from bigtrain.export.__main__ import main
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main([str(run), "--out", str(out)])
+    assert code == 0, stderr.getvalue()[-3000:]
+    return stdout.getvalue()
+
+
+def held_out_pairs(run: Path) -> dict[str, torch.Tensor]:
+    """The run's held-out pairs, as its evaluation read them (the prepared corpus in its data cache)."""
+    from bigtrain.data import build_data
+    from bigtrain.data.pairs import flat_pairs
+    base = (run.parent / "base.txt").read_text()
+    bundle = build_data(str(run.parent / "pairs.jsonl"), "text", seq_len=48, tokenizer=base,
+                        cache_dir=run / "data_cache", tokenizer_dir=run / "t")
+    return flat_pairs(bundle.val.take(list(range(len(bundle.val)))))
+
+
+def test_the_exported_policy_scores_the_held_out_pairs_as_the_run_did(runs, tmp_path):
+    """The DPO validation loss of the last evaluation, recomputed from the export and the base directory through
+    transformers alone."""
+    from transformers import AutoModelForCausalLM
+
+    from bigtrain.objectives.preference import answer_logps
+    _export(runs / "ref", tmp_path / "policy")
+    rows = held_out_pairs(runs / "ref")
+    policy = AutoModelForCausalLM.from_pretrained(tmp_path / "policy").eval()
+    base = AutoModelForCausalLM.from_pretrained((runs / "base.txt").read_text()).eval()
+    with torch.no_grad():
+        pol, _ = answer_logps(policy(rows["input_ids"]).logits, rows["labels"])
+        ref, _ = answer_logps(base(rows["input_ids"]).logits, rows["labels"])
+    n = len(pol) // 2
+    z = (pol[:n] - ref[:n]) - (pol[n:] - ref[n:])
+    loss = float(-torch.nn.functional.logsigmoid(0.1 * z).mean())
+    ran = summary(runs / "ref")["val_losses"][-1][1]
+    print(f"held-out DPO loss: run {ran:.6f}, from the export {loss:.6f}")
+    assert loss == pytest.approx(ran, rel=1e-5) and loss < math.log(2)
+
+
+def test_a_reward_model_exports_as_a_sequence_classifier_that_ranks_the_pairs_as_the_run_did(runs, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+    out = _export(runs / "reward_ref", tmp_path / "reward")
+    config = json.loads((tmp_path / "reward" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"] and len(config["id2label"]) == 1
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "reward").eval()
+    rows = held_out_pairs(runs / "reward_ref")
+    with torch.no_grad():
+        rewards = model(rows["input_ids"]).logits.squeeze(-1)
+    n = len(rewards) // 2
+    chosen, rejected = rewards[:n], rewards[n:]
+    ran = summary(runs / "reward_ref")["val_metrics"]
+    print(f"reward model on {n} held-out pairs: accuracy {float((chosen > rejected).float().mean()):.3f}, margin "
+          f"{float((chosen - rejected).mean()):.4f}; the run: {ran['rewards/accuracies'][-1][1]:.3f}, "
+          f"{ran['rewards/margins'][-1][1]:.4f}; export: {out.strip().splitlines()[-1]}")
+    assert float((chosen > rejected).float().mean()) == pytest.approx(ran["rewards/accuracies"][-1][1], abs=1e-6)
+    assert float((chosen - rejected).mean()) == pytest.approx(ran["rewards/margins"][-1][1], rel=1e-4)
+    reward_losses = summary(runs / "reward_ref")["losses"]
+    assert reward_losses[-1] < reward_losses[0]

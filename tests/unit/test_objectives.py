@@ -1,0 +1,235 @@
+"""Preference objectives (issue 29): each formula against one written here from the papers / TRL, per pair in
+plain float64 Python; DPO through a real one-rank engine against a plain PyTorch loop, its first loss ln 2, and
+the LoRA reference (adapters off) against a frozen copy."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bigtrain.config.load import load_run_config
+from bigtrain.config.run_config import ObjectiveConfig
+from bigtrain.objectives.preference import answer_logps, pair_loss
+from bigtrain.objectives.reward import reward_loss
+
+SEQ, VOCAB, PAIRS = 24, 128, 4
+
+
+def logsig(x: float) -> float:
+    return -math.log1p(math.exp(-x)) if x > 0 else x - math.log1p(math.exp(x))
+
+
+def by_hand(kind: str, pc, pr, rc, rr, nc, nr, beta=0.1, smooth=0.0, gamma=0.5) -> tuple[float, list[float]]:
+    """(mean loss, chosen rewards) pair by pair, from the formulas (DPO, cDPO, IPO, ORPO, SimPO)."""
+    losses, rewards = [], []
+    for i in range(len(pc)):
+        if kind == "dpo":
+            z = (pc[i] - rc[i]) - (pr[i] - rr[i])
+            losses.append(-(1 - smooth) * logsig(beta * z) - smooth * logsig(-beta * z))
+            rewards.append(beta * (pc[i] - rc[i]))
+        elif kind == "ipo":
+            z = (pc[i] / nc[i] - rc[i] / nc[i]) - (pr[i] / nr[i] - rr[i] / nr[i])
+            losses.append((z - 1 / (2 * beta)) ** 2)
+            rewards.append(beta * (pc[i] - rc[i]) / nc[i])
+        elif kind == "orpo":
+            a, b = pc[i] / nc[i], pr[i] / nr[i]
+            odds = (a - math.log(1 - math.exp(a))) - (b - math.log(1 - math.exp(b)))
+            losses.append(-beta * logsig(odds))
+            rewards.append(beta * a)
+        else:  # simpo
+            m = beta * (pc[i] / nc[i] - pr[i] / nr[i]) - gamma
+            losses.append(-(1 - smooth) * logsig(m) - smooth * logsig(-m))
+            rewards.append(beta * pc[i] / nc[i])
+    mean = sum(losses) / len(losses)
+    if kind == "orpo":  # plus the chosen answers' token-mean NLL over the batch
+        mean += -sum(pc) / sum(nc)
+    return mean, rewards
+
+
+@pytest.mark.parametrize("kind,smooth", [("dpo", 0.0), ("dpo", 0.2), ("ipo", 0.0), ("orpo", 0.0), ("simpo", 0.0),
+                                         ("simpo", 0.1)])
+def test_each_pair_objective_is_its_formula(kind, smooth):
+    rng = random.Random(kind + str(smooth))
+    n = 6
+    counts = [rng.randint(3, 20) for _ in range(2 * n)]
+    logps = [-rng.uniform(0.3, 3.0) * c for c in counts]  # a mean token log-probability below 0, as it must be
+    ref = [lp + rng.uniform(-2, 2) for lp in logps]
+    cfg = ObjectiveConfig(kind=kind, beta=0.3, label_smoothing=smooth, simpo_gamma=0.7,
+                          reference="auto" if kind in ("dpo", "ipo") else "auto")
+    loss, metrics = pair_loss(cfg, torch.tensor(logps, dtype=torch.float64), torch.tensor(counts),
+                              torch.tensor(ref, dtype=torch.float64) if kind in ("dpo", "ipo") else None)
+    want, chosen = by_hand(kind, logps[:n], logps[n:], ref[:n], ref[n:], counts[:n], counts[n:], beta=0.3,
+                           smooth=smooth, gamma=0.7)
+    assert float(loss) == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert float(metrics["rewards/chosen"]) == pytest.approx(sum(chosen) / n, rel=1e-9)
+    margins = float(metrics["rewards/margins"])
+    assert margins == pytest.approx(float(metrics["rewards/chosen"] - metrics["rewards/rejected"]), abs=1e-12)
+    assert float(metrics["logps/chosen"]) == pytest.approx(sum(logps[:n]) / n)
+
+
+def test_dpo_is_ln2_when_policy_equals_reference_and_rewards_rank_pairs():
+    logps = torch.tensor([-5.0, -7.0, -6.0, -4.0], dtype=torch.float64)
+    loss, metrics = pair_loss(ObjectiveConfig(kind="dpo"), logps, torch.tensor([5, 5, 5, 5]), logps.clone())
+    assert float(loss) == pytest.approx(math.log(2), abs=1e-15)
+    assert float(metrics["rewards/accuracies"]) == 0.0  # equal rewards rank no pair right
+    better = logps + torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64)  # chosen answers more likely
+    _, metrics = pair_loss(ObjectiveConfig(kind="dpo"), better, torch.tensor([5] * 4), logps)
+    assert float(metrics["rewards/accuracies"]) == 1.0 and float(metrics["rewards/margins"]) == pytest.approx(0.1)
+
+
+def test_the_reward_loss_is_bradley_terry():
+    rewards = torch.tensor([2.0, -1.0, 0.5, 0.0, 1.0, -2.0])  # chosen 2, -1, 0.5; rejected 0, 1, -2
+    loss, metrics = reward_loss(rewards)
+    want = sum(-logsig(c - r) for c, r in ((2.0, 0.0), (-1.0, 1.0), (0.5, -2.0))) / 3
+    assert float(loss) == pytest.approx(want, rel=1e-6)
+    assert float(metrics["rewards/accuracies"]) == pytest.approx(2 / 3)
+    assert float(metrics["rewards/margins"]) == pytest.approx((2 - 2 + 2.5) / 3)
+
+
+def test_answer_logps_sum_only_the_answer_tokens():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 6, 11)
+    labels = torch.tensor([[-100, -100, 3, 4, 5, -100], [-100, 7, -100, -100, -100, -100]])
+    logps, counts = answer_logps(logits, labels)
+    log_probs = logits.log_softmax(-1)
+    # position t predicts labels[t + 1]
+    want = [sum(float(log_probs[0, t - 1, labels[0, t]]) for t in (2, 3, 4)), float(log_probs[1, 0, 7])]
+    assert counts.tolist() == [3, 1]
+    assert logps.tolist() == pytest.approx(want, abs=1e-5)
+
+
+# --- through a real one-rank engine --------------------------------------------------------------------------
+
+def pair_batch(seed: int) -> dict[str, torch.Tensor]:
+    """PAIRS pairs [n, 2, SEQ]: a shared prompt, then different answers (labels -100 but on the answers)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (PAIRS, 2, SEQ), generator=g)
+    ids[:, 1, :8] = ids[:, 0, :8]
+    labels = torch.full_like(ids, -100)
+    labels[:, :, 8:8 + 10] = ids[:, :, 8:8 + 10]
+    return {"input_ids": ids, "labels": labels}
+
+
+def dpo_engine(reference: str, lora: int, accum: int = 1):
+    from bigtrain.ds.resolve import resolve
+    from bigtrain.models import build
+    from bigtrain.objectives import build_objective
+    from bigtrain.train.engine import Engine, EngineOptions
+    sets = ["model.family=llama", "model.size=tiny", "precision=fp32", "zero.stage=1", "optimizer.lr=0.01",
+            f"batch.micro_batch={PAIRS // accum}", f"batch.global_batch={PAIRS}", "schedule.kind=constant",
+            "optimizer.torch_adam=true", "objective.kind=dpo", f"objective.reference={reference}",
+            f"lora.r={lora}"]
+    run = load_run_config(None, sets)
+    spec = build("llama", "tiny", vocab_size=VOCAB, seq_len=SEQ)
+    objective = build_objective(run.objective, lora=lora > 0)
+    engine = Engine(spec, resolve(run, None, 1).ds_config, EngineOptions(seed=1, lora=run.lora), objective)
+    return spec, run, engine
+
+
+def engine_losses(engine, steps: int = 3, accum: int = 1, rates: list | None = None) -> list[float]:
+    """Per-step losses; `rates` gets the learning rate each step trained at (the schedule warms up)."""
+    batches = []
+    for step in range(steps):
+        batch = pair_batch(step)
+        batches += [{k: v[i::accum] for k, v in batch.items()} for i in range(accum)]
+    it = iter(batches)
+    losses = []
+    for _ in range(steps):
+        if rates is not None:
+            rates.append(engine.lr())
+        losses.append(float(engine.train_step(it)))
+    return losses
+
+
+def plain_dpo_losses(spec, run, rates: list[float]) -> list[float]:
+    """DPO as a careful user writes it in plain PyTorch: the same initial weights, a frozen copy as the reference,
+    torch's AdamW, DeepSpeed's default clipping at 1.0, the loss from log_softmax + gather."""
+    import copy
+    policy = spec.build(seed=1)
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    opt = run.optimizer
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps,
+                                  weight_decay=opt.weight_decay)
+
+    def seq_logps(model, ids, labels):
+        logp = model(input_ids=ids).logits[:, :-1].log_softmax(-1)
+        target = labels[:, 1:]
+        mask = target != -100
+        picked = logp.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return (picked * mask).sum(-1)
+
+    out = []
+    for step, rate in enumerate(rates):
+        for group in optimizer.param_groups:
+            group["lr"] = rate
+        batch = pair_batch(step)
+        ids = torch.cat([batch["input_ids"][:, 0], batch["input_ids"][:, 1]])
+        labels = torch.cat([batch["labels"][:, 0], batch["labels"][:, 1]])
+        with torch.no_grad():
+            ref = seq_logps(reference, ids, labels)
+        pol = seq_logps(policy, ids, labels)
+        z = (pol[:PAIRS] - ref[:PAIRS]) - (pol[PAIRS:] - ref[PAIRS:])
+        loss = -F.logsigmoid(0.1 * z).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        out.append(float(loss.detach()))
+    return out
+
+
+def test_dpo_on_an_engine_equals_a_plain_loop_and_starts_at_ln2(one_rank_group):
+    spec, run, engine = dpo_engine("copy", lora=0)
+    rates: list[float] = []
+    got = engine_losses(engine, rates=rates)
+    assert got[0] == pytest.approx(math.log(2), abs=1e-6)
+    assert got == pytest.approx(plain_dpo_losses(spec, run, rates), rel=1e-5)
+    assert got[-1] < got[0]  # it learns
+    assert set(engine.step_metrics) >= {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                        "rewards/margins", "logps/chosen", "logps/rejected"}
+
+
+def test_the_lora_reference_with_adapters_off_equals_a_frozen_copy_of_the_base(one_rank_group):
+    _, _, off = dpo_engine("adapters_off", lora=4)
+    first = engine_losses(off)
+    _, _, copy = dpo_engine("copy", lora=4)
+    assert first[0] == pytest.approx(math.log(2), abs=1e-6)
+    assert engine_losses(copy) == pytest.approx(first, abs=1e-6)
+    assert first[-1] != pytest.approx(first[0], abs=1e-5)  # the adapters trained: the policy moved off the base
+
+
+def test_accumulated_micro_batches_give_the_whole_batchs_loss(one_rank_group):
+    _, _, whole = dpo_engine("copy", lora=0)
+    _, _, split = dpo_engine("copy", lora=0, accum=2)
+    assert engine_losses(split, accum=2) == pytest.approx(engine_losses(whole), rel=1e-5)
+
+
+# --- what cannot run: one line each ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sets,says", [
+    (["objective.kind=dpo", "data.packing=true"], "data.packing=false"),
+    (["objective.kind=dpo", "pipeline.stages=2"], "set pipeline.stages=1"),
+    (["objective.kind=simpo", "parallel.tensor=2", "model.family=llama"], "not supported"),
+    (["objective.kind=dpo", "objective.reference=adapters_off"], "no adapters to switch off"),
+    (["objective.kind=dpo", "objective.reference=none"], "compares with a reference model"),
+    (["objective.kind=orpo", "objective.reference=copy"], "uses no reference model"),
+    (["objective.kind=dpo", "objective.label_smoothing=0.5"], "must be in [0, 0.5)"),
+    (["objective.kind=dpo", "batch.micro_batch=auto", "batch.global_batch=8"], "give batch.micro_batch as a number"),
+])
+def test_a_combination_a_pair_objective_cannot_run_is_one_line(sets, says):
+    with pytest.raises(ValueError) as err:
+        load_run_config(None, sets)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_reward_head_needs_a_family_that_has_one():
+    from bigtrain.models.registry import family
+    from bigtrain.objectives import model_overrides
+    with pytest.raises(ValueError, match="--model hf"):
+        model_overrides(ObjectiveConfig(kind="reward"), family("gpt2").settings_cls, 0)
+    assert model_overrides(ObjectiveConfig(kind="reward"), family("hf").settings_cls, 7) == {
+        "task": "classify", "num_classes": 1, "pad_token_id": 7}
+    assert model_overrides(ObjectiveConfig(kind="dpo"), family("gpt2").settings_cls, 0) == {}

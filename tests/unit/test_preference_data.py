@@ -1,0 +1,117 @@
+"""Preference records (issue 29): TRL's {prompt, chosen, rejected} as strings or messages (the implicit prompt too)
+and LLaMA-Factory's instruction/input/chosen/rejected become pairs of rows whose trained tokens are the answers
+only; pairs that teach nothing are dropped and counted; bad records are one line."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bigtrain.data import build_data
+from bigtrain.data.chat import ExampleOptions, Renderer, format_of
+from bigtrain.data.pairs import flat_pairs
+
+from local_chat import make_chat_tokenizer, preference_pairs, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return make_chat_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
+
+
+def trained_text(tok, ids, mask) -> str:
+    return tok.decode([i for i, m in zip(ids, mask) if m])
+
+
+def test_formats_are_recognised_from_the_keys():
+    assert format_of({"prompt", "chosen", "rejected"}) == "preference"
+    assert format_of({"chosen", "rejected"}) == "preference"  # implicit prompt
+    assert format_of({"instruction", "input", "chosen", "rejected"}) == "preference_instruction"
+    assert format_of({"prompt", "completion"}) == "prompt_completion"
+
+
+def test_conversational_pairs_train_the_answers_only(tok):
+    record = {"prompt": [{"role": "user", "content": "what is two plus two"}],
+              "chosen": [{"role": "assistant", "content": "four"}],
+              "rejected": [{"role": "assistant", "content": "the cat"}]}
+    (c_ids, c_mask), (r_ids, r_mask) = Renderer(tok, "preference").examples(record)
+    assert trained_text(tok, c_ids, c_mask) == "four<|eot_id|>"
+    assert trained_text(tok, r_ids, r_mask) == "the cat<|eot_id|>"
+    # both sides share the prompt's tokens exactly, as the model sees it when asked
+    prompt = tok.apply_chat_template(record["prompt"], add_generation_prompt=True, tokenize=False)
+    shared = len(tok(prompt, add_special_tokens=False)["input_ids"])
+    assert c_ids[:shared] == r_ids[:shared] and not any(c_mask[:shared])
+    # a string prompt is the user's turn
+    as_text = Renderer(tok, "preference").examples({**record, "prompt": "what is two plus two"})
+    assert as_text == [(c_ids, c_mask), (r_ids, r_mask)]
+
+
+def test_an_implicit_prompt_is_the_turns_both_conversations_share(tok):
+    user = {"role": "user", "content": "hello there"}
+    first = {"role": "assistant", "content": "good morning"}
+    again = {"role": "user", "content": "how are you"}
+    record = {"chosen": [user, first, again, {"role": "assistant", "content": "fine thanks"}],
+              "rejected": [user, first, again, {"role": "assistant", "content": "no"}]}
+    (c_ids, c_mask), (_, r_mask) = Renderer(tok, "preference").examples(record)
+    assert trained_text(tok, c_ids, c_mask) == "fine thanks<|eot_id|>"  # not the shared "good morning" turn
+    with pytest.raises(ValueError, match="same turns"):
+        Renderer(tok, "preference").examples({"chosen": record["chosen"], "rejected": record["chosen"]})
+
+
+def test_text_pairs_and_instruction_pairs(tok):
+    tok.eos_token = "<|eot_id|>"
+    (ids, mask), _ = Renderer(tok, "preference").examples({"prompt": "two plus two is", "chosen": " four",
+                                                            "rejected": " five"})
+    assert trained_text(tok, ids, mask) == " four<|eot_id|>"
+    (ids, mask), (_, r_mask) = Renderer(tok, "preference_instruction").examples(
+        {"instruction": "add", "input": "two and two", "chosen": "four", "rejected": "five"})
+    assert "### Instruction:\nadd" in tok.decode(ids) and trained_text(tok, ids, mask) == "four<|eot_id|>"
+    with pytest.raises(ValueError, match="needs a text 'prompt'"):
+        Renderer(tok, "preference").examples({"chosen": "four", "rejected": "five"})
+
+
+def test_pairs_become_rows_side_by_side_and_pairs_that_teach_nothing_are_dropped(tmp_path, tok):
+    records = preference_pairs(40)
+    records[3]["rejected"] = records[3]["chosen"]  # the same answer twice: nothing to prefer
+    data = write_jsonl(tmp_path / "pairs.jsonl", records)
+    tok.save_pretrained(str(tmp_path / "tok"))
+    bundle = build_data(str(data), "text", seq_len=48, tokenizer=str(tmp_path / "tok"), cache_dir=tmp_path / "cache",
+                        tokenizer_dir=tmp_path / "t", examples=ExampleOptions())
+    assert bundle.pairs and bundle.stats["dropped_same_answers"] == 1
+    assert bundle.stats["train_pairs"] + bundle.stats["val_pairs"] == 39
+    batch = bundle.train.take([0, 1, 2])
+    assert batch["input_ids"].shape == (3, 2, 48) and batch["labels"].shape == (3, 2, 48)
+    rows = flat_pairs(batch)
+    assert torch.equal(rows["input_ids"][:3], batch["input_ids"][:, 0])  # chosen rows first
+    assert torch.equal(rows["input_ids"][3:], batch["input_ids"][:, 1])
+    chosen = [tok.decode([t for t in row if t != -100]) for row in batch["labels"][:, 0].tolist()]
+    rejected = [tok.decode([t for t in row if t != -100]) for row in batch["labels"][:, 1].tolist()]
+    assert all(c.startswith("yes") for c in chosen) and all(r.startswith("no") for r in rejected)
+
+
+def test_no_pair_that_can_train_is_one_line(tmp_path, tok):
+    tok.save_pretrained(str(tmp_path / "tok"))
+    records = [{"prompt": "a", "chosen": " same", "rejected": " same"}] * 5
+    data = write_jsonl(tmp_path / "same.jsonl", records)
+    with pytest.raises(ValueError, match="every pair's chosen and rejected answers are the same tokens"):
+        build_data(str(data), "text", seq_len=32, tokenizer=str(tmp_path / "tok"), cache_dir=tmp_path / "cache",
+                   tokenizer_dir=tmp_path / "t")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "a", "chosen": " b", "rejected": 3}) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl.*'rejected' is int"):
+        build_data(str(bad), "text", seq_len=32, tokenizer=str(tmp_path / "tok"), cache_dir=tmp_path / "cache2",
+                   tokenizer_dir=tmp_path / "t", examples=ExampleOptions(format="preference"))
+
+
+def test_packing_pairs_and_mixing_pairs_with_chats_are_refused(tmp_path, tok):
+    tok.save_pretrained(str(tmp_path / "tok"))
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", preference_pairs(10))
+    chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": [{"role": "user", "content": "hi"},
+                                                                 {"role": "assistant", "content": "hello"}]}] * 10)
+    common = dict(seq_len=32, tokenizer=str(tmp_path / "tok"), cache_dir=tmp_path / "cache", tokenizer_dir=tmp_path / "t")
+    with pytest.raises(ValueError, match="data.packing=false"):
+        build_data(str(pairs), "text", examples=ExampleOptions(packing=True), **common)
+    with pytest.raises(ValueError, match="mixes chat/instruction examples with preference pairs"):
+        build_data(f"{pairs}:0.5,{chats}:0.5", "text", **common)
