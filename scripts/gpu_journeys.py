@@ -131,7 +131,8 @@ def main() -> int:
         resumed, whole = root / "sft", root / "sft-whole"
         ok = record("sft lora zero3 packed, stopped half-way",
                     bigtrain(sft_args(base, data, resumed, size) + ["--stop-after", str(half)], left()))
-        ok = ok and record("sft resumed to the end", bigtrain(sft_args(base, data, resumed, size) + ["--resume"], left()))
+        ok = ok and record("sft resumed to the end",
+                           bigtrain(sft_args(base, data, resumed, size) + ["--resume"], left()))
         if ok:
             summary = json.loads((resumed / "summary.json").read_text())
             record("resumed run's summary", {"steps": summary["steps"], "final_loss": summary["final_loss"],

@@ -122,9 +122,9 @@ def build_pairs(corpora: list[PreparedCorpus], sources: list[str], weights: list
     stats["pad_share"] = 1.0 - stats["train_tokens"] / (2 * stats["train_pairs"] * seq_len)
     desc = (f"preference pairs {', '.join(map(repr, sources))}: {stats['pairs']:,} pairs ({stats['train_pairs']:,} "
             f"train / {stats['val_pairs']:,} held out) of at most {seq_len} tokens a side, loss on the answers")
-    dropped = [f"{stats[k]:,} {what}" for k, what in (("dropped_same_answers", "with the same chosen and rejected answer"),
-                                                       ("dropped_no_answer", "with no answer token within seq_len"),
-                                                       ("dropped_too_long", "longer than seq_len")) if stats[k]]
+    reasons = (("dropped_same_answers", "with the same chosen and rejected answer"),
+               ("dropped_no_answer", "with no answer token within seq_len"), ("dropped_too_long", "longer than seq_len"))
+    dropped = [f"{stats[k]:,} {what}" for k, what in reasons if stats[k]]
     if dropped:
         desc += f"; dropped {', '.join(dropped)}"
     desc += f", vocab {len(tokenizer)}, from {', '.join(str(c.root) for c in corpora)}"

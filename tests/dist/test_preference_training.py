@@ -24,7 +24,8 @@ from local_lora import make_chat_base
 
 STEPS = 4
 COMMON = ["--set", "precision=fp32", "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0",
-          "--peak-tflops", "1", "--steps", str(STEPS), "--set", "train.eval_interval=0", "--set", "train.eval_batches=2",
+          "--peak-tflops", "1", "--steps", str(STEPS), "--set", "train.eval_interval=0",
+          "--set", "train.eval_batches=2",
           "--set", "batch.micro_batch=4", "--set", "batch.global_batch=8", "--set", "data.seq_len=48",
           "--set", "optimizer.lr=1e-2", "--set", "schedule.kind=constant", "--set", "schedule.warmup_steps=1"]
 DPO = ["--set", "objective.kind=dpo"]

@@ -110,7 +110,8 @@ def test_packing_pairs_and_mixing_pairs_with_chats_are_refused(tmp_path, tok):
     pairs = write_jsonl(tmp_path / "pairs.jsonl", preference_pairs(10))
     chats = write_jsonl(tmp_path / "chats.jsonl", [{"messages": [{"role": "user", "content": "hi"},
                                                                  {"role": "assistant", "content": "hello"}]}] * 10)
-    common = dict(seq_len=32, tokenizer=str(tmp_path / "tok"), cache_dir=tmp_path / "cache", tokenizer_dir=tmp_path / "t")
+    common = dict(seq_len=32, tokenizer=str(tmp_path / "tok"), cache_dir=tmp_path / "cache",
+                  tokenizer_dir=tmp_path / "t")
     with pytest.raises(ValueError, match="data.packing=false"):
         build_data(str(pairs), "text", examples=ExampleOptions(packing=True), **common)
     with pytest.raises(ValueError, match="mixes chat/instruction examples with preference pairs"):

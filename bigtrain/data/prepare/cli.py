@@ -97,7 +97,12 @@ def _tokenizer(args: argparse.Namespace, src, out: Path):
 def summary(manifest: dict, out: Path, seconds: float) -> str:
     """One line: what was prepared, how fast, and what a run will find there."""
     mb = manifest["source"]["bytes"] / 1e6
-    line = (f"prepared {out}: {manifest['num_docs']:,} {'examples' if manifest.get('examples') else 'documents'}, "
+    from bigtrain.data.chat import PAIR_FORMATS
+    pairs = (manifest.get("examples") or {}).get("format") in PAIR_FORMATS
+    what = (f"preference pairs ({manifest['num_docs']:,} answers)" if pairs else
+            "examples" if manifest.get("examples") else "documents")
+    count = manifest["num_docs"] // 2 if pairs else manifest["num_docs"]
+    line = (f"prepared {out}: {count:,} {what}, "
             f"{manifest['num_tokens']:,} tokens "
             f"({manifest['dtype']}, vocab {manifest['tokenizer']['vocab_size']}) in {len(manifest['shards'])} shards "
             f"from {mb:,.1f} MB")
