@@ -230,17 +230,20 @@ class LoraConfig:
 
 @dataclass
 class ObjectiveConfig:
-    kind: Literal["lm", "dpo", "ipo", "orpo", "simpo", "reward"] = doc(
+    kind: Literal["lm", "dpo", "ipo", "orpo", "simpo", "kto", "reward"] = doc(
         "lm", "What a step minimises (bigtrain.objectives): lm = the model's own loss (next-token cross-entropy, "
         "a classifier's cross-entropy); dpo, ipo, orpo, simpo = preference objectives on pairs of answers "
-        "({prompt, chosen, rejected} records); reward = a scalar reward head trained on such pairs "
+        "({prompt, chosen, rejected} records); kto = unpaired answers marked desirable or not ({prompt, "
+        "completion, label} records); reward = a scalar reward head trained on pairs "
         "(-log sigmoid(r_chosen - r_rejected)). Hyper-parameters keep TRL's meanings and defaults.")
     beta: float = doc(0.1, "dpo/ipo: the KL strength beta (ipo's tau); orpo: the odds-ratio weight (lambda); "
                       "simpo: the reward scale beta.")
     label_smoothing: float = doc(0.0, "dpo: conservative DPO (cDPO), the assumed share of flipped pairs, in [0, 0.5).")
     simpo_gamma: float = doc(0.5, "simpo: the target reward margin gamma.")
+    desirable_weight: float = doc(1.0, "kto: the weight of the desirable answers' losses.")
+    undesirable_weight: float = doc(1.0, "kto: the weight of the undesirable answers' losses.")
     reference: Literal["auto", "adapters_off", "copy", "none"] = doc(
-        "auto", "The frozen reference dpo and ipo compare with: adapters_off = the policy with its LoRA adapters "
+        "auto", "The frozen reference dpo, ipo and kto compare with: adapters_off = the policy with its LoRA adapters "
         "switched off (no second copy; needs lora.r > 0); copy = a frozen second model partitioned like the "
         "policy; auto = adapters_off with LoRA, else copy; none for objectives without one (orpo, simpo, reward, "
         "lm).")
@@ -251,7 +254,10 @@ class ObjectiveConfig:
         if not 0.0 <= self.label_smoothing < 0.5:
             raise ValueError(f"objective.label_smoothing={self.label_smoothing}: must be in [0, 0.5) (cDPO's share "
                              "of flipped pairs; 0 is plain DPO)")
-        needs = self.kind in ("dpo", "ipo")
+        for name in ("desirable_weight", "undesirable_weight"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"objective.{name}={getattr(self, name)}: must be > 0 (TRL's default is 1.0)")
+        needs = self.kind in ("dpo", "ipo", "kto")
         if needs and self.reference == "none":
             raise ValueError(f"objective.kind={self.kind} compares with a reference model: set objective.reference "
                              "to auto, adapters_off or copy (orpo and simpo need none)")
@@ -260,9 +266,15 @@ class ObjectiveConfig:
                              "model; leave objective.reference=auto")
 
     @property
+    def layout(self) -> str:
+        """The data it reads: rows (single examples), pairs (chosen and rejected answers) or unpaired (answers
+        marked desirable or not, each beside another prompt's answer for KTO's KL estimate)."""
+        return {"lm": "rows", "kto": "unpaired"}.get(self.kind, "pairs")
+
+    @property
     def pairs(self) -> bool:
-        """Whether the objective reads pairs of answers (chosen, rejected) rather than single examples."""
-        return self.kind != "lm"
+        """Whether a sample is two rows (a preference pair, or a KTO answer and its KL counterpart)."""
+        return self.layout != "rows"
 
 
 @dataclass

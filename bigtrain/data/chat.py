@@ -15,6 +15,11 @@ chosen answer's, then the rejected one's; bigtrain.data.pairs serves them side b
                             share are the prompt: TRL's implicit prompt)
     preference_instruction  {"instruction": "...", "input": "..." (optional), "chosen": "...", "rejected": "..."}
 
+and TRL's unpaired preference records for KTO, one answer each, marked desirable (label true) or not:
+
+    kto                     {"prompt": ..., "completion": ..., "label": true | false}: strings, or message lists
+                            (the undesirable answers' tokens carry mask value 2 instead of 1)
+
 An example renders to token ids and a 0/1 mask of the tokens the model is trained to produce: the assistant's
 turns (their end-of-turn marker included: the model must learn to stop), the completion, the output (each
 followed by the tokenizer's end-of-text). A conversation goes through the tokenizer's own chat template, as
@@ -30,10 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-FORMATS = ("auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca", "preference", "preference_instruction")
+FORMATS = ("auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca", "preference", "preference_instruction",
+           "kto")
 PAIR_FORMATS = ("preference_instruction", "preference")  # two examples per record: chosen, rejected
-# In the order a record's keys are matched (a pair's keys first: they hold a prompt too).
-EXAMPLE_FORMATS = (*PAIR_FORMATS, "chat", "sharegpt", "prompt_completion", "alpaca")
+UNPAIRED_FORMATS = ("kto",)  # one answer per record, marked desirable or not
+UNDESIRABLE = 2  # the mask value of an undesirable answer's tokens (a desirable one's are 1)
+# In the order a record's keys are matched (a preference record's keys first: they hold a prompt too).
+EXAMPLE_FORMATS = (*PAIR_FORMATS, *UNPAIRED_FORMATS, "chat", "sharegpt", "prompt_completion", "alpaca")
 TEMPLATED = ("chat", "sharegpt")  # conversations, rendered by the tokenizer's chat template
 LONG_EXAMPLES = ("truncate", "drop")
 # The columns of each format; "?" marks an optional one (read where present).
@@ -41,7 +49,8 @@ FIELDS: dict[str, tuple[str, ...]] = {"chat": ("messages",), "sharegpt": ("conve
                                       "prompt_completion": ("prompt", "completion"),
                                       "alpaca": ("instruction", "input?", "output"),
                                       "preference": ("prompt?", "chosen", "rejected"),
-                                      "preference_instruction": ("instruction", "input?", "chosen", "rejected")}
+                                      "preference_instruction": ("instruction", "input?", "chosen", "rejected"),
+                                      "kto": ("prompt", "completion", "label")}
 # The roles chat templates render (transformers' docs; Llama 3's ipython, OpenAI's developer and function).
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "ipython", "function")
 # ShareGPT's speakers (as axolotl and LLaMA-Factory map them) -> chat roles.
@@ -185,6 +194,13 @@ class Renderer:
         """The record's examples: one, or for a preference pair two (the chosen answer's, then the rejected's)."""
         if self.fmt in PAIR_FORMATS:
             return [self.answer(record, "chosen"), self.answer(record, "rejected")]
+        if self.fmt in UNPAIRED_FORMATS:
+            label = record.get("label")
+            if not isinstance(label, bool):
+                raise ValueError(f"a kto record's 'label' is {label!r}: give true (a desirable answer) or false")
+            ids, mask = self.answer({"prompt": record.get("prompt"), "completion": record.get("completion")},
+                                    "completion")
+            return [(ids, mask if label else [UNDESIRABLE * m for m in mask])]
         return [self(record)]
 
     def answer(self, record: dict, which: str) -> tuple[list[int], list[int]]:
@@ -201,6 +217,8 @@ class Renderer:
         if not isinstance(answer, list):
             raise ValueError(f"a preference record's {which!r} is {type(answer).__name__}: give a string, or a list "
                              "of messages")
+        if prompt is None and which == "completion":
+            raise ValueError("a kto record needs a 'prompt' (a string or a list of messages)")
         if prompt is None:  # TRL's implicit prompt: the turns both conversations share
             head = _shared_turns(record.get("chosen"), record.get("rejected"))
             answer = answer[len(head):]

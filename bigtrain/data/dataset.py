@@ -99,7 +99,7 @@ class DataBundle:
     tokenizer_dir: Path | None = None
     stats: dict | None = None
     sample_prompt: list[int] | None = None
-    pairs: bool = False  # preference pairs (bigtrain.data.pairs): a sample is a chosen and a rejected answer
+    layout: str = "rows"  # rows, or (bigtrain.data.pairs) preference pairs / unpaired KTO answers: two rows a sample
 
     def sampler(self, dp_rank: int, dp_size: int, seed: int) -> Any:
         """The resumable training order for one data-parallel rank."""

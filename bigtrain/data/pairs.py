@@ -1,4 +1,5 @@
-"""Preference pairs as training rows: the chosen and the rejected answer to one prompt, side by side.
+"""Preference pairs as training rows: the chosen and the rejected answer to one prompt, side by side; and KTO's
+unpaired answers, each beside its KL counterpart.
 
 A prepared preference corpus holds two examples per record (bigtrain.data.chat: the chosen answer's, then the
 rejected one's), so pair k is examples 2k and 2k + 1 and a pair never straddles a shard. A batch of n pairs is
@@ -15,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from bigtrain.data.chat import ExampleOptions
+from bigtrain.data.chat import UNDESIRABLE, ExampleOptions
 from bigtrain.data.dataset import Batch, DataBundle, split_rows
 from bigtrain.data.prepare.store import PreparedCorpus
 
@@ -102,8 +103,97 @@ class PairCorpus:
 
 
 def flat_pairs(batch: Batch) -> Batch:
-    """[n, 2, L] pair tensors as [2n, L] rows: the n chosen rows, then the n rejected rows."""
-    return {key: value.transpose(0, 1).reshape(-1, *value.shape[2:]) for key, value in batch.items()}
+    """[n, 2, L] pair tensors as [2n, L] rows: the n chosen rows, then the n rejected rows (for KTO the n answers,
+    then their n KL counterparts); other keys as they are."""
+    return {key: value.transpose(0, 1).reshape(-1, *value.shape[2:]) if value.dim() == 3 else value
+            for key, value in batch.items()}
+
+
+class UnpairedRows:
+    """KTO's answers of one prepared corpus: `examples[i]` is one answer (its prompt, its completion)."""
+
+    def __init__(self, corpus: PreparedCorpus, seq_len: int, starts: np.ndarray, lengths: np.ndarray,
+                 answers: np.ndarray, examples: np.ndarray):
+        self.corpus, self.seq_len = corpus, seq_len
+        self.starts, self.lengths, self.answers, self.examples = starts, lengths, answers, examples
+        self.pad_id = corpus.eos_id
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def _parts(self, example: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(prompt tokens, completion tokens, mask value of the completion) of one example, cut to seq_len."""
+        start, length, cut = int(self.starts[example]), int(self.lengths[example]), int(self.answers[example])
+        tokens = self.corpus.tokens(start, start + length).astype(np.int64)
+        mask = np.asarray(self.corpus.mask(start, start + length))
+        return tokens[:cut], tokens[cut:], int(mask[cut:].max(initial=1))
+
+    def take(self, indices: Sequence[int]) -> Batch:
+        n, width = len(indices), self.seq_len
+        ids = np.full((n, 2, width), self.pad_id, dtype=np.int64)
+        labels = np.full((n, 2, width), IGNORE, dtype=np.int64)
+        desirable = np.zeros(n, dtype=bool)
+        parts = [self._parts(int(self.examples[int(i)])) for i in indices]
+        for b, (prompt, completion, value) in enumerate(parts):
+            desirable[b] = value != UNDESIRABLE
+            other = parts[(b + 1) % n][1]  # the next answer in the batch, after this prompt: the KL counterpart
+            for side, answer in enumerate((completion, other)):
+                row = np.concatenate([prompt, answer])[:width]
+                ids[b, side, :len(row)] = row
+                labels[b, side, len(prompt):len(row)] = row[len(prompt):]
+        return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
+                "desirable": torch.from_numpy(desirable)}
+
+    def subset(self, rows: np.ndarray) -> "UnpairedRows":
+        return UnpairedRows(self.corpus, self.seq_len, self.starts, self.lengths, self.answers, self.examples[rows])
+
+
+def build_unpaired(corpora: list[PreparedCorpus], sources: list[str], weights: list[float] | None, seq_len: int,
+                   options: ExampleOptions, val_fraction: float, tokenizer: Any) -> DataBundle:
+    """The bundle of one KTO corpus, or of a weighted mixture of them: answers with a completion token within
+    seq_len (a longer one cut, or dropped with data.long_examples=drop)."""
+    from bigtrain.data.examples import ConcatRows
+    from bigtrain.data.mixture import MixtureSampler
+
+    trains, vals = [], []
+    counts = {"answers": 0, "desirable": 0, "dropped_no_answer": 0, "dropped_too_long": 0, "train_tokens": 0}
+    for corpus, source in zip(corpora, sources):
+        ends = corpus.document_ends()
+        full = np.diff(ends, prepend=0)
+        starts, lengths, answers = ends - full, np.minimum(full, seq_len), corpus.answer_starts()
+        long = full > seq_len
+        keep_long = ~(long & (options.long_examples == "drop"))
+        keep = (answers < lengths) & keep_long
+        kept = np.flatnonzero(keep)
+        if len(kept) < 2:
+            raise ValueError(f"data.source={source!r}: {len(kept)} of {len(full)} kto answers have a completion token "
+                             f"within data.seq_len={seq_len}; need at least 2: give completions, or a longer seq_len")
+        desirable = sum(int(np.asarray(corpus.mask(int(starts[e]) + int(answers[e]),
+                                                   int(starts[e]) + int(answers[e]) + 1))[0] != UNDESIRABLE)
+                        for e in kept)
+        counts = {"answers": counts["answers"] + len(full), "desirable": counts["desirable"] + desirable,
+                  "dropped_no_answer": counts["dropped_no_answer"] + int((~(answers < lengths) & keep_long).sum()),
+                  "dropped_too_long": counts["dropped_too_long"] + int((long & ~keep_long).sum()),
+                  "train_tokens": counts["train_tokens"]}
+        train, val = split_rows(len(kept), val_fraction)
+        counts["train_tokens"] += int(lengths[kept[train]].sum())
+        trains.append(UnpairedRows(corpus, seq_len, starts, lengths, answers, kept[train]))
+        vals.append(UnpairedRows(corpus, seq_len, starts, lengths, answers, kept[val]))
+    stats = {**counts, "format": "kto", "layout": "unpaired", "train_answers": sum(map(len, trains)),
+             "val_answers": sum(map(len, vals)), "long_examples": options.long_examples}
+    stats["pad_share"] = 1.0 - stats["train_tokens"] / (stats["train_answers"] * seq_len)  # of the answers' rows
+    desc = (f"kto answers {', '.join(map(repr, sources))}: {counts['answers']:,} answers ({counts['desirable']:,} "
+            f"desirable; {stats['train_answers']:,} train / {stats['val_answers']:,} held out) of at most {seq_len} "
+            f"tokens, each beside another answer for the KL estimate, vocab {len(tokenizer)}")
+    if weights is None:
+        return DataBundle(trains[0], vals[0], tokenizer, len(tokenizer), 0, desc, stats=stats, layout="unpaired")
+    desc += "; mixture weights " + ", ".join(f"{w:.3g}" for w in weights)
+
+    def make_sampler(rank: int, size: int, seed: int) -> MixtureSampler:
+        return MixtureSampler([len(t) for t in trains], weights, rank, size, seed)
+
+    return DataBundle(ConcatRows(trains), ConcatRows(vals), tokenizer, len(tokenizer), 0, desc, make_sampler,
+                      stats=stats, layout="unpaired")
 
 
 def build_pairs(corpora: list[PreparedCorpus], sources: list[str], weights: list[float] | None, seq_len: int,
@@ -131,11 +221,11 @@ def build_pairs(corpora: list[PreparedCorpus], sources: list[str], weights: list
     prompt = parts[0].sample_prompt()
     if weights is None:
         return DataBundle(trains[0], vals[0], tokenizer, len(tokenizer), 0, desc, stats=stats, sample_prompt=prompt,
-                          pairs=True)
+                          layout="pairs")
     desc += "; mixture weights " + ", ".join(f"{w:.3g}" for w in weights)
 
     def make_sampler(rank: int, size: int, seed: int) -> MixtureSampler:
         return MixtureSampler([len(t) for t in trains], weights, rank, size, seed)
 
     return DataBundle(ConcatRows(trains), ConcatRows(vals), tokenizer, len(tokenizer), 0, desc, make_sampler,
-                      stats=stats, sample_prompt=prompt, pairs=True)
+                      stats=stats, sample_prompt=prompt, layout="pairs")

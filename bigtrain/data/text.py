@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bigtrain.data.blocks import ConcatBlocks, TokenBlocks, block_count
-from bigtrain.data.chat import (FIELDS, PAIR_FORMATS, TEMPLATED, ExampleOptions, detect_format,
+from bigtrain.data.chat import (FIELDS, PAIR_FORMATS, TEMPLATED, UNPAIRED_FORMATS, ExampleOptions, detect_format,
                                no_template_line, read_chat_template)
 from bigtrain.data.dataset import DataBundle, split_rows
 from bigtrain.data.mixture import MixtureSampler, parse_mixture
@@ -30,7 +30,8 @@ from bigtrain.data.sources import Source
 from bigtrain.data.tokenizer import load_tokenizer, resolve_tokenizer, tokenizer_fingerprint
 
 Part = Path | Source  # a prepared directory, or a source to prepare
-KIND_NAMES = {"text": "plain text", "examples": "chat/instruction examples", "pairs": "preference pairs"}
+KIND_NAMES = {"text": "plain text", "examples": "chat/instruction examples", "pairs": "preference pairs",
+              "unpaired": "kto answers"}
 
 
 def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: int, tokenizer_dir: Path,
@@ -57,9 +58,10 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
                for part, f in zip(parts, formats)]
     if formats[0] != "text":
         from bigtrain.data.examples import build_examples
-        from bigtrain.data.pairs import build_pairs
+        from bigtrain.data.pairs import build_pairs, build_unpaired
         _same_template(corpora, tok, examples)
-        build = build_pairs if formats[0] in PAIR_FORMATS else build_examples
+        build = (build_pairs if formats[0] in PAIR_FORMATS else build_unpaired if formats[0] in UNPAIRED_FORMATS
+                 else build_examples)
         bundle = build(corpora, [text for text, _ in entries], [w for _, w in mixture] if mixture else None,
                                 seq_len, examples, val_fraction, tok)
         bundle.tokenizer_dir = corpora[0].tokenizer_dir if examples.chat_template else tok_dir
@@ -109,12 +111,13 @@ def _formats(parts: list[Part], options: ExampleOptions) -> list[str]:
             found.append(made)
         else:
             found.append(detect_format(part, options.format))
-    kinds = {"text" if f == "text" else "pairs" if f in PAIR_FORMATS else "examples" for f in found}
+    kinds = {"text" if f == "text" else "pairs" if f in PAIR_FORMATS else "unpaired" if f in UNPAIRED_FORMATS
+             else "examples" for f in found}
     if len(kinds) > 1:
         raise ValueError("data.source mixes " + " with ".join(sorted(KIND_NAMES[k] for k in kinds)) +
                          f" ({', '.join(sorted(set(found)))}); train on one kind at a time")
-    if found[0] in PAIR_FORMATS and options.packing:
-        raise ValueError("data.packing=true with preference pairs: each pair is compared answer with answer; set "
+    if (found[0] in PAIR_FORMATS or found[0] in UNPAIRED_FORMATS) and options.packing:
+        raise ValueError("data.packing=true with preference data: each answer is scored on its own row; set "
                          "data.packing=false")
     if found[0] == "text" and options.packing:
         raise ValueError("data.packing=true packs chat and instruction examples; this data is plain text, which "

@@ -5,6 +5,7 @@ frozen reference model. The stepper (bigtrain.train.engine) calls one method and
               a mixture of experts' router term), a classifier's cross-entropy        (causal_lm.py)
     dpo, ipo  pairs of answers against a frozen reference                               (preference.py)
     orpo, simpo  pairs of answers, no reference                                         (preference.py)
+    kto       unpaired answers marked desirable or not, against a reference             (kto.py)
     reward    a scalar head on pairs: -log sigmoid(r_chosen - r_rejected)               (reward.py)
 
 Adding an objective: its file, and a line in OBJECTIVES.
@@ -16,12 +17,13 @@ from typing import Any, Callable
 from bigtrain.config.run_config import ObjectiveConfig
 from bigtrain.objectives.base import Objective
 from bigtrain.objectives.causal_lm import ModelLoss
+from bigtrain.objectives.kto import KTOLoss
 from bigtrain.objectives.preference import PreferenceLoss
 from bigtrain.objectives.reward import RewardLoss
 
 OBJECTIVES: dict[str, Callable[[ObjectiveConfig], Objective]] = {
     "lm": lambda cfg: ModelLoss(),
-    "dpo": PreferenceLoss, "ipo": PreferenceLoss, "orpo": PreferenceLoss, "simpo": PreferenceLoss,
+    "dpo": PreferenceLoss, "ipo": PreferenceLoss, "orpo": PreferenceLoss, "simpo": PreferenceLoss, "kto": KTOLoss,
     "reward": lambda cfg: RewardLoss(),
 }
 

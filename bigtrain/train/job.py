@@ -104,9 +104,11 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
             spec = replace(spec, flops_per_sample=spec.flops_per_sample * objective.flops_factor(),
                            tokens_per_sample=spec.tokens_per_sample * objective.rows_per_sample())
             if world.is_main:
-                log.info("objective %s%s: %d pairs per step", objective.kind,
+                log.info("objective %s%s: %d %s per step", objective.kind,
                          f", reference {objective.reference}" if objective.uses_reference else "",
-                         resolved.ds_config["train_batch_size"])
+                         resolved.ds_config["train_batch_size"],
+                         "answers (each beside another for the KL estimate)" if run.objective.layout == "unpaired"
+                         else "pairs")
         # the loop, then what the run tells its user
         reporter = Reporter(resolved.run, spec, resolved.ds_config, engine, world, out,
                             prior=saved)
@@ -196,15 +198,18 @@ def find_checkpoint(ckpt_dir: Path, world: World) -> tuple[str, CheckpointState]
 
 
 def check_objective_data(cfg: ObjectiveConfig, bundle: Any) -> None:
-    """The objective and the data must be of one kind: pairs of answers, or single examples (one line if not)."""
-    if cfg.pairs and not bundle.pairs:
-        raise ValueError(f"objective.kind={cfg.kind} trains on pairs of answers, and this data is "
-                         f"{'plain text' if bundle.stats is None else 'single examples'}: give preference records "
-                         "({\"prompt\", \"chosen\", \"rejected\"}, or instruction/input/chosen/rejected), or "
-                         "objective.kind=lm")
-    if bundle.pairs and not cfg.pairs:
-        raise ValueError("this data is preference pairs (chosen / rejected answers): set objective.kind to dpo, "
-                         "ipo, orpo, simpo or reward to train on them, or give single examples for objective.kind=lm")
+    """The objective and the data must be of one layout: pairs of answers, KTO's unpaired answers, or single
+    examples (one line if not)."""
+    if cfg.layout == bundle.layout:
+        return
+    have = {"pairs": "preference pairs (chosen / rejected answers)", "unpaired": "kto answers (prompt / completion "
+            "/ label)"}.get(bundle.layout, "plain text" if bundle.stats is None else "single examples")
+    wants = {"pairs": 'preference records ({"prompt", "chosen", "rejected"}, or instruction/input/chosen/rejected)',
+             "unpaired": 'kto records ({"prompt", "completion", "label"})', "rows": "text or single examples"}
+    fits = {"pairs": "dpo, ipo, orpo, simpo or reward", "unpaired": "kto", "rows": "lm"}[bundle.layout]
+    raise ValueError(f"objective.kind={cfg.kind} trains on {wants[cfg.layout]}, and this data is {have}: give such "
+                     f"records, or objective.kind={fits.split(' or ')[0].split(', ')[0]} for this data "
+                     f"({fits})")
 
 
 def build_model(model_build: ModelBuild, world: World) -> models.ModelSpec:

@@ -38,14 +38,19 @@ TWO_RANK = {"z0": ["--set", "zero.stage=0"], "z1": ["--set", "zero.stage=1"], "z
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("preference")
     base = make_chat_base(root / "bases")["chat_llama"]
-    data = write_jsonl(root / "pairs.jsonl", preference_pairs(160))  # 8 held out: one batch of 4 per rank
+    pairs = preference_pairs(160)
+    data = write_jsonl(root / "pairs.jsonl", pairs)  # 8 held out: one batch of 4 per rank
+    kto = write_jsonl(root / "kto.jsonl", [{"prompt": p["prompt"], "completion": p["chosen" if i % 2 else "rejected"],
+                                            "label": bool(i % 2)} for i, p in enumerate(pairs)])
     (root / "base.txt").write_text(str(base))
 
     def job(name: str, *extra: str, **more: object) -> dict:
         return {"name": name, "args": ["--model", "hf", "--set", f"model.pretrained={base}", "--data", str(data),
                                        *COMMON, *extra], **more}
 
-    launch_jobs(root, [job("ref", *DPO), job("reward_ref", "--set", "objective.kind=reward")], num_ranks=1,
+    kto_job = job("kto", "--set", "objective.kind=kto")
+    kto_job["args"][kto_job["args"].index(str(data))] = str(kto)
+    launch_jobs(root, [job("ref", *DPO), job("reward_ref", "--set", "objective.kind=reward"), kto_job], num_ranks=1,
                 name="refs")
     two = [job(name, *DPO, *extra) for name, extra in TWO_RANK.items()]
     two += [job("lora_off", *DPO, *LORA, "--set", "zero.stage=3"),
@@ -77,6 +82,10 @@ def test_dpo_on_two_ranks_trains_like_one_process(runs, name):
     assert metrics["rewards/accuracies"] > 0.5 and metrics["rewards/margins"] > 0
     assert set(metrics) == {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
                             "logps/chosen", "logps/rejected"}
+    if name == "z1":  # and in DeepSpeed's CSV monitor (rank 0's, the reference run's), per step and evaluation
+        (margins,) = (runs / "ref" / "csv").rglob("bigtrain_rewards_margins.csv")
+        assert margins.read_text().splitlines()[-1].startswith(f"{STEPS},")  # the log step (the run's last)
+        assert list((runs / "ref" / "csv").rglob("bigtrain_val_rewards_accuracies.csv"))
 
 
 def test_the_lora_base_with_adapters_off_is_the_same_reference_as_a_frozen_copy(runs):
@@ -88,6 +97,14 @@ def test_the_lora_base_with_adapters_off_is_the_same_reference_as_a_frozen_copy(
 
 def test_a_stopped_dpo_run_resumes_on_the_uninterrupted_curve(runs):
     assert summary(runs / "resumed")["losses"] == summary(runs / "z3")["losses"]
+
+
+def test_kto_starts_at_one_half_and_learns_which_answers_are_desirable(runs):
+    """At the first step the policy is the reference: every answer's loss is 1 - sigmoid(0)."""
+    ran = summary(runs / "kto")
+    assert ran["losses"][0] == pytest.approx(0.5, abs=1e-6) and ran["losses"][-1] < ran["losses"][0]
+    final = ran["final_metrics"]
+    assert final["rewards/chosen"] > final["rewards/rejected"] and final["kl"] >= 0
 
 
 def test_a_preference_objective_on_single_examples_is_one_line(runs):

@@ -233,3 +233,27 @@ def test_a_reward_head_needs_a_family_that_has_one():
     assert model_overrides(ObjectiveConfig(kind="reward"), family("hf").settings_cls, 7) == {
         "task": "classify", "num_classes": 1, "pad_token_id": 7}
     assert model_overrides(ObjectiveConfig(kind="dpo"), family("gpt2").settings_cls, 0) == {}
+
+
+def test_kto_is_its_formula_with_the_kl_estimate():
+    from bigtrain.objectives.kto import kto_loss
+    rng = random.Random(3)
+    logps = [-rng.uniform(5, 30) for _ in range(6)]
+    ref = [lp + rng.uniform(-2, 2) for lp in logps]
+    good = [True, False, True, True, False, False]
+    cfg = ObjectiveConfig(kind="kto", beta=0.2, desirable_weight=1.5, undesirable_weight=0.7)
+    kl = 0.3
+    loss, metrics = kto_loss(cfg, torch.tensor(logps, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64),
+                             torch.tensor(good), torch.tensor(kl, dtype=torch.float64))
+
+    def sig(x):
+        return 1 / (1 + math.exp(-x))
+    want = [1.5 * (1 - sig(0.2 * ((p - r) - kl))) if g else 0.7 * (1 - sig(0.2 * (kl - (p - r))))
+            for p, r, g in zip(logps, ref, good)]
+    assert float(loss) == pytest.approx(sum(want) / 6, rel=1e-9)
+    chosen = [0.2 * (p - r) for p, r, g in zip(logps, ref, good) if g]
+    assert float(metrics["rewards/chosen"]) == pytest.approx(sum(chosen) / 3) and float(metrics["kl"]) == kl
+    # the policy as the reference, no KL: every answer's loss is 1 - sigmoid(0) = 0.5, whatever its label
+    same, _ = kto_loss(ObjectiveConfig(kind="kto"), torch.tensor(logps), torch.tensor(logps), torch.tensor(good),
+                       torch.tensor(0.0))
+    assert float(same) == pytest.approx(0.5)

@@ -79,7 +79,7 @@ def test_pairs_become_rows_side_by_side_and_pairs_that_teach_nothing_are_dropped
     tok.save_pretrained(str(tmp_path / "tok"))
     bundle = build_data(str(data), "text", seq_len=48, tokenizer=str(tmp_path / "tok"), cache_dir=tmp_path / "cache",
                         tokenizer_dir=tmp_path / "t", examples=ExampleOptions())
-    assert bundle.pairs and bundle.stats["dropped_same_answers"] == 1
+    assert bundle.layout == "pairs" and bundle.stats["dropped_same_answers"] == 1
     assert bundle.stats["train_pairs"] + bundle.stats["val_pairs"] == 39
     batch = bundle.train.take([0, 1, 2])
     assert batch["input_ids"].shape == (3, 2, 48) and batch["labels"].shape == (3, 2, 48)
@@ -116,3 +116,28 @@ def test_packing_pairs_and_mixing_pairs_with_chats_are_refused(tmp_path, tok):
         build_data(str(pairs), "text", examples=ExampleOptions(packing=True), **common)
     with pytest.raises(ValueError, match="mixes chat/instruction examples with preference pairs"):
         build_data(f"{pairs}:0.5,{chats}:0.5", "text", **common)
+
+
+def test_kto_answers_carry_their_label_and_sit_beside_another_answer_for_the_kl_estimate(tmp_path, tok):
+    from bigtrain.data.chat import UNDESIRABLE
+    tok.save_pretrained(str(tmp_path / "tok"))
+    record = {"prompt": [{"role": "user", "content": "hello there"}],
+              "completion": [{"role": "assistant", "content": "good morning"}], "label": False}
+    ((ids, mask),) = Renderer(tok, "kto").examples(record)
+    assert set(mask) == {0, UNDESIRABLE} and trained_text(tok, ids, mask) == "good morning<|eot_id|>"
+    with pytest.raises(ValueError, match="'label' is 'yes'"):
+        Renderer(tok, "kto").examples({**record, "label": "yes"})
+    assert format_of({"prompt", "completion", "label"}) == "kto"
+    records = [{"prompt": f"question {i}", "completion": f" answer {i}", "label": i % 3 != 0} for i in range(30)]
+    bundle = build_data(str(write_jsonl(tmp_path / "kto.jsonl", records)), "text", seq_len=32,
+                        tokenizer=str(tmp_path / "tok"), cache_dir=tmp_path / "cache", tokenizer_dir=tmp_path / "t")
+    assert bundle.layout == "unpaired" and bundle.stats["desirable"] == 20
+    batch = bundle.train.take([0, 1, 2])
+    text = lambda row: tok.decode([t for t in row if t != tok.eos_token_id])  # noqa: E731
+    answers = [text(batch["input_ids"][b, 0].tolist()) for b in range(3)]
+    counterparts = [text(batch["input_ids"][b, 1].tolist()) for b in range(3)]
+    for b in range(3):  # its own prompt, the next answer in the batch
+        prompt = answers[b].split(" answer")[0]
+        assert counterparts[b] == prompt + " answer" + answers[(b + 1) % 3].split(" answer")[1]
+    labels = [int(a.split("answer ")[1].split("<")[0]) % 3 != 0 for a in answers]
+    assert batch["desirable"].tolist() == labels

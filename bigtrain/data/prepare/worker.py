@@ -143,7 +143,7 @@ def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Pa
             mask_out.write(mask.tobytes())
             ends.append(tokens + doc_ends)
             answers.append(first)
-            tokens, docs, trained = tokens + len(ids), docs + len(doc_ends), trained + int(mask.sum())
+            tokens, docs, trained = tokens + len(ids), docs + len(doc_ends), trained + int(np.count_nonzero(mask))
             if state["report"] is not None:
                 state["report"]([len(ids), len(doc_ends), nbytes])
         for f in (out, mask_out):
