@@ -118,7 +118,7 @@ class ModelSplit:
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """The group's mean next-token loss over its real tokens, as this rank's share times the group size:
         DeepSpeed averages gradients over every rank, so the shares sum to the loss one rank would compute.
-        With `scale` (a token-weighted step, `Engine._token_scale`): this rank's summed loss times it."""
+        With `scale` (a token-weighted step, `bigtrain.objectives.causal_lm.token_scale`): this rank's summed loss times it."""
         summed = F.cross_entropy(logits.float().flatten(0, -2), targets.reshape(-1), ignore_index=-100,
                                  reduction="sum")
         if scale is not None:
