@@ -93,7 +93,7 @@ def command(case: Case, out: Path, ds_path: Path, job_path: Path, port: int, num
 
 def run_case(case: Case, workdir: Path, launch: Launch, peak_tflops: float | None = None) -> dict:
     """Run `case` under `workdir/<slug>`; returns the normalized result (ok=False with the log tail on failure)."""
-    from bigtrain.distributed.world import free_port
+    from bigtrain.distributed.rendezvous import free_port
     out = Path(workdir) / case.slug
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

@@ -167,7 +167,7 @@ def settings_cases(workload: Workload, strategy: Strategy) -> list[Case]:
 def measure_peaks(workdir: Path, launch: Launch, name: str = "peak", seconds: float = 1.0) -> Path:
     """Run the peak job (launched like the others); returns the directory with the ranks' files."""
     from bigtrain.bench.jobs import _run, deepspeed_bin, remove_shm_leftovers
-    from bigtrain.distributed.world import free_port
+    from bigtrain.distributed.rendezvous import free_port
     out = Path(workdir) / name
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from bigtrain.data.chat import ExampleOptions
+from bigtrain.data.formats import ExampleOptions
 from bigtrain.data.dataset import Batch, DataBundle, split_rows
 from bigtrain.data.prepare.store import PreparedCorpus
 
@@ -255,11 +255,3 @@ def describe(stats: dict, seq_len: int) -> str:
     else:
         line += f"; padding {stats['pad_share_unpacked']:.1%} of the tokens (data.packing=true packs them)"
     return line
-
-
-def too_long_line(corpus: PreparedCorpus, seq_len: int) -> str:
-    """For `bigtrain prepare --seq-len`: how many examples exceed it (training truncates or drops them)."""
-    lengths = np.diff(corpus.document_ends(), prepend=0)
-    long = int((lengths > seq_len).sum())
-    return (f"{long:,} of {len(lengths):,} examples are longer than seq_len {seq_len} (longest {int(lengths.max()):,} "
-            "tokens); training truncates them, or drops them with data.long_examples=drop")

@@ -3,7 +3,6 @@ few collectives the loop needs (the peers of a job and how it ends: `bigtrain.di
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -11,6 +10,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+
+from bigtrain.distributed.rendezvous import single_process_env
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    _single_process_env()
+    single_process_env()
     if get_accelerator().device_name() == "cpu" and not torch.distributed.is_initialized():
         tune_cpu_rank()  # before gloo starts its threads, so they inherit the binding
     minutes = timeout_minutes or collective_timeout_s() / 60
@@ -170,21 +171,6 @@ def return_freed_memory() -> bool:
         return restored
     except (OSError, AttributeError):
         return False
-
-
-def _single_process_env() -> None:
-    """A plain `python bigtrain/run.py` has no launcher variables: make it a world of one."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "0")  # the store of a world of one binds a port the kernel picks: no race
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def barrier() -> None:

@@ -176,7 +176,7 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `bigtrain estimate` on the CLI's subparsers."""
     p = subparsers.add_parser("estimate", help="per-rank memory for each ZeRO stage x offload x checkpointing",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from bigtrain.cli import FAMILY_HELP
+    from bigtrain.config.flags import FAMILY_HELP
     p.add_argument("--model", required=True, help=FAMILY_HELP)
     p.add_argument("--size", default=None, help="named size (see `bigtrain models`), or custom with --set; "
                                                 "default custom with --pretrained")

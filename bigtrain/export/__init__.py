@@ -4,7 +4,9 @@ directory for GPT-2), in one CPU process, never touching the checkpoint.
     locate.py    which checkpoint (run dir / checkpoint dir / tag dir, --tag)
     weights.py   one plain state dict from DeepSpeed's files (zero_to_fp32, pipeline layers)
     masters.py   fp32 master weights from ZeRO-1/2 optimizer files of any pipeline stage
-    write.py     the output directory (atomic), strict loading, load_exported
+    write.py     the output directory (atomic), strict loading
+    read.py      an export loaded back as a user loads it: load_exported, load_adapter
+    lora.py      a LoRA run merged, or its adapter alone
     exporter.py  export_checkpoint: the above in order
     cli.py       add_export_parser for bigtrain.cli
 """
@@ -12,7 +14,7 @@ import importlib
 from typing import Any
 
 _WHERE = {"add_export_parser": "cli", "cmd_export": "cli", "ExportResult": "exporter", "export_checkpoint": "exporter",
-          "Located": "locate", "locate_checkpoint": "locate", "load_exported": "write"}
+          "Located": "locate", "locate_checkpoint": "locate", "load_exported": "read"}
 __all__ = sorted(_WHERE)
 
 

@@ -114,8 +114,8 @@ def check_run_args(run_args: list[str], world_size: int, use_gpu: bool) -> Path:
     """Parse and lint the job's flags as run.py will; returns the run's OUT directory."""
     from bigtrain.ds.lint import DeviceCaps
     from bigtrain.ds.resolve import resolve
-    from bigtrain.run import build_parser, run_config_from_args
-    args = parse_run_args(build_parser(), run_args)
+    from bigtrain.config.flags import build_run_parser, run_config_from_args
+    args = parse_run_args(build_run_parser(), run_args)
     run = run_config_from_args(args)
     # The workers' device decides what precision they can run; assume a modern GPU when they have one.
     device = DeviceCaps("cuda", fp16=True, bf16=True) if use_gpu else DeviceCaps.detect()
@@ -140,7 +140,7 @@ def parse_run_args(parser: argparse.ArgumentParser, run_args: list[str]) -> argp
 def worker_main(config: dict) -> None:
     """Ray Train's per-worker function: bigtrain's job, resumed from Ray's checkpoint after a restart."""
     import ray.train
-    from bigtrain.run import build_parser, run_config_from_args
+    from bigtrain.config.flags import build_run_parser, run_config_from_args
     from bigtrain.train.job import train
     from bigtrain.train.process import JobProcess
     from bigtrain.train.report import add_listener
@@ -155,7 +155,7 @@ def worker_main(config: dict) -> None:
     run_args = list(config["run_args"])
     restored = ray.train.get_checkpoint()
     resume_tag = read_pointer(restored) if restored is not None else None
-    args = build_parser().parse_args(run_args)
+    args = build_run_parser().parse_args(run_args)
     if resume_tag is not None:
         # Ray restarted the group: continue from bigtrain's newest complete checkpoint in that directory
         # (the registered one, or a later one saved just before the failure), as --resume does.
