@@ -1,5 +1,5 @@
 """Process-group set-up that works under the deepspeed launcher, torchrun, and a plain `python`, and the
-few collectives the loop needs (the peers of a job and how it ends: `bigtrain.distributed.peers`)."""
+few collectives the loop needs (the peers of a job: `peers`; how it ends: `peer_watch`, `job_stop`)."""
 from __future__ import annotations
 
 import os
