@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from bigtrain.data.blocks import ConcatBlocks, TokenBlocks, block_count
+from bigtrain.data.blocks import TokenBlocks, block_count
 from bigtrain.data.chat import no_template_line, read_chat_template
-from bigtrain.data.dataset import DataBundle, split_rows
+from bigtrain.data.dataset import ConcatRows, DataBundle, split_rows
 from bigtrain.data.formats import FIELDS, TEMPLATED, ExampleOptions
 from bigtrain.data.mixture import MixtureSampler, parse_mixture
 from bigtrain.data.prepare.core import identity, prepare, text_source
@@ -81,7 +81,7 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
     def make_sampler(rank: int, size: int, seed: int) -> MixtureSampler:
         return MixtureSampler([len(t) for t in trains], weights, rank, size, seed)
 
-    return DataBundle(ConcatBlocks(trains), ConcatBlocks(vals), tok, len(tok), 0, desc, make_sampler, tok_dir)
+    return DataBundle(ConcatRows(trains), ConcatRows(vals), tok, len(tok), 0, desc, make_sampler, tok_dir)
 
 
 def _part(text: str, split: str, revision: str | None, streaming: bool) -> Part:
