@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from bigtrain.config.load import field_sources, load_run_config
 from bigtrain.config.run_config import RunConfig
@@ -108,21 +108,3 @@ def config_sources(args: argparse.Namespace) -> dict[str, str]:
     """The run-config fields given by --config or by --set/flags: an explicit --set wins over a
     DeepSpeed JSON, the JSON over --config (bigtrain.ds.resolve)."""
     return field_sources(args.config, shorthand_sets(args) + list(args.set))
-
-
-def model_override_sets(items: list[str]) -> dict[str, Any]:
-    """`--set model.overrides.KEY=VALUE` items -> {KEY: VALUE} (for verbs that build a model and no run).
-
-    A bare `KEY=VALUE`, the old spelling of `bigtrain models` and `bigtrain estimate`, is refused with the new one."""
-    import yaml
-    overrides = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set model.overrides.n_layer=24")
-        if not key.startswith("model.overrides.") or key == "model.overrides.":
-            raise ValueError(f"--set {item!r}: a model's shape is set as --set model.overrides.{key.split('.')[-1]}"
-                             f"={raw} (the run config's key, as every verb takes it)")
-        overrides[key.removeprefix("model.overrides.")] = yaml.safe_load(raw)
-    return overrides
