@@ -84,8 +84,8 @@ def train_on_ray(run_args: list[str], options: RayTrainOptions | None = None, **
     opts = options or RayTrainOptions(**kwargs)
     if opts.num_workers < 1:
         raise ValueError(f"--num-workers is {opts.num_workers}; give 1 or more")
+    out = check_run_args(run_args, opts.num_workers, opts.use_gpu)  # a mistake is one line, with Ray or without
     require_ray()
-    out = check_run_args(run_args, opts.num_workers, opts.use_gpu)
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -257,11 +257,14 @@ def cmd_ray_train(args: argparse.Namespace) -> int:
     opts = RayTrainOptions(num_workers=args.num_workers, use_gpu=args.use_gpu, cpus_per_worker=args.cpus_per_worker,
                            address=args.address, storage_path=args.storage_path, name=args.name,
                            max_failures=args.max_failures)
-    require_ray()
-    import ray.train
     try:
         result = train_on_ray(args.run_args, opts)
-    except ray.train.TrainingFailedError as err:
+    except ValueError:
+        raise  # the job config's mistake, or Ray missing: one line from the CLI
+    except Exception as err:
+        import ray.train  # installed: train_on_ray got past require_ray
+        if not isinstance(err, ray.train.TrainingFailedError):
+            raise
         print(f"bigtrain ray-train: the run failed ({failure_line(err, opts.max_failures)}); "
               "the workers' log lines above say why", file=sys.stderr)
         return 1

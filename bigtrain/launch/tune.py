@@ -85,8 +85,8 @@ def tune_sweep(run_args: list[str], space: TuneSpace, cpus_per_trial: int = 1, g
     with OUT/trials/TRIAL as its output. RUN_ARGS should make short jobs that evaluate often
     (`--steps 200 --set train.eval_interval=20`): ASHA compares trials at each evaluation.
     `max_concurrent` caps the trials running at once (default: as many as the cluster's resources allow)."""
+    steps, eval_interval, out = sweep_shape(run_args, space, gpus_per_trial > 0)  # one line, with Ray or without
     require_ray()
-    steps, eval_interval, out = sweep_shape(run_args, space, gpus_per_trial > 0)
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator

@@ -279,3 +279,21 @@ def test_mfu_against_the_datasheet_and_each_lever_against_bigtrains_defaults():
     assert gains == pytest.approx({"compile off": 11.0 / 8.0, "micro_batch auto": 13.2 / 11.0})
     assert "**x1.38**" in levers_table(lever_ratios(rows)) and "**x1.20**" in levers_table(lever_ratios(rows))
     assert "MFU datasheet" in jobs_table(rows, fp32_mfu=False) and "bigtrain (compile off)" in jobs_table(rows)
+
+
+@pytest.mark.parametrize("plan_name", ["short", "full", "gpu", "gpu-dry"])
+def test_every_case_of_every_bench_plan_resolves(plan_name):
+    """What each bench job will be given, resolved as the bench resolves it before launching: a case that cannot
+    (the micro_batch auto lever crashed `bench --gpu --dry-run` at its 12th case) fails here, not on a GPU lease."""
+    from bigtrain.bench.jobs import ds_config_for
+    from bigtrain.bench.sweep import full_plan, gpu_plan, short_plan
+    from bigtrain.ds.lint import DeviceCaps
+    plan = {"short": short_plan, "full": full_plan, "gpu": lambda: gpu_plan(1),
+            "gpu-dry": lambda: gpu_plan(0, dry=True)}[plan_name]()
+    device = DeviceCaps("cuda", fp16=True, bf16=True) if plan_name == "gpu" else None  # a GPU host's abilities
+    assert plan.cases
+    for case in plan.cases:
+        ds = ds_config_for(case, plan.ranks, device=device)
+        micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+        stages = case.strategy.pipeline
+        assert ds["train_batch_size"] == micro * accum * (plan.ranks // stages), (case.name, ds)
