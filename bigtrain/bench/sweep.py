@@ -244,7 +244,7 @@ def _command(plan: Plan) -> str:
 
 
 def env_summary(env: dict, device: str = "cpu") -> str:
-    bind = "each rank pinned to its own core (bigtrain.distributed.world.bind_to_cores)" \
+    bind = "each rank pinned to its own core (bigtrain.distributed.host.bind_to_cores)" \
         if env.get("BIGTRAIN_BIND_CORES", "1") != "0" else "no core binding"
     if device != "cpu":
         bind = f"one {device} per rank"

@@ -149,7 +149,7 @@ def worker_main(config: dict) -> None:
     os.environ.update(config["env"])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if config["tune_cpu"]:
-        from bigtrain.distributed.world import tune_cpu_rank
+        from bigtrain.distributed.host import tune_cpu_rank
         tune_cpu_rank()  # cores and malloc as a launcher rank gets them (Ray set LOCAL_RANK/LOCAL_WORLD_SIZE)
     quiet_report_lines()
     run_args = list(config["run_args"])

@@ -65,7 +65,7 @@ def detected_accelerator() -> str | None:
 def thread_env(num_ranks: int) -> dict:
     """The ranks' environment: the cores split between the ranks unless the user chose OMP_NUM_THREADS,
     and glibc malloc keeping freed memory unless GLIBC_TUNABLES is set (docs/benchmarks.md has the numbers;
-    each rank also pins itself to its share of the cores, see `distributed.bind_to_cores`)."""
+    each rank also pins itself to its share of the cores, see `distributed.host.bind_to_cores`)."""
     env = dict(os.environ)
     if "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(num_ranks, 1)))
