@@ -3,7 +3,7 @@
 Each verb lives in its own module and registers its subparser (VERBS, one line each); this file
 only wires argparse to them. Building the parser imports no torch or DeepSpeed, so `bigtrain
 --help` and every verb's `--help` start at once: a verb imports what it needs when it runs
-(tests/test_cli.py holds every verb module to that). Every flag takes both spellings,
+(tests/unit/test_cli.py holds every verb module to that). Every flag takes both spellings,
 `--num_gpus` and `--num-gpus`. A user's mistake ends with one line on stderr and exit code 2,
 never a stack trace.
 """
@@ -13,10 +13,11 @@ import argparse
 import importlib
 import json
 import sys
-from typing import Sequence
+
+from bigtrain.config.flags import FlagParser, add_run_config_args
 
 # One line per verb: "module:function" that adds its subparser (imported when the parser is built,
-# so the module must not import torch/DeepSpeed at its top; tests/test_cli.py checks).
+# so the module must not import torch/DeepSpeed at its top; tests/unit/test_cli.py checks).
 VERBS = [
     "bigtrain.launch.train:add_train_parser",
     "bigtrain.estimate.cli:add_estimate_parser",
@@ -29,44 +30,6 @@ VERBS = [
     "bigtrain.metrics.plot:add_plot_parser",
     "bigtrain.data.prepare.cli:add_prepare_parser",
 ]
-
-
-# The --model help of every verb that takes one (bigtrain.run, estimate).
-FAMILY_HELP = "model family: gpt2, llama, hf (a local Hugging Face directory, model.pretrained), encoder, resnet"
-
-
-class FlagParser(argparse.ArgumentParser):
-    """An ArgumentParser that takes every long flag as `--snake_case` or `--kebab-case`.
-
-    DeepSpeed's launcher and scripts spell flags `--num_gpus`, POSIX tools `--num-gpus`; users
-    type both. A flag this parser does not know under the spelling given is looked up under the
-    other spelling before argparse sees it. Subparsers made with `add_subparsers().add_parser`
-    are of this class too, so every verb gets it without registering both names.
-    """
-
-    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None):
-        args = sys.argv[1:] if args is None else list(args)
-        return super().parse_known_args(self.known_spellings(args), namespace)
-
-    def known_spellings(self, args: list[str]) -> list[str]:
-        """`args` with each long flag in the spelling this parser registered (up to a bare `--`)."""
-        out = []
-        for i, arg in enumerate(args):
-            if arg == "--":
-                return out + args[i:]
-            out.append(self._spelling(arg))
-        return out
-
-    def _spelling(self, arg: str) -> str:
-        if not arg.startswith("--") or len(arg) < 3:
-            return arg
-        name, eq, value = arg.partition("=")
-        if name in self._option_string_actions:
-            return arg
-        for other in ("--" + name[2:].replace("_", "-"), "--" + name[2:].replace("-", "_")):
-            if other in self._option_string_actions:
-                return other + eq + value
-        return arg
 
 
 def cmd_configs(args: argparse.Namespace) -> int:
@@ -91,7 +54,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     device = DeviceCaps.for_device(args.device)
     world = args.world_size
     if world is None:  # what `bigtrain train` starts here
-        from bigtrain.launch.train import default_num_ranks
+        from bigtrain.launch.hosts import default_num_ranks
         world = default_num_ranks()
         print(f"note: no --world-size: checking for {world} rank(s), what `bigtrain train` starts on this machine",
               file=sys.stderr)
@@ -103,12 +66,6 @@ def cmd_lint(args: argparse.Namespace) -> int:
         print(note if note.startswith("warning: ") else f"note: {note}", file=sys.stderr)
     print(json.dumps(resolved.ds_config, indent=2))
     return 0
-
-
-def add_run_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="run config YAML/JSON (see bigtrain/config/run_config.py)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a run-config field, e.g. --set zero.stage=3 (repeatable)")
 
 
 def version_line() -> str:
@@ -157,7 +114,7 @@ def build_parser() -> FlagParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="device the checks assume (fp16, Lamb's GPU kernel, NVMe offload): auto = this machine; "
                         "cuda checks a GPU config on a login node")
-    add_run_config_args(p)
+    add_run_config_args(p, "run config YAML/JSON (see bigtrain/config/run_config.py)")
     p.set_defaults(func=cmd_lint)
 
     for entry in VERBS:

@@ -3,21 +3,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from bigtrain.distributed.rendezvous import free_port  # noqa: F401 -- the tests take it from here
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TINY = ["--size", "tiny", "--set", "data.vocab_size=512", "--set", "data.seq_len=64", "--set", "precision=fp32",
         "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0", "--peak-tflops", "1"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # What a launcher sets for its ranks: never inherited from a test process that made a process group of its own.

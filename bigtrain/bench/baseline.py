@@ -146,7 +146,7 @@ def seeded_spec(job: dict) -> Any:
 
 def same_rank_setup() -> None:
     """The core binding and malloc settings bigtrain's ranks give themselves (before the process group)."""
-    from bigtrain.distributed.world import tune_cpu_rank
+    from bigtrain.distributed.host import tune_cpu_rank
     if get_accelerator().device_name() == "cpu":
         tune_cpu_rank()
 

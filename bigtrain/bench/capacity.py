@@ -105,7 +105,7 @@ def watch_job(cmd: list[str], env: dict, log_path: Path, budget: int, done_marke
 def probe(plan: CapacityPlan, name: str, strategy: Strategy, n_layer: int, workdir: Path, env: dict,
           sets: tuple[tuple[str, str], ...] = ()) -> dict:
     """One real job at depth `n_layer`; {'fits': bool, 'peak_bytes', 'outcome', ...}."""
-    from bigtrain.distributed.world import free_port
+    from bigtrain.distributed.rendezvous import free_port
     case = Case(plan.workload(n_layer), strategy, steps=plan.steps, group="capacity", sets=sets)
     out = Path(workdir) / f"capacity-{case.slug}"
     out.mkdir(parents=True, exist_ok=True)

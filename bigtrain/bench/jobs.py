@@ -15,10 +15,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bigtrain.bench.cases import Case
 from bigtrain.bench.timers import step_split
+
+if TYPE_CHECKING:
+    from bigtrain.ds.lint import DeviceCaps
 
 REPO = Path(__file__).resolve().parents[2]
 MONITOR_KEYS = ("tensorboard", "csv_monitor", "wandb", "comet")
@@ -42,13 +45,13 @@ def deepspeed_bin() -> str:
     return shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
 
 
-def ds_config_for(case: Case, num_ranks: int, breakdown: bool = True) -> dict:
+def ds_config_for(case: Case, num_ranks: int, breakdown: bool = True, device: DeviceCaps | None = None) -> dict:
     """The DeepSpeed dict bigtrain would generate for this case, monitors left out, the case's own DeepSpeed
-    keys set, DeepSpeed's timers on (`breakdown`)."""
+    keys set, DeepSpeed's timers on (`breakdown`); for this machine's accelerator, or `device`."""
     from bigtrain.config.load import field_sources, load_run_config
     from bigtrain.ds.resolve import resolve
     run = load_run_config(None, case.run_overrides())
-    config = resolve(run, None, num_ranks, sources=field_sources(None, case.run_overrides())).ds_config
+    config = resolve(run, None, num_ranks, device, sources=field_sources(None, case.run_overrides())).ds_config
     for key in MONITOR_KEYS:
         config.pop(key, None)
     # DeepSpeed 0.19.8's pipeline engine fails with the breakdown on ("bwd_microstep timer has
@@ -93,7 +96,7 @@ def command(case: Case, out: Path, ds_path: Path, job_path: Path, port: int, num
 
 def run_case(case: Case, workdir: Path, launch: Launch, peak_tflops: float | None = None) -> dict:
     """Run `case` under `workdir/<slug>`; returns the normalized result (ok=False with the log tail on failure)."""
-    from bigtrain.distributed.world import free_port
+    from bigtrain.distributed.rendezvous import free_port
     out = Path(workdir) / case.slug
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

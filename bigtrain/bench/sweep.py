@@ -167,7 +167,7 @@ def settings_cases(workload: Workload, strategy: Strategy) -> list[Case]:
 def measure_peaks(workdir: Path, launch: Launch, name: str = "peak", seconds: float = 1.0) -> Path:
     """Run the peak job (launched like the others); returns the directory with the ranks' files."""
     from bigtrain.bench.jobs import _run, deepspeed_bin, remove_shm_leftovers
-    from bigtrain.distributed.world import free_port
+    from bigtrain.distributed.rendezvous import free_port
     out = Path(workdir) / name
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -244,7 +244,7 @@ def _command(plan: Plan) -> str:
 
 
 def env_summary(env: dict, device: str = "cpu") -> str:
-    bind = "each rank pinned to its own core (bigtrain.distributed.world.bind_to_cores)" \
+    bind = "each rank pinned to its own core (bigtrain.distributed.host.bind_to_cores)" \
         if env.get("BIGTRAIN_BIND_CORES", "1") != "0" else "no core binding"
     if device != "cpu":
         bind = f"one {device} per rank"

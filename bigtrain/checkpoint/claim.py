@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bigtrain.checkpoint.store import TAG_RE, check_complete
+from bigtrain.checkpoint.store import check_complete, checkpoint_tags
 from bigtrain.distributed.world import World
 
 log = logging.getLogger("bigtrain")
@@ -85,7 +85,7 @@ def _claim_on_rank_0(out: Path, ckpt_dir: Path, lock: RunDirLock, resume: bool, 
             return problem
     if resume:
         return None
-    tags = earlier_checkpoints(ckpt_dir)
+    tags = checkpoint_tags(ckpt_dir)
     complete = [tag for tag in tags if check_complete(ckpt_dir / tag) is None]
     if not complete:  # only the debris of a save that was killed: never resumable, and in this run's way
         if tags:
@@ -99,13 +99,6 @@ def _claim_on_rank_0(out: Path, ckpt_dir: Path, lock: RunDirLock, resume: bool, 
     log.warning("--overwrite: removed %d checkpoint(s) of an earlier run from %s (newest %s) and its summary",
                 len(tags), ckpt_dir, tags[-1])
     return None
-
-
-def earlier_checkpoints(ckpt_dir: Path) -> list[str]:
-    """The step_NNNNNN directories in `ckpt_dir`, complete or not, oldest first."""
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(p.name for p in ckpt_dir.iterdir() if p.is_dir() and TAG_RE.match(p.name))
 
 
 def remove_earlier_run(out: Path, ckpt_dir: Path, tags: list[str], run_files: bool = True) -> None:

@@ -91,7 +91,7 @@ def find_resumable(ckpt_dir: str | Path, world: World | None = None) -> tuple[st
     ValueError for a complete one of a layout version this bigtrain does not read (never skipped:
     resuming from an older step instead would silently lose work)."""
     ckpt_dir = Path(ckpt_dir)
-    for tag in sorted(_tags(ckpt_dir), key=_step_of, reverse=True):
+    for tag in checkpoint_tags(ckpt_dir)[::-1]:
         problem = _agreed(check_complete(ckpt_dir / tag), world)
         if problem is None:
             damaged = damaged_files(ckpt_dir / tag, world)
@@ -126,7 +126,7 @@ def set_aside(tag_dir: Path, world: World) -> Path:
 
 def newest_complete(ckpt_dir: Path, before: str | None = None) -> str | None:
     """The newest tag that passes the cheap check, older than `before` (for messages, not for loading)."""
-    for tag in sorted(_tags(ckpt_dir), key=_step_of, reverse=True):
+    for tag in checkpoint_tags(ckpt_dir)[::-1]:
         if (before is None or _step_of(tag) < _step_of(before)) and check_complete(ckpt_dir / tag) is None:
             return tag
     return None
@@ -213,10 +213,11 @@ def set_rng_state(state: dict) -> None:
         get_accelerator().set_rng_state(state["device"])
 
 
-def _tags(ckpt_dir: Path) -> list[str]:
+def checkpoint_tags(ckpt_dir: Path) -> list[str]:
+    """The step_N directories in `ckpt_dir`, complete or not, oldest first."""
     if not ckpt_dir.is_dir():
         return []
-    return [p.name for p in ckpt_dir.iterdir() if p.is_dir() and TAG_RE.match(p.name)]
+    return sorted((p.name for p in ckpt_dir.iterdir() if p.is_dir() and TAG_RE.match(p.name)), key=_step_of)
 
 
 def _step_of(tag: str) -> int:
@@ -227,7 +228,7 @@ def _step_of(tag: str) -> int:
 
 def _prune(ckpt_dir: Path, keep_last: int) -> None:
     """Remove all but the newest `keep_last` complete checkpoints; incomplete ones older than those go too."""
-    tags = sorted(_tags(ckpt_dir), key=_step_of, reverse=True)
+    tags = checkpoint_tags(ckpt_dir)[::-1]
     keep: set[str] = set()
     for tag in tags:  # newest first, and only until enough are found: checking reads every file's tail
         if len(keep) < keep_last and check_complete(ckpt_dir / tag) is None:

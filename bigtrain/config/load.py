@@ -111,7 +111,10 @@ def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
     kwargs = {}
     for key, value in data.items():
         if key not in known:
-            raise ValueError(unknown_key_message(prefix + str(key), str(key), list(known)))
+            message = unknown_key_message(prefix + str(key), str(key), list(known))
+            if cls is RunConfig and not difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6):
+                message += f"; a model's shape is set as model.overrides.{key} (--set model.overrides.{key}=VALUE)"
+            raise ValueError(message)
         kwargs[key] = _coerce(hints[key], value, prefix + key, known[key])
     try:
         return cls(**kwargs)

@@ -68,7 +68,7 @@ class DataConfig:
                         "(position ids restart per example).")
 
     def __post_init__(self) -> None:
-        from bigtrain.data.chat import ExampleOptions
+        from bigtrain.data.formats import ExampleOptions
         ExampleOptions(self.format, self.chat_template, self.train_on_prompt, self.long_examples, self.packing)
         _positive(self, "seq_len", "vocab_size", "image_size", "synthetic_samples")
         if self.num_proc is not None:

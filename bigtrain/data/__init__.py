@@ -12,8 +12,7 @@ Names are imported lazily, so a prepare worker process (which imports
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from bigtrain.lazy import lazy_names
 
 _EXPORTS = {
     "MODALITIES": "build", "build_data": "build",
@@ -25,11 +24,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'bigtrain.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"bigtrain.data.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _EXPORTS)

@@ -53,25 +53,3 @@ class TokenBlocks:
 
     def subset(self, rows: np.ndarray) -> "TokenBlocks":
         return TokenBlocks(self.corpus, self.seq_len, self.rows[rows])
-
-
-class ConcatBlocks:
-    """Several TokenBlocks as one index space (the parts of a mixture): part p holds [offsets[p], offsets[p+1])."""
-
-    def __init__(self, parts: list[TokenBlocks]):
-        assert parts and len({p.seq_len for p in parts}) == 1, "parts of one mixture share seq_len"
-        self.parts = parts
-        self.offsets = np.cumsum([0] + [len(p) for p in parts])
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    def take(self, indices: Sequence[int]) -> Batch:
-        indices = np.asarray(indices, dtype=np.int64)
-        part_of = np.searchsorted(self.offsets, indices, side="right") - 1
-        dtype = np.result_type(*(p.corpus.dtype for p in self.parts))
-        out = np.empty((len(indices), self.parts[0].seq_len + 1), dtype=dtype)
-        for p in np.unique(part_of):
-            mine = np.flatnonzero(part_of == p)
-            out[mine] = self.parts[p].blocks(indices[mine] - self.offsets[p])
-        return to_batch(out)

@@ -15,7 +15,7 @@ from bigtrain.data.sources import parse_source
 from bigtrain.data.synthetic import SyntheticImages, synthetic_classification, synthetic_tokens
 
 if TYPE_CHECKING:
-    from bigtrain.data.chat import ExampleOptions
+    from bigtrain.data.formats import ExampleOptions
 
 MODALITIES = ("text", "classify", "image")  # gpt2 -> text, encoder -> classify, resnet -> image
 

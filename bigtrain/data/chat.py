@@ -1,24 +1,7 @@
-"""Chat and instruction examples: which format a record is in, and how it becomes tokens with its answer marked.
-
-The record shapes the HF Trainer / TRL SFT trainer, axolotl, LLaMA-Factory and torchtune take:
-
-    chat               {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
-    sharegpt           {"conversations": [{"from": "system" | "human" | "gpt", "value": "..."}, ...]}
-    prompt_completion  {"prompt": "...", "completion": "..."}
-    alpaca             {"instruction": "...", "input": "..." (optional), "output": "..."}
-
-and the preference pairs of TRL's DPO/reward trainers and LLaMA-Factory, which render to two examples each (the
-chosen answer's, then the rejected one's; bigtrain.data.pairs serves them side by side):
-
-    preference              {"prompt": ..., "chosen": ..., "rejected": ...}: strings, or message lists (the prompt
-                            a list or a string for the user; without a prompt, the turns the two conversations
-                            share are the prompt: TRL's implicit prompt)
-    preference_instruction  {"instruction": "...", "input": "..." (optional), "chosen": "...", "rejected": "..."}
-
-and TRL's unpaired preference records for KTO, one answer each, marked desirable (label true) or not:
-
-    kto                     {"prompt": ..., "completion": ..., "label": true | false}: strings, or message lists
-                            (the undesirable answers' tokens carry mask value 2 instead of 1)
+"""Chat and instruction examples: how a record (in one of the formats of `bigtrain.data.formats`, the shapes the
+HF Trainer / TRL SFT trainer, axolotl, LLaMA-Factory and torchtune take) becomes tokens with its answer marked. A
+preference pair renders to two examples (the chosen answer's, then the rejected one's; bigtrain.data.pairs serves
+them side by side), a KTO record to one whose answer's mask is UNDESIRABLE (2) where its label is false.
 
 An example renders to token ids and a 0/1 mask of the tokens the model is trained to produce: the assistant's
 turns (their end-of-turn marker included: the model must learn to stop), the completion, the output (each
@@ -29,28 +12,12 @@ Imported by prepare's worker processes: transformers' tokenizer classes and Jinj
 """
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-FORMATS = ("auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca", "preference", "preference_instruction",
-           "kto")
-PAIR_FORMATS = ("preference_instruction", "preference")  # two examples per record: chosen, rejected
-UNPAIRED_FORMATS = ("kto",)  # one answer per record, marked desirable or not
-UNDESIRABLE = 2  # the mask value of an undesirable answer's tokens (a desirable one's are 1)
-# In the order a record's keys are matched (a preference record's keys first: they hold a prompt too).
-EXAMPLE_FORMATS = (*PAIR_FORMATS, *UNPAIRED_FORMATS, "chat", "sharegpt", "prompt_completion", "alpaca")
-TEMPLATED = ("chat", "sharegpt")  # conversations, rendered by the tokenizer's chat template
-LONG_EXAMPLES = ("truncate", "drop")
-# The columns of each format; "?" marks an optional one (read where present).
-FIELDS: dict[str, tuple[str, ...]] = {"chat": ("messages",), "sharegpt": ("conversations",),
-                                      "prompt_completion": ("prompt", "completion"),
-                                      "alpaca": ("instruction", "input?", "output"),
-                                      "preference": ("prompt?", "chosen", "rejected"),
-                                      "preference_instruction": ("instruction", "input?", "chosen", "rejected"),
-                                      "kto": ("prompt", "completion", "label")}
+from bigtrain.data.formats import EXAMPLE_FORMATS, PAIR_FORMATS, TEMPLATED, UNDESIRABLE, UNPAIRED_FORMATS
+
 # The roles chat templates render (transformers' docs; Llama 3's ipython, OpenAI's developer and function).
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "ipython", "function")
 # ShareGPT's speakers (as axolotl and LLaMA-Factory map them) -> chat roles.
@@ -64,86 +31,6 @@ ALPACA_PROMPT = ("Below is an instruction that describes a task, paired with an 
 ALPACA_PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately "
                           "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
 _GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
-
-
-@dataclass(frozen=True)
-class ExampleOptions:
-    """The data.* settings of chat and instruction data (see the run config's docs)."""
-
-    format: str = "auto"
-    chat_template: str | None = None
-    train_on_prompt: bool = False
-    long_examples: str = "truncate"
-    packing: bool = False
-
-    def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"data.format={self.format!r}: must be one of {', '.join(FORMATS)}")
-        if self.long_examples not in LONG_EXAMPLES:
-            raise ValueError(f"data.long_examples={self.long_examples!r}: must be truncate or drop")
-
-
-def required(fields: Iterable[str]) -> list[str]:
-    return [f for f in fields if not f.endswith("?")]
-
-
-def columns(fields: Iterable[str]) -> list[str]:
-    return [f.rstrip("?") for f in fields]
-
-
-def format_of(keys: Iterable[str]) -> str:
-    """The example format whose required fields the keys hold ('text' when none), as TRL recognises them."""
-    keys = set(keys)
-    return next((fmt for fmt in EXAMPLE_FORMATS if set(required(FIELDS[fmt])) <= keys), "text")
-
-
-def detect_format(src: Any, declared: str) -> str:
-    """data.format, or (auto) the format of the source's first record: columns of a Parquet file or a hub
-    dataset, keys of the first JSON record; .txt and the builtin text are text."""
-    if declared != "auto":
-        if declared in EXAMPLE_FORMATS and (src.kind == "builtin" or src.loader == "text"):
-            raise ValueError(f"data.format={declared}: {src.text!r} is plain text, not records; give jsonl / json / "
-                             "parquet records (or hf:NAME) with the format's fields, or set data.format=text")
-        return declared
-    keys = _first_keys(src)
-    return "text" if keys is None else format_of(keys)
-
-
-def _first_keys(src: Any) -> list[str] | None:
-    if src.kind == "hub":  # every rank looks: as a stream, so that none downloads the dataset for it
-        from dataclasses import replace
-
-        from bigtrain.data.sources import load_hub
-        records = load_hub(replace(src, streaming=True))
-        names = records.column_names
-        return list(names) if names is not None else list(next(iter(records), {}))
-    if src.kind != "files" or src.loader == "text":
-        return None
-    path = src.files[0]
-    if src.loader == "parquet":
-        import pyarrow.parquet as pq
-        try:
-            return list(pq.ParquetFile(path).schema_arrow.names)
-        except Exception:  # noqa: BLE001 -- not Parquet: the reader names the file with its own line later
-            return None
-    record = _first_json_record(path)
-    return list(record) if isinstance(record, dict) else None
-
-
-def _first_json_record(path: Path) -> Any:
-    """The first record of a jsonl file, or of a .json array, from the first 4 MB (None when unreadable there:
-    the reader reports the file's problem with its line)."""
-    with open(path, "rb") as f:
-        head = f.read(4 << 20).decode("utf-8", errors="replace")
-    text = head.lstrip()
-    try:
-        if text.startswith("["):
-            record, _ = json.JSONDecoder().raw_decode(text[1:].lstrip())
-            return record
-        line = next((ln for ln in text.splitlines() if ln.strip()), "")
-        return json.loads(line)
-    except ValueError:
-        return None
 
 
 def read_chat_template(value: str) -> str:
@@ -343,15 +230,6 @@ def sharegpt_messages(turns: Any) -> list[dict]:
                              "convert the records to 'messages' with roles to train on other speakers")
         messages.append({"role": SHAREGPT_ROLES[speaker], "content": turn.get("value")})
     return messages
-
-
-def no_text_field_line(field: str, where: str, keys: Any) -> str:
-    """Plain-text records without their text field: name what they hold, the text field to set, and the record
-    shapes that train as chat or instruction examples instead."""
-    shapes = ", ".join(" + ".join(repr(c) for c in required(FIELDS[f])) for f in EXAMPLE_FORMATS)
-    return (f"data.text_field={field!r}: {where} has no such field; it has {keys}. Set data.text_field (prepare "
-            f"--text-field) to the one holding the text, or for chat / instruction examples give records with "
-            f"{shapes} (data.format)")
 
 
 def no_template_line(tokenizer: Any) -> str:

@@ -22,6 +22,29 @@ class IndexedDataset(Protocol):
     def take(self, indices: Sequence[int]) -> Batch: ...
 
 
+class ConcatRows:
+    """Several datasets as one index space (the parts of a mixture: token blocks, example rows): part p holds
+    [offsets[p], offsets[p+1]). A batch gathers each part's share of the indices in one `take` per part."""
+
+    def __init__(self, parts: list[IndexedDataset]):
+        self.parts = parts
+        self.offsets = np.cumsum([0] + [len(p) for p in parts])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def take(self, indices: Sequence[int]) -> Batch:
+        indices = np.asarray(indices, dtype=np.int64)
+        part_of = np.searchsorted(self.offsets, indices, side="right") - 1
+        out: Batch = {}
+        for p in np.unique(part_of):
+            mine = np.flatnonzero(part_of == p)
+            batch = self.parts[p].take((indices[mine] - self.offsets[p]).tolist())
+            for key, value in batch.items():
+                out.setdefault(key, value.new_empty((len(indices), *value.shape[1:])))[torch.from_numpy(mine)] = value
+        return out
+
+
 def _to_tensor(array: np.ndarray) -> torch.Tensor:
     if np.issubdtype(array.dtype, np.integer) and array.dtype != np.uint8:
         return torch.from_numpy(array.astype(np.int64))  # embeddings and losses want int64

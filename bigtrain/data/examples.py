@@ -21,8 +21,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from bigtrain.data.chat import ExampleOptions
-from bigtrain.data.dataset import Batch, DataBundle, split_rows
+from bigtrain.data.formats import ExampleOptions
+from bigtrain.data.dataset import Batch, ConcatRows, DataBundle, split_rows
 from bigtrain.data.prepare.store import PreparedCorpus
 
 IGNORE = -100
@@ -74,28 +74,6 @@ class ExampleRows:
     def subset(self, rows: np.ndarray) -> "ExampleRows":
         return ExampleRows(self.corpus, self.seq_len, self.starts, self.lengths, self.members, self.offsets,
                            self.train_on_prompt, self.packed, self.rows[rows])
-
-
-class ConcatRows:
-    """Several ExampleRows as one index space (the parts of a mixture): part p holds [offsets[p], offsets[p+1])."""
-
-    def __init__(self, parts: list[Any]):
-        self.parts = parts
-        self.offsets = np.cumsum([0] + [len(p) for p in parts])
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    def take(self, indices: Sequence[int]) -> Batch:
-        indices = np.asarray(indices, dtype=np.int64)
-        part_of = np.searchsorted(self.offsets, indices, side="right") - 1
-        out: Batch = {}
-        for p in np.unique(part_of):
-            mine = np.flatnonzero(part_of == p)
-            batch = self.parts[p].take((indices[mine] - self.offsets[p]).tolist())
-            for key, value in batch.items():
-                out.setdefault(key, value.new_empty((len(indices), *value.shape[1:])))[torch.from_numpy(mine)] = value
-        return out
 
 
 def pack(lengths: np.ndarray, capacity: int) -> list[list[int]]:
@@ -255,11 +233,3 @@ def describe(stats: dict, seq_len: int) -> str:
     else:
         line += f"; padding {stats['pad_share_unpacked']:.1%} of the tokens (data.packing=true packs them)"
     return line
-
-
-def too_long_line(corpus: PreparedCorpus, seq_len: int) -> str:
-    """For `bigtrain prepare --seq-len`: how many examples exceed it (training truncates or drops them)."""
-    lengths = np.diff(corpus.document_ends(), prepend=0)
-    long = int((lengths > seq_len).sum())
-    return (f"{long:,} of {len(lengths):,} examples are longer than seq_len {seq_len} (longest {int(lengths.max()):,} "
-            "tokens); training truncates them, or drops them with data.long_examples=drop")

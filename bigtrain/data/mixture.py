@@ -50,7 +50,7 @@ def chunk_counts(weights: list[float], chunk: int = CHUNK) -> np.ndarray:
 
 
 class MixtureSampler:
-    """Yields indices into ConcatBlocks(parts) for one data-parallel rank, forever."""
+    """Yields indices into ConcatRows(parts) for one data-parallel rank, forever."""
 
     def __init__(self, lengths: list[int], weights: list[float], rank: int, world_size: int, seed: int):
         if world_size < 1 or not 0 <= rank < world_size:

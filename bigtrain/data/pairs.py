@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from bigtrain.data.chat import UNDESIRABLE, ExampleOptions
+from bigtrain.data.formats import UNDESIRABLE, ExampleOptions
 from bigtrain.data.dataset import Batch, DataBundle, split_rows
 from bigtrain.data.prepare.store import PreparedCorpus
 
@@ -152,7 +152,7 @@ def build_unpaired(corpora: list[PreparedCorpus], sources: list[str], weights: l
                    options: ExampleOptions, val_fraction: float, tokenizer: Any) -> DataBundle:
     """The bundle of one KTO corpus, or of a weighted mixture of them: answers with a completion token within
     seq_len (a longer one cut, or dropped with data.long_examples=drop)."""
-    from bigtrain.data.examples import ConcatRows
+    from bigtrain.data.dataset import ConcatRows
     from bigtrain.data.mixture import MixtureSampler
 
     trains, vals = [], []
@@ -199,7 +199,7 @@ def build_unpaired(corpora: list[PreparedCorpus], sources: list[str], weights: l
 def build_pairs(corpora: list[PreparedCorpus], sources: list[str], weights: list[float] | None, seq_len: int,
                 options: ExampleOptions, val_fraction: float, tokenizer: Any) -> DataBundle:
     """The bundle of one preference corpus, or of a weighted mixture of them."""
-    from bigtrain.data.examples import ConcatRows
+    from bigtrain.data.dataset import ConcatRows
     from bigtrain.data.mixture import MixtureSampler
 
     parts = [PairCorpus(c, seq_len, options, val_fraction, s) for c, s in zip(corpora, sources)]

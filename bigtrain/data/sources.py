@@ -1,4 +1,5 @@
-"""What a `data.source` string names, and loading its records through HF `datasets`.
+"""What a `data.source` string names, loading its records through HF `datasets`, and which record format
+(`bigtrain.data.formats`) its first record is in.
 
 A source is "builtin", "synthetic", "hf:NAME[:CONFIG]" (a hub dataset), or a local
 file / directory / glob of .txt, .jsonl, .json or .parquet files; for images, a
@@ -9,6 +10,7 @@ from __future__ import annotations
 import codecs
 import glob
 import hashlib
+import json
 import os
 import socket
 from dataclasses import dataclass, replace
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
 
-from bigtrain.data.chat import no_text_field_line
+from bigtrain.data.formats import EXAMPLE_FORMATS, columns, format_of, no_text_field_line, required
 
 LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 HUB_PREFIX = "hf:"
@@ -213,7 +215,7 @@ def load_hub(src: Source) -> Any:
 
 def hub_texts(src: Source, text_field: str | tuple[str, ...]) -> Iterator[Any]:
     """The documents of a hub dataset in order, one batch of rows in memory at a time (streamed or not); for
-    example columns (a tuple, bigtrain.data.chat.FIELDS) the rows themselves, as dicts."""
+    example columns (a tuple, bigtrain.data.formats.FIELDS) the rows themselves, as dicts."""
     records = load_hub(src)
     names = records.column_names
     if isinstance(text_field, tuple):
@@ -228,7 +230,6 @@ def hub_texts(src: Source, text_field: str | tuple[str, ...]) -> Iterator[Any]:
 
 
 def _hub_records(src: Source, records: Any, fields: tuple[str, ...]) -> Iterator[dict]:
-    from bigtrain.data.chat import columns, required
     names = records.column_names
     missing = [c for c in required(fields) if names is not None and c not in names]
     if missing:
@@ -255,3 +256,49 @@ def load_texts(src: Source, text_field: str, cache_dir: Path) -> list[str]:
     records = load_records(src, cache_dir)
     field = "text" if src.loader == "text" else text_field  # the txt builder always names it "text"
     return [t for t in column(records, field, "text_field") if t]
+
+
+def detect_format(src: Source, declared: str) -> str:
+    """data.format, or (auto) the format of the source's first record: columns of a Parquet file or a hub
+    dataset, keys of the first JSON record; .txt and the builtin text are text."""
+    if declared != "auto":
+        if declared in EXAMPLE_FORMATS and (src.kind == "builtin" or src.loader == "text"):
+            raise ValueError(f"data.format={declared}: {src.text!r} is plain text, not records; give jsonl / json / "
+                             "parquet records (or hf:NAME) with the format's fields, or set data.format=text")
+        return declared
+    keys = _first_keys(src)
+    return "text" if keys is None else format_of(keys)
+
+
+def _first_keys(src: Source) -> list[str] | None:
+    if src.kind == "hub":  # every rank looks: as a stream, so that none downloads the dataset for it
+        records = load_hub(replace(src, streaming=True))
+        names = records.column_names
+        return list(names) if names is not None else list(next(iter(records), {}))
+    if src.kind != "files" or src.loader == "text":
+        return None
+    path = src.files[0]
+    if src.loader == "parquet":
+        import pyarrow.parquet as pq
+        try:
+            return list(pq.ParquetFile(path).schema_arrow.names)
+        except Exception:  # noqa: BLE001 -- not Parquet: the reader names the file with its own line later
+            return None
+    record = _first_json_record(path)
+    return list(record) if isinstance(record, dict) else None
+
+
+def _first_json_record(path: Path) -> Any:
+    """The first record of a jsonl file, or of a .json array, from the first 4 MB (None when unreadable there:
+    the reader reports the file's problem with its line)."""
+    with open(path, "rb") as f:
+        head = f.read(4 << 20).decode("utf-8", errors="replace")
+    text = head.lstrip()
+    try:
+        if text.startswith("["):
+            record, _ = json.JSONDecoder().raw_decode(text[1:].lstrip())
+            return record
+        line = next((ln for ln in text.splitlines() if ln.strip()), "")
+        return json.loads(line)
+    except ValueError:
+        return None

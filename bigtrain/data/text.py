@@ -17,16 +17,16 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from bigtrain.data.blocks import ConcatBlocks, TokenBlocks, block_count
-from bigtrain.data.chat import (FIELDS, PAIR_FORMATS, TEMPLATED, UNPAIRED_FORMATS, ExampleOptions, detect_format,
-                               no_template_line, read_chat_template)
-from bigtrain.data.dataset import DataBundle, split_rows
+from bigtrain.data.blocks import TokenBlocks, block_count
+from bigtrain.data.chat import no_template_line, read_chat_template
+from bigtrain.data.dataset import ConcatRows, DataBundle, split_rows
+from bigtrain.data.formats import FIELDS, PAIR_FORMATS, TEMPLATED, UNPAIRED_FORMATS, ExampleOptions
 from bigtrain.data.mixture import MixtureSampler, parse_mixture
 from bigtrain.data.prepare.core import identity, prepare, text_source
 from bigtrain.data.prepare.pieces import BPE_TRAIN_BYTES, iter_documents
 from bigtrain.data.prepare.store import PLAN_FILE, PreparedCorpus, is_complete, is_prepared, read_manifest
 from bigtrain.data.prepare.worker import token_dtype  # noqa: F401 -- re-exported for classify
-from bigtrain.data.sources import Source
+from bigtrain.data.sources import Source, detect_format
 from bigtrain.data.tokenizer import load_tokenizer, resolve_tokenizer, tokenizer_fingerprint
 
 Part = Path | Source  # a prepared directory, or a source to prepare
@@ -86,7 +86,7 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
     def make_sampler(rank: int, size: int, seed: int) -> MixtureSampler:
         return MixtureSampler([len(t) for t in trains], weights, rank, size, seed)
 
-    return DataBundle(ConcatBlocks(trains), ConcatBlocks(vals), tok, len(tok), 0, desc, make_sampler, tok_dir)
+    return DataBundle(ConcatRows(trains), ConcatRows(vals), tok, len(tok), 0, desc, make_sampler, tok_dir)
 
 
 def _part(text: str, split: str, revision: str | None, streaming: bool) -> Part:

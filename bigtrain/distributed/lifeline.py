@@ -39,12 +39,18 @@ class Ancestor:
     what: str
 
     def alive(self) -> bool:
-        import psutil
-        try:
-            proc = psutil.Process(self.pid)
-            return proc.create_time() == self.started and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return process_alive(self.pid, self.started)
+
+
+def process_alive(pid: int, started: float) -> bool:
+    """Whether the process `pid` that started at `started` still runs: a recycled pid is another process, and a
+    zombie (killed, not yet reaped) is gone."""
+    import psutil
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() == started and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class Lifeline:
@@ -175,7 +181,7 @@ _ending_code: list[int] = []
 
 
 def ending_on_purpose(code: int) -> None:
-    """The job stops on purpose with exit `code` (`PeerWatch.stop_job`) and this rank has said what it had to say.
+    """The job stops on purpose with exit `code` (`JobStop.end`) and this rank has said what it had to say.
     The launcher ends every rank once one exits: a SIGTERM (or a launcher gone) from now on ends this rank quietly
     with `code`, instead of asking it to save a checkpoint."""
     _ending_code[:] = [code]

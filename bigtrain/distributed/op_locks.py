@@ -50,3 +50,18 @@ def check_build_locks(root: Path | None = None, now: float | None = None) -> lis
         warnings.append(f"another job is building DeepSpeed's {op} op (lock {path}, {age:.0f} s old): this job waits "
                         f"for it; if none is, a killed build left the file: remove it (rm {path})")
     return warnings
+
+
+def clear_stale_build_locks(max_age_s: float = 600.0) -> list[str]:
+    """Remove the build locks older than `max_age_s`; returns their paths. Torch's FileBaton polls a lock with no
+    timeout, so a build that was killed would hang every later job before its first line; a build takes a minute
+    or two (DeepSpeed builds its CPU all-reduce op while a rank joins the process group)."""
+    removed = []
+    for path, age in build_locks():
+        if age > max_age_s:
+            try:
+                path.unlink()
+                removed.append(str(path))
+            except OSError:  # another rank removed it first, or it is not ours to remove
+                pass
+    return removed

@@ -1,16 +1,17 @@
 """Process-group set-up that works under the deepspeed launcher, torchrun, and a plain `python`, and the
-few collectives the loop needs (the peers of a job and how it ends: `bigtrain.distributed.peers`)."""
+few collectives the loop needs (the peers of a job: `peers`; how it ends: `peer_watch`, `job_stop`)."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
-import time
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
+
+from bigtrain.distributed.host import tune_cpu_rank
+from bigtrain.distributed.op_locks import clear_stale_build_locks
+from bigtrain.distributed.rendezvous import single_process_env
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    _single_process_env()
+    single_process_env()
     if get_accelerator().device_name() == "cpu" and not torch.distributed.is_initialized():
         tune_cpu_rank()  # before gloo starts its threads, so they inherit the binding
     minutes = timeout_minutes or collective_timeout_s() / 60
@@ -52,26 +53,6 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
     else:
         release_shm_buffer(world)
     return world
-
-
-def clear_stale_build_locks(max_age_s: float = 600.0) -> list[str]:
-    """Remove lock files of torch's extension builds older than `max_age_s`; returns their paths.
-
-    DeepSpeed JIT-builds its CPU ops (shm all-reduce at start-up, CPU Adam) under a lock file that
-    torch's FileBaton polls with no timeout; a build that was killed leaves the lock behind and every
-    later job hangs before its first line. A build takes a minute or two: an older lock is stale.
-    """
-    from torch.utils.cpp_extension import get_default_build_root
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    removed = []
-    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:
-        try:
-            if time.time() - lock.stat().st_mtime > max_age_s:
-                lock.unlink()
-                removed.append(str(lock))
-        except OSError:  # another rank removed it first, or it is not ours to remove
-            pass
-    return removed
 
 
 def collective_timeout_s() -> float:
@@ -98,93 +79,6 @@ def release_shm_buffer(world: World) -> None:
         os.unlink(os.path.join("/dev/shm", name))
     except OSError:  # no shm op built here, or not Linux
         pass
-
-
-# --- CPU ranks: their own cores, and an allocator that keeps freed memory --------------------------
-
-def tune_cpu_rank() -> None:
-    """A CPU rank's fast defaults: pinned to its share of the cores, and malloc keeping freed memory."""
-    local_size = int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    bind_to_cores(int(os.environ.get("LOCAL_RANK", "0")), local_size)
-    keep_freed_memory()
-
-
-def bind_to_cores(local_rank: int, local_size: int) -> list[int] | None:
-    """Pin every thread of this process to its 1/local_size share of the cores, and use that many threads.
-
-    What `deepspeed --bind_cores_to_rank` does with numactl, without needing numactl. Skipped
-    (returns None) with BIGTRAIN_BIND_CORES=0, when the affinity is already narrower than the
-    machine (numactl, taskset, a container's cpuset), or with fewer cores than ranks.
-    """
-    if os.environ.get("BIGTRAIN_BIND_CORES", "1") == "0" or not hasattr(os, "sched_setaffinity"):
-        return None
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < (os.cpu_count() or 0) or len(cores) < local_size or not 0 <= local_rank < local_size:
-        return None
-    share = len(cores) // local_size
-    mine = cores[local_rank * share:(local_rank + 1) * share]
-    for tid in os.listdir("/proc/self/task"):  # sched_setaffinity(0) would pin the calling thread only
-        try:
-            os.sched_setaffinity(int(tid), mine)
-        except OSError:  # a thread that just ended
-            pass
-    torch.set_num_threads(min(torch.get_num_threads(), share))
-    return mine
-
-
-def keep_freed_memory() -> bool:
-    """glibc: never mmap (so never munmap) large blocks, never trim the heap; the process's RSS
-    stays at its peak instead of faulting fresh pages in every step (large tensors such as the
-    logits are otherwise mapped and unmapped every step; docs/benchmarks.md has the numbers).
-
-    `bigtrain train` sets the same through GLIBC_TUNABLES (train_cli.MALLOC_TUNABLES); this is
-    the run-time equivalent for a raw `deepspeed` launch. Skipped with BIGTRAIN_MALLOC_TUNING=0,
-    when GLIBC_TUNABLES already sets malloc options, or off glibc.
-    """
-    if os.environ.get("BIGTRAIN_MALLOC_TUNING", "1") == "0" or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
-        return False
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h
-        return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
-    except (OSError, AttributeError):  # not glibc (musl, macOS)
-        return False
-
-
-def return_freed_memory() -> bool:
-    """The opposite of `keep_freed_memory`, for jobs that offload to host RAM: glibc's defaults again
-    (large blocks mmapped and unmapped, the heap trimmed), so freed memory goes back to the system.
-    Measured: the largest GPT-2 that ZeRO-3 + offload fit in 20.7 GiB grew from 42 to 49 layers
-    (docs/benchmarks.md, Capacity). Skipped with BIGTRAIN_MALLOC_TUNING=1, or off glibc."""
-    if os.environ.get("BIGTRAIN_MALLOC_TUNING") == "1":
-        return False
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_mmap_max = -1, -4  # from glibc's malloc.h; values below are glibc's defaults
-        restored = bool(libc.mallopt(m_mmap_max, 65536)) and bool(libc.mallopt(m_trim_threshold, 128 * 1024))
-        libc.malloc_trim(0)  # and hand back what is already free
-        return restored
-    except (OSError, AttributeError):
-        return False
-
-
-def _single_process_env() -> None:
-    """A plain `python bigtrain/run.py` has no launcher variables: make it a world of one."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "0")  # the store of a world of one binds a port the kernel picks: no race
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def barrier() -> None:

@@ -1,8 +1,15 @@
 """`bigtrain estimate`: the memory table for a model from the zoo, and the fastest setup that fits.
 
     bigtrain estimate --model gpt2 --size xl --num-gpus 8 --num-nodes 2 --gpu-mem 80
-    bigtrain estimate --model gpt2 --pretrained ./my-gpt2 --gpu-mem 24GiB
-    bigtrain estimate --model llama --pretrained ./my-llama --num-gpus 2 --lora-r 16   # LoRA: adapters train
+    bigtrain estimate --model gpt2 --set model.pretrained=./my-gpt2 --gpu-mem 24GiB
+    bigtrain estimate --model llama --size 1b --num-gpus 2 --set lora.r=16   # LoRA: adapters train
+    bigtrain estimate --config run.yaml --set model.overrides.n_layer=24 --gpu-mem 80
+
+The model and the batch are read from the run config, as `bigtrain train` reads them (`--config`, `--set
+section.field=VALUE`, and the same shorthand flags: --model, --size); --seq-len, --micro-batch, --precision,
+--tensor, --sequence, --lora-r and --pretrained are shorthands for data.seq_len, batch.micro_batch, precision,
+parallel.tensor, parallel.sequence, lora.r and model.pretrained. The machine (--num-gpus, --num-nodes,
+--gpu-mem, --cpu-mem, --headroom) is the estimate's own.
 
 The model's shape comes from `bigtrain.models.build` and `bigtrain.estimate.shape` (parameters counted on the meta
 device, activations from the memory model's formula or counted from a meta-device forward); the table, the rules a
@@ -13,8 +20,10 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bigtrain.config.flags import FAMILY_HELP, add_run_config_args, shorthand_sets
 from bigtrain.estimate.memory_model import (PRECISIONS, MemoryEstimate, ModelShape, Setup, all_setups, estimate, fits,
                                             parse_memory, recommend)
 from bigtrain.estimate.shape import shape_from_spec
@@ -29,17 +38,6 @@ def parse_gpu_mem(text: str, what: str = "--gpu-mem") -> int:
     if isinstance(text, str) and re.fullmatch(r"\s*[0-9]*\.?[0-9]+\s*", text):
         text = text.strip() + "GB"
     return parse_memory(text, what)
-
-
-def _parse_overrides(items: list[str]) -> dict[str, Any]:
-    import yaml
-    overrides = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set n_layer=24")
-        overrides[key.strip()] = yaml.safe_load(raw)
-    return overrides
 
 
 def _gib(n: float) -> str:
@@ -90,38 +88,87 @@ def check_split_sizes(spec: ModelSpec, tensor: int, sequence: int) -> None:
     check_split(spec, Topology(tensor * sequence, tensor=tensor, sequence=sequence))
 
 
+# The estimate's shorthand flags: argparse dest -> the run-config field it sets.
+ESTIMATE_FLAGS = {"pretrained": "model.pretrained", "seq_len": "data.seq_len", "micro_batch": "batch.micro_batch",
+                  "precision": "precision", "tensor": "parallel.tensor", "sequence": "parallel.sequence",
+                  "lora_r": "lora.r"}
+# The run-config fields the estimate reads; the rest (zero.*, offload.*, ...) it tabulates for every setup.
+READS = {"model.family", "model.size", "model.overrides", "model.pretrained", "data.seq_len", "data.image_size",
+         "precision", "batch.micro_batch", "parallel.tensor", "parallel.sequence", "lora.r"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What is estimated: a model of the zoo (family, size, build overrides) and how one rank runs it."""
+
+    family: str
+    size: str
+    overrides: dict[str, Any]
+    precision: str
+    micro_batch: int
+    tensor: int
+    sequence: int
+    lora_r: int
+
+
+def request_from_args(args: argparse.Namespace) -> Request:
+    """The run config of `--config`, the flags and `--set`, as training loads it; only the fields given count
+    (a default data.seq_len is not the model's length)."""
+    from bigtrain.config.load import field_sources, load_run_config
+    from bigtrain.models import modality
+    sets = shorthand_sets(args) + [f"{key}={getattr(args, dest)}" for dest, key in ESTIMATE_FLAGS.items()
+                                   if getattr(args, dest) is not None] + list(args.set)
+    run = load_run_config(args.config, sets)
+    given = field_sources(args.config, sets)
+    if "model.family" not in given:
+        raise ValueError("--model is missing: give a family (--model NAME or --set model.family=NAME; "
+                         "see `bigtrain models`)")
+    model = run.model
+    if "model.size" not in given and not model.pretrained:
+        raise ValueError("--size is missing: give a named size (see `bigtrain models`), or --set model.pretrained=DIR")
+    overrides = dict(model.overrides)
+    if model.pretrained:
+        overrides["pretrained"] = model.pretrained
+    image = modality(model.family, overrides) == "image"
+    if "data.seq_len" in given:
+        if image:
+            raise ValueError(f"--seq-len applies to token models; {model.family} takes --set data.image_size=N")
+        overrides["seq_len"] = run.data.seq_len
+    if "data.image_size" in given and image:
+        overrides["image_size"] = run.data.image_size
+    micro = run.batch.micro_batch
+    if micro == "auto":
+        raise ValueError("batch.micro_batch=auto: the estimate tabulates a given micro-batch; give --micro-batch N")
+    ignored = sorted(set(given) - READS)
+    if ignored:
+        print(f"note: not read by the estimate, which tabulates every setup: {', '.join(ignored)}", file=sys.stderr)
+    return Request(model.family, model.size, overrides, "bf16" if run.precision == "auto" else run.precision,
+                   micro or 1, run.parallel.tensor, run.parallel.sequence, run.lora.r)
+
+
 def run_estimate(args: argparse.Namespace) -> int:
     """Print the table and the recommendation; 0 when a setup fits, 1 when none does."""
-    from bigtrain.models import build, modality
-    overrides = _parse_overrides(args.set)
-    if args.pretrained:
-        overrides["pretrained"] = args.pretrained
-    size = args.size or ("custom" if overrides.get("pretrained") else None)
-    if size is None:
-        raise ValueError("--size is missing: give a named size (see `bigtrain models`), or --pretrained DIR")
-    if args.seq_len is not None:
-        if modality(args.model, overrides) == "image":
-            raise ValueError(f"--seq-len applies to token models; {args.model} takes --set image_size=N")
-        overrides["seq_len"] = args.seq_len
+    from bigtrain.models import build
+    req = request_from_args(args)
     gpu_mem = parse_gpu_mem(args.gpu_mem, "--gpu-mem")
     cpu_mem = parse_gpu_mem(args.cpu_mem, "--cpu-mem") if args.cpu_mem else None
     if not 0 <= args.headroom < 1:
         raise ValueError(f"--headroom {args.headroom}: give a fraction in [0, 1), e.g. 0.1")
-    spec = build(args.model, size, **overrides)
-    if args.lora_r:
+    spec = build(req.family, req.size, **req.overrides)
+    if req.lora_r:
         from bigtrain.config.run_config import LoraConfig
         from bigtrain.parallel.lora import check_lora
-        check_lora(spec, LoraConfig(r=args.lora_r))
-    check_split_sizes(spec, args.tensor, args.sequence)
-    shape = shape_from_spec(spec, args.precision)
-    base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
-                 micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, lora_r=args.lora_r)
+        check_lora(spec, LoraConfig(r=req.lora_r))
+    check_split_sizes(spec, req.tensor, req.sequence)
+    shape = shape_from_spec(spec, req.precision)
+    base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=req.precision,
+                 micro_batch=req.micro_batch, tensor=req.tensor, sequence=req.sequence, lora_r=req.lora_r)
     rows = [estimate(shape, s) for s in all_setups(base)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
-    print(f"{args.model} {size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
-          f"({args.num_gpus} per node x {args.num_nodes} nodes), {args.precision}, micro-batch {args.micro_batch}{seq}"
-          + (f", LoRA r={args.lora_r}: {sum(shape.adapter_numels(args.lora_r)) / 1e6:,.2f}M adapter parameters train"
-             if args.lora_r else ""))
+    print(f"{req.family} {req.size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
+          f"({args.num_gpus} per node x {args.num_nodes} nodes), {req.precision}, micro-batch {req.micro_batch}{seq}"
+          + (f", LoRA r={req.lora_r}: {sum(shape.adapter_numels(req.lora_r)) / 1e6:,.2f}M adapter parameters train"
+             if req.lora_r else ""))
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
     print("GiB. GPU/rank = params + optim + the larger of acts (end of forward) and grads + buffers (end of "
           "backward); buffers: gradient buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"
@@ -140,7 +187,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         return 1
     print(f"recommended: {best.setup.label} ({_gib(best.device_peak)} GiB of {_gib(gpu_mem)} GiB per GPU"
           + (f", {_gib(best.host_per_node)} GiB CPU per node" if best.host else "") + ")")
-    print(f"  bigtrain train --model {args.model} --size {size} {run_settings(best.setup, overrides)}")
+    print(f"  bigtrain train --model {req.family} --size {req.size} {run_settings(best.setup, req.overrides)}")
     return 0
 
 
@@ -176,27 +223,29 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `bigtrain estimate` on the CLI's subparsers."""
     p = subparsers.add_parser("estimate", help="per-rank memory for each ZeRO stage x offload x checkpointing",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from bigtrain.cli import FAMILY_HELP
-    p.add_argument("--model", required=True, help=FAMILY_HELP)
-    p.add_argument("--size", default=None, help="named size (see `bigtrain models`), or custom with --set; "
-                                                "default custom with --pretrained")
+    add_run_config_args(p)
+    p.add_argument("--model", default=None, help=f"{FAMILY_HELP} (model.family)")
+    p.add_argument("--size", default=None, help="named size (see `bigtrain models`), or custom with "
+                                                "--set model.overrides.KEY=VALUE (model.size)")
     p.add_argument("--pretrained", default=None, metavar="DIR",
-                   help="a local Hugging Face model directory: its config.json gives the shape (no weights read)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="model override, e.g. --set n_layer=24 (repeatable)")
+                   help="a local Hugging Face model directory: its config.json gives the shape, no weights read "
+                        "(model.pretrained)")
     p.add_argument("--num-gpus", type=_positive_int, default=8, help="GPUs (ranks) per node (default 8)")
     p.add_argument("--num-nodes", type=_positive_int, default=1, help="nodes (default 1)")
     p.add_argument("--gpu-mem", default="80GiB",
                    help="memory per GPU: 80 or 80GB (10^9 bytes), 80GiB or 80G (2^30); default 80GiB")
     p.add_argument("--cpu-mem", default=None, help="host memory per node, checked for offload (e.g. 512 = 512 GB, 512GiB)")
-    p.add_argument("--micro-batch", type=_positive_int, default=1, help="samples per forward per rank (default 1)")
-    p.add_argument("--seq-len", type=_positive_int, default=None, help="tokens per sample (token models)")
-    p.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16", help="training precision (default bf16)")
-    p.add_argument("--tensor", type=_positive_int, default=1,
+    p.add_argument("--micro-batch", type=_positive_int, default=None,
+                   help="samples per forward per rank (batch.micro_batch; default 1)")
+    p.add_argument("--seq-len", type=_positive_int, default=None,
+                   help="tokens per sample, token models (data.seq_len; default the model's)")
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default=None,
+                   help="training precision (precision; default bf16)")
+    p.add_argument("--tensor", type=_positive_int, default=None,
                    help="tensor-parallel ranks per layer (parallel.tensor; default 1)")
-    p.add_argument("--sequence", type=_positive_int, default=1,
+    p.add_argument("--sequence", type=_positive_int, default=None,
                    help="sequence-parallel ranks per sample (parallel.sequence; default 1)")
-    p.add_argument("--lora-r", "--lora_r", dest="lora_r", type=_non_negative_int, default=0,
+    p.add_argument("--lora-r", "--lora_r", dest="lora_r", type=_non_negative_int, default=None,
                    help="LoRA rank (lora.r): adapters on every linear layer of the decoder train, the base is frozen, "
                         "so gradients and optimizer states are the adapters' only (default 0: every weight trains)")
     p.add_argument("--headroom", type=float, default=0.1,
@@ -205,20 +254,18 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
+    return _int_at_least(text, 0)
 
 
 def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= {least}")
     return value

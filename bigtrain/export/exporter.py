@@ -18,12 +18,12 @@ from bigtrain.checkpoint.safe_load import checkpoint_loading
 from bigtrain.config.run_config import LoraConfig
 from bigtrain.export.locate import Located, locate_checkpoint
 from bigtrain.export.lora import check_adapter_export, write_lora
-from bigtrain.export.verify import largest_logit_difference, reload_hf
+from bigtrain.export.read import load_exported, reload_hf
+from bigtrain.export.verify import largest_logit_difference
 from bigtrain.export.weights import Consolidated, consolidate
 from bigtrain.export.write import (
     MAX_SHARD_SIZE,
     check_out_dir,
-    load_exported,
     load_tokenizer,
     staging_dir,
     write_hf,

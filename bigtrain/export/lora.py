@@ -18,13 +18,11 @@ import torch
 from torch import nn
 
 from bigtrain.config.run_config import LoraConfig
-from bigtrain.export.verify import compare_logits, fixed_logits, reload_hf
+from bigtrain.export.read import load_adapter, reload_hf
+from bigtrain.export.verify import compare_logits, fixed_logits
 from bigtrain.export.write import MAX_SHARD_SIZE, empty_hf_model, load_into
 from bigtrain.models import ModelSpec
 from bigtrain.parallel.lora import ADAPTER, peft_config
-
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-
 
 @dataclass(frozen=True)
 class LoraWritten:
@@ -85,17 +83,3 @@ def write_lora(out: Path, spec: ModelSpec, tensors: Mapping[str, Any], lora: Lor
     return LoraWritten("huggingface", num, compare_logits(trained, fixed_logits(reloaded, spec)),
                        "from_pretrained, against the trained base + adapters",
                        [f"LoRA adapters (r={lora.r}, {scale}) merged into the base weights"])
-
-
-def load_adapter(directory: str | Path, base: str | Path | None = None) -> nn.Module:
-    """An adapter export on its base (the directory its adapter_config.json names, or `base`), as a user loads
-    it; ValueError (one line) when the base directory is gone."""
-    import json
-
-    from peft import PeftModel
-    directory = Path(directory)
-    base = base or json.loads((directory / ADAPTER_FILES[0]).read_text()).get("base_model_name_or_path")
-    if not base or not Path(base).is_dir():
-        raise ValueError(f"the adapter in {directory} is for the base model {base}, which is not a directory here; "
-                         "pass the base model directory")
-    return PeftModel.from_pretrained(reload_hf(base), str(directory), torch_device="cpu").to(torch.float32).eval()

@@ -1,5 +1,5 @@
 """An export checks itself: what was written is loaded back the way a user would load it
-(`from_pretrained` for a Hugging Face directory, `load_exported` otherwise), a fixed batch runs
+(`bigtrain.export.read`: `from_pretrained` for a Hugging Face directory, `load_exported` otherwise), a fixed batch runs
 through the model that was written and through the reloaded one, and the largest logit
 difference is reported. Both are fp32 on CPU with the same kernels, so anything but 0 means
 the directory does not hold the trained model (a dropped tied weight, a renamed key, a config
@@ -7,7 +7,6 @@ that builds another architecture).
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,16 +15,6 @@ from torch import nn
 from bigtrain.models import ModelSpec, call_module, output_logits
 
 BATCH, TOKENS = 2, 16
-
-
-def reload_hf(directory: str | Path) -> nn.Module:
-    """The Hugging Face export in `directory` through the Auto class its config's architecture names."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
-    classifier = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
-    auto = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
-    return auto.from_pretrained(str(directory), local_files_only=True, dtype=torch.float32).eval()
 
 
 def fixed_batch(spec: ModelSpec) -> Any:

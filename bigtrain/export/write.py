@@ -155,27 +155,3 @@ def load_tokenizer(source: str) -> Any:
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot load the run's tokenizer {source!r} ({str(err).splitlines()[0]}); "
                          "pass --tokenizer DIR") from err
-
-
-def load_exported(directory: str | Path) -> nn.Module:
-    """The model of an export directory, in eval mode: transformers' Auto class for a Hugging Face export,
-    else `bigtrain.models.build(...)` from bigtrain_model.json with model.safetensors loaded strictly."""
-    directory = Path(directory)
-    recipe_path = directory / RECIPE
-    if not recipe_path.is_file():
-        raise ValueError(f"{directory} is not a bigtrain export (no {RECIPE}); run `bigtrain export` first")
-    recipe = json.loads(recipe_path.read_text())
-    if recipe.get("format") == "peft-adapter":
-        from bigtrain.export.lora import load_adapter
-        return load_adapter(directory).eval()
-    if recipe.get("format") == "huggingface":
-        from bigtrain.export.verify import reload_hf
-        model = reload_hf(directory)
-    else:
-        from safetensors.torch import load_model
-
-        from bigtrain.models import build
-        mb = recipe["model_build"]
-        model = build(mb["family"], mb["size"], **mb.get("overrides", {})).build()
-        load_model(model, str(directory / WEIGHTS), strict=True)
-    return model.eval()

@@ -11,107 +11,24 @@ the chosen launcher, the batch triple for the total world size, and the memory p
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bigtrain.cli import FlagParser
+from bigtrain.config.flags import FAMILY_HELP, FlagParser, add_run_config_args, shorthand_sets
+from bigtrain.launch.hosts import HostEntry, HostfileError, is_local, read_hostfile, world_size
 
 if TYPE_CHECKING:
     from bigtrain.config.run_config import RunConfig
     from bigtrain.ds.lint import DeviceCaps
 
 LAUNCHERS = ("pdsh", "ssh", "no_ssh")
-LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
-
-
-@dataclass(frozen=True)
-class HostEntry:
-    host: str
-    slots: int
-    line: int  # 1-based line number in the hostfile
-
-
-class PreflightError(ValueError):
-    """One or more problems, one line each."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__("\n".join(problems))
-        self.problems = problems
-
-
-# --- the hostfile -------------------------------------------------------------------------------
-
-def read_hostfile(path: str | Path) -> list[HostEntry]:
-    """Read an MPI-style hostfile as DeepSpeed's launcher reads it (`deepspeed.launcher.runner.fetch_hostfile`:
-    `HOST slots=N`, anything after it ignored, e.g. OpenMPI's `max_slots=M` or a `# comment`), with every
-    bad line named at once; raises PreflightError. A missing file is an error here, where DeepSpeed would
-    train on this machine alone."""
-    path = Path(path)
-    if not path.is_file():
-        raise PreflightError([f"hostfile {path} does not exist; DeepSpeed would silently train on this machine "
-                              "only. Give an existing file (see hostfile.example)"])
-    entries: list[HostEntry] = []
-    problems: list[str] = []
-    for number, text in enumerate(path.read_text().splitlines(), start=1):
-        parsed = parse_hostfile_line(text, number, path)
-        if isinstance(parsed, str):
-            problems.append(parsed)
-        elif parsed is not None:
-            first = next((e for e in entries if e.host == parsed.host), None)
-            if first is not None:
-                problems.append(f"{path}:{number}: host {parsed.host} is listed twice (lines {first.line} and "
-                                f"{number}); list each host once with all its slots")
-            else:
-                entries.append(parsed)
-    if not entries and not problems:
-        problems.append(f"{path} lists no hosts; add one line per host like 'worker-1 slots=8'")
-    if problems:
-        raise PreflightError(problems)
-    from deepspeed.launcher.runner import fetch_hostfile
-    pool = fetch_hostfile(str(path))  # the launcher's own reading decides hosts and slots
-    lines = {e.host: e.line for e in entries}
-    return [HostEntry(host, slots, lines.get(host, 0)) for host, slots in pool.items()]
-
-
-# deepspeed.launcher.runner._parse_hostfile's pattern: a host, then slots=N; the rest of the line is ignored
-_HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")
-
-
-def parse_hostfile_line(text: str, number: int, path: Path | str = "hostfile") -> HostEntry | str | None:
-    """An entry, None for a blank or comment line, or a one-line problem (the lines DeepSpeed rejects,
-    and slots=0, which DeepSpeed would take for a host that starts no rank)."""
-    body = text.strip()
-    if not body or body.startswith("#"):
-        return None
-    match = _HOST_LINE.search(body)
-    fields = body.split()
-    if match is None and len(fields) >= 2 and fields[1].startswith("slots="):
-        return f"{path}:{number}: {fields[1]} for {fields[0]}: slots must be a positive integer (ranks on that host)"
-    if match is None:
-        return f"{path}:{number}: {body!r}: expected 'HOSTNAME slots=N', e.g. 'worker-1 slots=8' (max_slots=M may follow)"
-    host, slots = match.group(1), int(match.group(2))
-    if slots < 1:
-        return f"{path}:{number}: slots={slots} for {host}: slots must be a positive integer (ranks on that host)"
-    return HostEntry(host, slots, number)
-
-
-def world_size(entries: list[HostEntry], gpus_per_node: int | None = None) -> int:
-    """Ranks the launcher starts: every slot, or the first `gpus_per_node` of each host (`--num_gpus`)."""
-    return sum(min(e.slots, gpus_per_node) if gpus_per_node else e.slots for e in entries)
 
 
 # --- the hosts ----------------------------------------------------------------------------------
-
-def is_local(host: str) -> bool:
-    return host in LOCAL_NAMES or host == socket.gethostname()
-
 
 def check_hosts(entries: list[HostEntry], launcher: str, timeout: float = 5.0) -> list[str]:
     """One problem per host that does not answer through `launcher` (local names are not contacted)."""
@@ -229,7 +146,7 @@ def preflight(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         return [], [f"--gpus-per-node {args.gpus_per_node}: must be >= 1"]
     try:
         entries = read_hostfile(args.hostfile)
-    except PreflightError as err:
+    except HostfileError as err:
         return [], err.problems
     world = world_size(entries, args.gpus_per_node)
     per_node = args.gpus_per_node or max(e.slots for e in entries)
@@ -243,7 +160,7 @@ def preflight(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         lines.append(f"hosts: {', '.join(names)}: checked over ssh")
     try:
         gpu_mem = parse_memory(args.gpu_mem, "--gpu-mem") if args.gpu_mem else None
-        shorthands = [f"model.{key}={value}" for key, value in (("family", args.model), ("size", args.size)) if value]
+        shorthands = shorthand_sets(args)  # --model, --size
         run = load_run_config(args.config, shorthands + list(args.set))
         sources = field_sources(args.config, shorthands + list(args.set))
         device = device_caps(args.device)
@@ -277,10 +194,9 @@ def add_preflight_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--launcher", choices=LAUNCHERS, default="pdsh",
                    help="how ranks start: pdsh (DeepSpeed's default, over ssh), ssh, or no_ssh "
                         "(one launcher per node with --node_rank); default pdsh")
-    p.add_argument("--config", help="run config YAML/JSON")
-    p.add_argument("--model", help="model family (model.family), as for bigtrain/run.py")
+    add_run_config_args(p)
+    p.add_argument("--model", help=f"{FAMILY_HELP} (model.family)")
     p.add_argument("--size", help="model size (model.size), as for bigtrain/run.py")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override (repeatable)")
     p.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config",
                    help="the DeepSpeed JSON the job will use (linted and fitted to the world size)")
     p.add_argument("--gpus-per-node", type=int, default=None,

@@ -84,8 +84,8 @@ def train_on_ray(run_args: list[str], options: RayTrainOptions | None = None, **
     opts = options or RayTrainOptions(**kwargs)
     if opts.num_workers < 1:
         raise ValueError(f"--num-workers is {opts.num_workers}; give 1 or more")
+    out = check_run_args(run_args, opts.num_workers, opts.use_gpu)  # a mistake is one line, with Ray or without
     require_ray()
-    out = check_run_args(run_args, opts.num_workers, opts.use_gpu)
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -114,8 +114,8 @@ def check_run_args(run_args: list[str], world_size: int, use_gpu: bool) -> Path:
     """Parse and lint the job's flags as run.py will; returns the run's OUT directory."""
     from bigtrain.ds.lint import DeviceCaps
     from bigtrain.ds.resolve import resolve
-    from bigtrain.run import build_parser, run_config_from_args
-    args = parse_run_args(build_parser(), run_args)
+    from bigtrain.config.flags import build_run_parser, run_config_from_args
+    args = parse_run_args(build_run_parser(), run_args)
     run = run_config_from_args(args)
     # The workers' device decides what precision they can run; assume a modern GPU when they have one.
     device = DeviceCaps("cuda", fp16=True, bf16=True) if use_gpu else DeviceCaps.detect()
@@ -140,7 +140,7 @@ def parse_run_args(parser: argparse.ArgumentParser, run_args: list[str]) -> argp
 def worker_main(config: dict) -> None:
     """Ray Train's per-worker function: bigtrain's job, resumed from Ray's checkpoint after a restart."""
     import ray.train
-    from bigtrain.run import build_parser, run_config_from_args
+    from bigtrain.config.flags import build_run_parser, run_config_from_args
     from bigtrain.train.job import train
     from bigtrain.train.process import JobProcess
     from bigtrain.train.report import add_listener
@@ -149,13 +149,13 @@ def worker_main(config: dict) -> None:
     os.environ.update(config["env"])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if config["tune_cpu"]:
-        from bigtrain.distributed.world import tune_cpu_rank
+        from bigtrain.distributed.host import tune_cpu_rank
         tune_cpu_rank()  # cores and malloc as a launcher rank gets them (Ray set LOCAL_RANK/LOCAL_WORLD_SIZE)
     quiet_report_lines()
     run_args = list(config["run_args"])
     restored = ray.train.get_checkpoint()
     resume_tag = read_pointer(restored) if restored is not None else None
-    args = build_parser().parse_args(run_args)
+    args = build_run_parser().parse_args(run_args)
     if resume_tag is not None:
         # Ray restarted the group: continue from bigtrain's newest complete checkpoint in that directory
         # (the registered one, or a later one saved just before the failure), as --resume does.
@@ -257,11 +257,14 @@ def cmd_ray_train(args: argparse.Namespace) -> int:
     opts = RayTrainOptions(num_workers=args.num_workers, use_gpu=args.use_gpu, cpus_per_worker=args.cpus_per_worker,
                            address=args.address, storage_path=args.storage_path, name=args.name,
                            max_failures=args.max_failures)
-    require_ray()
-    import ray.train
     try:
         result = train_on_ray(args.run_args, opts)
-    except ray.train.TrainingFailedError as err:
+    except ValueError:
+        raise  # the job config's mistake, or Ray missing: one line from the CLI
+    except Exception as err:
+        import ray.train  # installed: train_on_ray got past require_ray
+        if not isinstance(err, ray.train.TrainingFailedError):
+            raise
         print(f"bigtrain ray-train: the run failed ({failure_line(err, opts.max_failures)}); "
               "the workers' log lines above say why", file=sys.stderr)
         return 1

@@ -12,36 +12,17 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from bigtrain.distributed.rendezvous import free_port
 from bigtrain.launch.console import copy_filtered
+from bigtrain.launch.hosts import default_num_ranks, ranks_here
 
 RUN_MODULE = "bigtrain.run"
 # glibc malloc for CPU ranks: never mmap/munmap large blocks, never trim the heap (docs/benchmarks.md).
 MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
-
-
-def default_num_ranks() -> int:
-    """One rank per GPU; on a CPU-only host two ranks (the smallest real data-parallel job), one per core."""
-    try:
-        import torch
-        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-            return torch.cuda.device_count()
-    except ImportError:
-        pass
-    return max(1, min(2, os.cpu_count() or 1))
-
-
-def ranks_here(hostfile: str) -> int:
-    """Ranks the launcher starts on this node for `hostfile` (read as DeepSpeed reads it): this host's
-    slots, or the most slots of any host when this node is not listed by name."""
-    from bigtrain.launch.preflight import is_local, read_hostfile
-    entries = read_hostfile(hostfile)  # PreflightError (a ValueError) names each bad line
-    mine = [e.slots for e in entries if is_local(e.host) or e.host == socket.getfqdn()]
-    return mine[0] if mine else max(e.slots for e in entries)
 
 
 def launcher_command(run_args: list[str], num_ranks: int | None, hostfile: str | None, master_port: int | None,
@@ -84,7 +65,7 @@ def detected_accelerator() -> str | None:
 def thread_env(num_ranks: int) -> dict:
     """The ranks' environment: the cores split between the ranks unless the user chose OMP_NUM_THREADS,
     and glibc malloc keeping freed memory unless GLIBC_TUNABLES is set (docs/benchmarks.md has the numbers;
-    each rank also pins itself to its share of the cores, see `distributed.bind_to_cores`)."""
+    each rank also pins itself to its share of the cores, see `distributed.host.bind_to_cores`)."""
     env = dict(os.environ)
     if "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(num_ranks, 1)))
@@ -95,17 +76,10 @@ def thread_env(num_ranks: int) -> dict:
     return env
 
 
-def free_port() -> int:
-    """A TCP port no process listens on now (the rendezvous binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def check_run_args(run_args: list[str]) -> str | None:
     """The run config's one-line complaint about these arguments, before any rank starts (None: it loads)."""
-    from bigtrain.run import build_parser, run_config_from_args
-    parser = build_parser()
+    from bigtrain.config.flags import build_run_parser, run_config_from_args
+    parser = build_run_parser()
     args, unknown = parser.parse_known_args(run_args)
     if unknown:
         return unknown_flag_line(unknown[0], parser)

@@ -85,8 +85,8 @@ def tune_sweep(run_args: list[str], space: TuneSpace, cpus_per_trial: int = 1, g
     with OUT/trials/TRIAL as its output. RUN_ARGS should make short jobs that evaluate often
     (`--steps 200 --set train.eval_interval=20`): ASHA compares trials at each evaluation.
     `max_concurrent` caps the trials running at once (default: as many as the cluster's resources allow)."""
+    steps, eval_interval, out = sweep_shape(run_args, space, gpus_per_trial > 0)  # one line, with Ray or without
     require_ray()
-    steps, eval_interval, out = sweep_shape(run_args, space, gpus_per_trial > 0)
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
@@ -119,10 +119,10 @@ def tune_sweep(run_args: list[str], space: TuneSpace, cpus_per_trial: int = 1, g
 
 def sweep_shape(run_args: list[str], space: TuneSpace, use_gpu: bool) -> tuple[int, int, Path]:
     """Lint one trial's config per micro-batch (a world of one); returns steps, eval interval, OUT."""
-    from bigtrain.run import build_parser, run_config_from_args
+    from bigtrain.config.flags import build_run_parser, run_config_from_args
     for batch in space.micro_batches:
         check_run_args([*run_args, "--set", f"{BATCH_KEY}={batch}"], 1, use_gpu)
-    run = run_config_from_args(build_parser().parse_args(run_args))
+    run = run_config_from_args(build_run_parser().parse_args(run_args))
     if run.train.eval_batches <= 0:
         raise ValueError("train.eval_batches is 0: trials need a validation loss; set train.eval_batches=2 or more")
     interval = run.train.eval_interval or run.train.steps
@@ -155,14 +155,14 @@ def trial_main(config: dict, job: dict) -> None:
     """One trial: bigtrain's job in this process (a world of one), each evaluation reported to Tune.
     `config` holds the sampled settings, `job` the flags and directories shared by all trials."""
     import ray.tune
-    from bigtrain.run import build_parser, run_config_from_args
+    from bigtrain.config.flags import build_run_parser, run_config_from_args
     from bigtrain.train.job import train
     from bigtrain.train.process import JobProcess
     from bigtrain.train.report import add_listener
     if os.path.isdir(job["cwd"]):
         os.chdir(job["cwd"])  # Tune starts trials in their own directory; the flags' paths are the user's
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(job["run_args"])
+    args = build_run_parser().parse_args(job["run_args"])
     out = Path(job["trials_dir"]) / ray.tune.get_context().get_trial_name()
     args.set = [*args.set, f"{LR_KEY}={round_lr(config[LR_KEY])}", f"{BATCH_KEY}={int(config[BATCH_KEY])}",
                 f"train.out_dir={out}"]

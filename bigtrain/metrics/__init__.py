@@ -14,8 +14,7 @@ verbs (help, plot) must not pay for.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from bigtrain.lazy import lazy_names
 
 _WHERE = {
     "ThroughputMeter": "flops", "achieved_tflops": "flops", "as_dtype": "flops", "measure_peak_tflops": "flops",
@@ -25,11 +24,4 @@ _WHERE = {
     "format_log_line": "progress", "human_count": "progress",
 }
 __all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'bigtrain.metrics' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"bigtrain.metrics.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)

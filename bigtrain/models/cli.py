@@ -1,4 +1,4 @@
-"""`bigtrain models [FAMILY] [--set KEY=VALUE]`: the zoo's families and named sizes, with
+"""`bigtrain models [FAMILY] [--set model.overrides.KEY=VALUE]`: the zoo's families and named sizes, with
 parameters, training FLOPs per sample and pipeline layers. Builds no weights."""
 from __future__ import annotations
 
@@ -6,14 +6,21 @@ import argparse
 from typing import Any
 
 
-def _parse_overrides(items: list[str]) -> dict[str, Any]:
+def model_override_sets(items: list[str]) -> dict[str, Any]:
+    """`--set model.overrides.KEY=VALUE` items -> {KEY: VALUE}: the run config's key, as every verb takes it.
+
+    A bare `KEY=VALUE`, the old spelling here, is refused with the new one."""
     import yaml
     overrides = {}
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set vocab_size=4096")
-        overrides[key.strip()] = yaml.safe_load(raw)
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set model.overrides.n_layer=24")
+        if not key.startswith("model.overrides.") or key == "model.overrides.":
+            raise ValueError(f"--set {item!r}: a model's shape is set as --set model.overrides.{key.split('.')[-1]}"
+                             f"={raw} (the run config's key, as every verb takes it)")
+        overrides[key.removeprefix("model.overrides.")] = yaml.safe_load(raw)
     return overrides
 
 
@@ -55,7 +62,7 @@ def splits(family: Any) -> str:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    print(table(args.family, _parse_overrides(args.set)))
+    print(table(args.family, model_override_sets(args.set)))
     return 0
 
 
@@ -65,5 +72,5 @@ def add_models_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("family", nargs="?", help="only this family (gpt2, llama, encoder = transformer, resnet; hf models "
                                              "take their shape from a directory)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override applied to every size, e.g. --set seq_len=256 (repeatable)")
+                   help="override applied to every size, e.g. --set model.overrides.seq_len=256 (repeatable)")
     p.set_defaults(func=cmd_models)

@@ -18,7 +18,7 @@ from torch import nn
 
 from bigtrain.models.losses import classification_loss
 from bigtrain.models.family import DataFacts, Family
-from bigtrain.models.spec import LayerDef, ModelSpec
+from bigtrain.models.spec import LayerDef, ModelSpec, classification_batch
 
 
 @dataclass(frozen=True)
@@ -179,16 +179,6 @@ def layer_defs(cfg: EncoderConfig) -> list[LayerDef]:
     ]
 
 
-def classification_batch(batch: dict) -> tuple[dict, torch.Tensor]:
-    """{"input_ids": [B,T], "labels": [B][, "attention_mask": [B,T]]} -> ({input_ids[, attention_mask]}, labels)."""
-    if "input_ids" not in batch or "labels" not in batch:
-        raise ValueError(f"encoder batches need keys 'input_ids' and 'labels'; got {sorted(batch)}")
-    inputs = {"input_ids": batch["input_ids"]}
-    if "attention_mask" in batch:
-        inputs["attention_mask"] = batch["attention_mask"]
-    return inputs, batch["labels"]
-
-
 def _blocks(module: EncoderClassifier) -> list[tuple[nn.Module, str]]:
     return [(module.blocks, str(i)) for i in range(len(module.blocks))]
 
@@ -201,7 +191,7 @@ def make_spec(size: str, settings: dict[str, Any]) -> ModelSpec:
         construct=lambda: EncoderClassifier(cfg), init_module=init_module,
         layers=lambda: layer_defs(cfg),
         loss=classification_loss, pipeline_loss=classification_loss,
-        batch_to_inputs=classification_batch,
+        batch_to_inputs=classification_batch("encoder"),
         num_params=num_params(cfg), flops_per_sample=flops_per_sample(cfg),
         tokens_per_sample=cfg.seq_len, modality="classify", checkpoint_blocks=_blocks, eval_metric="accuracy",
         seq_len=cfg.seq_len, vocab_size=cfg.vocab_size, num_classes=cfg.num_classes,

@@ -19,7 +19,7 @@ import torch
 from bigtrain.models import hf_common, hf_dir
 from bigtrain.models.losses import causal_lm_loss, classification_loss
 from bigtrain.models.family import DataFacts, Family
-from bigtrain.models.spec import LayerDef, ModelSpec
+from bigtrain.models.spec import LayerDef, ModelSpec, classification_batch
 
 log = logging.getLogger("bigtrain")
 DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "attention_dropout", "resid_pdrop",
@@ -110,16 +110,6 @@ def _layers(config: Any, task: str) -> list[LayerDef]:
     return layer_defs(config)
 
 
-def classifier_batch(batch: dict) -> tuple[dict, torch.Tensor]:
-    """{"input_ids", "labels"[, "attention_mask"]} -> ({input_ids, attention_mask}, labels)."""
-    if "input_ids" not in batch or "labels" not in batch:
-        raise ValueError(f"hf classifier batches need keys 'input_ids' and 'labels'; got {sorted(batch)}")
-    inputs = {"input_ids": batch["input_ids"]}
-    if "attention_mask" in batch:
-        inputs["attention_mask"] = batch["attention_mask"]
-    return inputs, batch["labels"]
-
-
 def _classify_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
     return classification_loss(output.logits, labels)
 
@@ -150,7 +140,7 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
         layers=lambda: _layers(config, task),
         loss=hf_common.causal_loss_for(config) if causal else _classify_loss,
         pipeline_loss=causal_lm_loss if causal else classification_loss,
-        batch_to_inputs=hf_common.text_batch("hf") if causal else classifier_batch,
+        batch_to_inputs=hf_common.text_batch("hf") if causal else classification_batch("hf classifier"),
         num_params=n_all, flops_per_sample=seq_len * per_token, tokens_per_sample=seq_len,
         modality="text" if causal else "classify",
         checkpoint_blocks=hf_common.decoder_blocks, enable_native_checkpointing=hf_common.native_checkpointing,

@@ -118,3 +118,17 @@ class ModelSpec:
         if self.pretrained and not only:
             return 0
         return init_seeded(module, self.init_module, seed, gather=gather, writer=writer, only=only)
+
+
+def classification_batch(family: str) -> Callable[[dict], tuple[dict, torch.Tensor]]:
+    """A classifier's `batch_to_inputs`: {"input_ids": [B,T], "labels": [B][, "attention_mask": [B,T]]} ->
+    ({input_ids[, attention_mask]}, labels)."""
+    def to_inputs(batch: dict) -> tuple[dict, torch.Tensor]:
+        if "input_ids" not in batch or "labels" not in batch:
+            raise ValueError(f"{family} batches need keys 'input_ids' and 'labels'; got {sorted(batch)}")
+        inputs = {"input_ids": batch["input_ids"]}
+        if "attention_mask" in batch:
+            inputs["attention_mask"] = batch["attention_mask"]
+        return inputs, batch["labels"]
+
+    return to_inputs

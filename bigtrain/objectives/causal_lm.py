@@ -36,8 +36,7 @@ class ModelLoss(Objective):
                 loss = loss + engine.router_coef * output.aux_loss
                 metrics["router_aux_loss"] = output.aux_loss.detach()
         elif engine.loss_in_forward:
-            from bigtrain.train.fast_path import call_with_loss
-            loss = weigh(call_with_loss(engine.ds, inputs, labels), labels, scale)
+            loss = weigh(engine.forward_with_loss(inputs, labels), labels, scale)
         else:
             output = call_module(engine.ds, inputs)
             aux = getattr(output, "aux_loss", None)
@@ -57,8 +56,7 @@ class ModelLoss(Objective):
         metrics: Metrics = {}
         accuracy = engine.spec.eval_metric == "accuracy"
         if engine.loss_in_forward and not accuracy:  # chunked: no full logits in eval either
-            from bigtrain.train.fast_path import call_with_loss
-            loss = call_with_loss(engine.ds, inputs, labels)
+            loss = engine.forward_with_loss(inputs, labels)
         else:
             output = call_module(engine.ds, inputs)
             loss = engine.spec.loss(output, labels)

@@ -14,6 +14,7 @@ from bigtrain.models.losses import correct_counts
 from bigtrain.models.spec import ModelSpec, pipeline_inputs
 from bigtrain.objectives import Objective
 from bigtrain.objectives.causal_lm import ModelLoss
+from bigtrain.train import fast_path
 from bigtrain.train.assemble import EngineOptions, assemble
 
 __all__ = ["Engine", "EngineOptions"]
@@ -113,6 +114,10 @@ class Engine:
                 sums[name] = value.to(torch.float64) + sums.get(name, 0)
         self.step_metrics = {name: value / self.grad_accum for name, value in sums.items()}
         return total / self.grad_accum
+
+    def forward_with_loss(self, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
+        """The loss computed inside the module's forward (compiled or chunked: `bigtrain.train.fast_path`)."""
+        return fast_path.call_with_loss(self.ds, inputs, labels)
 
     def reference_logps(self, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
         """The frozen reference's summed log-probability of each row's answer (objective.reference)."""

@@ -10,7 +10,7 @@ import torch
 
 from bigtrain.config.run_config import DataConfig, ModelConfig
 from bigtrain.data import DataBundle, batches, build_data, iter_eval_batches
-from bigtrain.data.chat import ExampleOptions
+from bigtrain.data.formats import ExampleOptions
 from bigtrain.distributed.world import World
 
 

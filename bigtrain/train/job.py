@@ -26,7 +26,8 @@ from bigtrain.config.load import to_dict
 from bigtrain.config.run_config import ObjectiveConfig, RunConfig
 from bigtrain.distributed.device import fix_cuda_arch_list
 from bigtrain.distributed.lifeline import Lifeline
-from bigtrain.distributed.world import World, return_freed_memory
+from bigtrain.distributed.host import return_freed_memory
+from bigtrain.distributed.world import World
 from bigtrain.ds.resolve import Resolved, resolve
 from bigtrain.metrics.logs import attach_log_file
 from bigtrain.metrics.plot import write_loss_plot

@@ -4,7 +4,7 @@
         train(run, job.world, ..., lifeline=job.lifeline)
     return job.code
 
-Exit codes: 0 done; 2 a user's mistake (one line from rank 0, whichever rank saw it: `PeerWatch.stop_job`);
+Exit codes: 0 done; 2 a user's mistake (one line from rank 0, whichever rank saw it: `JobStop.end`);
 3 a diverging run (`Diverged`). Any other exception on a multi-rank job ends this rank with exit 1 and a
 line naming the dead peer, or this rank if it is the origin. Never hangs: SIGTERM/SIGINT or the launcher's
 death stop the job within a bound (`Lifeline`), and so does an end-of-run step that waits too long.
@@ -16,7 +16,9 @@ from pathlib import Path
 from types import TracebackType
 
 from bigtrain.distributed.lifeline import Lifeline
-from bigtrain.distributed.peers import PeerWatch
+from bigtrain.distributed.job_stop import JobStop
+from bigtrain.distributed.peer_watch import PeerWatch
+from bigtrain.distributed.peers import PeerStore, gather_peers
 from bigtrain.distributed.world import World, collective_timeout_s, init_distributed, shutdown
 from bigtrain.ds.lint import LintError
 from bigtrain.train.loop import Diverged
@@ -29,6 +31,7 @@ class JobProcess:
     world: World
     lifeline: Lifeline
     watch: PeerWatch
+    stop: JobStop
     code: int = 0
 
     @classmethod
@@ -37,11 +40,13 @@ class JobProcess:
         world = init_distributed()
         setup_logging(world)
         lifeline = Lifeline.start(world.rank)
-        watch = PeerWatch.start(world)  # a dead peer ends this rank with a line naming it, never a hang
+        peers, store = gather_peers(world), PeerStore.of(world)
+        stop = JobStop(world, peers, store)  # a stop on purpose: one line from rank 0, whichever rank saw it
+        watch = PeerWatch.start(world, peers, store, stop)  # a dead peer ends this rank with a line naming it
         if world.is_main and world.size > 1:
             import logging
             logging.getLogger("bigtrain").info("%s", watch.describe())
-        return cls(world, lifeline, watch)
+        return cls(world, lifeline, watch, stop)
 
     def __enter__(self) -> "JobProcess":
         return self
@@ -55,10 +60,10 @@ class JobProcess:
             self.lifeline.close()
             return False
         if isinstance(err, Diverged):
-            self.code = self.watch.stop_job(str(err), Diverged.code)
+            self.code = self.stop.end(str(err), Diverged.code)
             return True
         if isinstance(err, ValueError) and users_mistake(err):
-            self.code = self.watch.stop_job(str(err), 2)
+            self.code = self.stop.end(str(err), 2)
             return True
         if self.world.size > 1 and isinstance(err, Exception):
             self.watch.fail(err)  # names the dead peer or this rank, and exits

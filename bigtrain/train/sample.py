@@ -1,11 +1,12 @@
-"""A short generated sample at the end of a GPT-2 run: the quickest proof that training worked.
+"""A short generated sample at the end of a run of a generative model (GPT-2, Llama, a causal Hugging Face
+model; a classifier has none): the quickest proof that training worked.
 
 It must never keep a finished run from exiting. Under ZeRO-3 every rank holds a slice of each
 weight and the forward hooks all-gather them, so every rank runs `generate` in lockstep (HF's
 `synced_gpus`: the same number of forwards on every rank, whatever each samples); rank 0
 prints. A pipeline's stages each hold some layers: their weights are gathered into a plain
 model on rank 0, outside DeepSpeed. ZeRO 0-2 keep whole weights on every rank: rank 0 alone
-generates. The caller bounds the whole step (`distributed.world.Watchdog`). A chat or instruction run
+generates. The caller bounds the whole step (`Lifeline.bound`, bigtrain.distributed.lifeline). A chat or instruction run
 answers a held-out prompt instead (`DataBundle.sample_prompt`: the conversation so far rendered by the
 chat template, up to the assistant's generation prompt), shown with the template's markers.
 """

@@ -77,5 +77,7 @@ def test_packing_reports_the_padding_it_saves_and_the_sample_answers_a_held_out_
     assert "padding" in one and "packed" in one  # the data line of the log
     for log in (one, two):  # one process, and ZeRO-3 (every rank generates in lockstep)
         sample = log.split("the trained model answers a held-out prompt ---")[1].split("-----")[0]
-        assert "<|start_header_id|>user<|end_header_id|>" in sample
-        assert "<|start_header_id|>assistant<|end_header_id|>" in sample
+        # the prompt (rendered by the template) ends with the assistant's header: what follows it was generated
+        prompt, generated = sample.rsplit("<|start_header_id|>assistant<|end_header_id|>", 1)
+        assert "<|start_header_id|>user<|end_header_id|>" in prompt
+        assert generated.strip(), f"no token generated after the prompt: {sample!r}"

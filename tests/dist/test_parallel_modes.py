@@ -84,7 +84,10 @@ def test_a_split_model_trains_like_one_process(runs, name, reference):
 
 def test_a_tensor_parallel_run_ends_with_its_sample(runs):
     assert summary(runs / "tp2_sample")["steps"] == STEPS
-    assert "sample from the trained model" in (runs / "two.log").read_text()
+    log = (runs / "two.log").read_text()
+    assert "--- sample from the trained model ---" in log, log[-3000:]
+    text = log.split("--- sample from the trained model ---", 1)[1].lstrip("\n").split("\n-----", 1)[0]
+    assert text.startswith("The") and len(text) > len("The "), f"no token generated after the prompt: {text!r}"
 
 
 def test_a_mixture_of_experts_reports_its_router_loss(runs):

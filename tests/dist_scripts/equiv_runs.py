@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from bigtrain.distributed.world import World, barrier, init_distributed, shutdown  # noqa: E402
 from bigtrain.train.job import train  # noqa: E402
 from bigtrain.train.process import setup_logging  # noqa: E402
-from bigtrain.run import build_parser, run_config_from_args  # noqa: E402
+from bigtrain.config.flags import build_run_parser, run_config_from_args  # noqa: E402
 
 
 @contextmanager
@@ -76,7 +76,7 @@ def run_one(root: Path, job: dict, world: World) -> None:
         shutil.copytree(root / job["copy_from"], out)
         (out / "summary.json").unlink(missing_ok=True)  # the resumed job writes its own
     barrier()
-    args = build_parser().parse_args(["--out", str(out), *job["args"]])
+    args = build_run_parser().parse_args(["--out", str(out), *job["args"]])
     report: dict = {}
     try:
         with probe(report):

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config  # noqa: E402
 
 from bigtrain.distributed.world import World, barrier, init_distributed, shutdown  # noqa: E402
-from bigtrain.run import build_parser, config_sources, run_config_from_args  # noqa: E402
+from bigtrain.config.flags import build_run_parser, config_sources, run_config_from_args  # noqa: E402
 from bigtrain.train.job import train  # noqa: E402
 from bigtrain.train.process import setup_logging  # noqa: E402
 
@@ -39,7 +39,7 @@ def run_one(root: Path, job: dict, world: World) -> None:
     barrier()
     if world.is_main:
         print(f"=== job {job['name']} ===", flush=True)
-    args = build_parser().parse_args(["--out", str(out), *job["args"]])
+    args = build_run_parser().parse_args(["--out", str(out), *job["args"]])
     code, start = 0, time.monotonic()
     try:
         train(run_config_from_args(args), world, args.deepspeed_config, args.resume, args.stop_after,

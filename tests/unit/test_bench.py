@@ -193,10 +193,11 @@ def _in_child(code: str, **env: str) -> str:
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) != os.cpu_count()
                     or os.cpu_count() < 2, reason="needs an unrestricted affinity over >= 2 cores")
 def test_each_rank_binds_itself_to_its_share_of_the_cores():
-    code = ("import os, threading, torch; from bigtrain.distributed.world import bind_to_cores; "
-            "t = threading.Thread(target=lambda: __import__('time').sleep(2)); t.start(); "
+    code = ("import os, threading, torch; from bigtrain.distributed.host import bind_to_cores; "
+            "done = threading.Event(); t = threading.Thread(target=done.wait); t.start(); "  # a thread that runs
             "mine = bind_to_cores(1, 2); tid = t.native_id; "
-            "print(mine, sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(tid)), torch.get_num_threads())")
+            "print(mine, sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(tid)), torch.get_num_threads()); "
+            "done.set()")
     cores = sorted(os.sched_getaffinity(0))
     share = cores[len(cores) // 2:len(cores) // 2 * 2]
     assert _in_child(code) == f"{share} {share} {share} {min(len(share), os.cpu_count())}"
@@ -206,9 +207,9 @@ def test_each_rank_binds_itself_to_its_share_of_the_cores():
 def test_runner_env_and_ranks_keep_freed_memory():
     from bigtrain.launch.train import MALLOC_TUNABLES, thread_env
     assert thread_env(2)["GLIBC_TUNABLES"] == MALLOC_TUNABLES if "GLIBC_TUNABLES" not in os.environ else True
-    assert _in_child("from bigtrain.distributed.world import keep_freed_memory; print(keep_freed_memory())",
+    assert _in_child("from bigtrain.distributed.host import keep_freed_memory; print(keep_freed_memory())",
                      GLIBC_TUNABLES="") == "True"
-    assert _in_child("from bigtrain.distributed.world import keep_freed_memory; print(keep_freed_memory())",
+    assert _in_child("from bigtrain.distributed.host import keep_freed_memory; print(keep_freed_memory())",
                      GLIBC_TUNABLES=MALLOC_TUNABLES) == "False"  # the environment already did it
 
 
@@ -220,7 +221,7 @@ def test_jobs_that_offload_give_freed_memory_back():
     assert not offloads_to_host({})
     script = """
 import psutil, torch
-from bigtrain.distributed.world import return_freed_memory
+from bigtrain.distributed.host import return_freed_memory
 rss = lambda: psutil.Process().memory_info().rss
 def cycle():
     t = torch.ones(64 * 2**20 // 4)
@@ -279,3 +280,21 @@ def test_mfu_against_the_datasheet_and_each_lever_against_bigtrains_defaults():
     assert gains == pytest.approx({"compile off": 11.0 / 8.0, "micro_batch auto": 13.2 / 11.0})
     assert "**x1.38**" in levers_table(lever_ratios(rows)) and "**x1.20**" in levers_table(lever_ratios(rows))
     assert "MFU datasheet" in jobs_table(rows, fp32_mfu=False) and "bigtrain (compile off)" in jobs_table(rows)
+
+
+@pytest.mark.parametrize("plan_name", ["short", "full", "gpu", "gpu-dry"])
+def test_every_case_of_every_bench_plan_resolves(plan_name):
+    """What each bench job will be given, resolved as the bench resolves it before launching: a case that cannot
+    (the micro_batch auto lever crashed `bench --gpu --dry-run` at its 12th case) fails here, not on a GPU lease."""
+    from bigtrain.bench.jobs import ds_config_for
+    from bigtrain.bench.sweep import full_plan, gpu_plan, short_plan
+    from bigtrain.ds.lint import DeviceCaps
+    plan = {"short": short_plan, "full": full_plan, "gpu": lambda: gpu_plan(1),
+            "gpu-dry": lambda: gpu_plan(0, dry=True)}[plan_name]()
+    device = DeviceCaps("cuda", fp16=True, bf16=True) if plan_name == "gpu" else None  # a GPU host's abilities
+    assert plan.cases
+    for case in plan.cases:
+        ds = ds_config_for(case, plan.ranks, device=device)
+        micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+        stages = case.strategy.pipeline
+        assert ds["train_batch_size"] == micro * accum * (plan.ranks // stages), (case.name, ds)

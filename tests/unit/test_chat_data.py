@@ -12,7 +12,8 @@ from local_chat import LLAMA_TEMPLATE_TAGGED, conversations, make_chat_tokenizer
 from messages import naming
 
 from bigtrain.data import build_data
-from bigtrain.data.chat import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, ExampleOptions, Renderer, format_of
+from bigtrain.data.chat import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, Renderer
+from bigtrain.data.formats import ExampleOptions, format_of
 from bigtrain.data.prepare import PreparedCorpus
 
 TWO_TURNS = [{"role": "system", "content": "answer briefly"},
@@ -242,7 +243,7 @@ def test_chat_records_from_jsonl_json_parquet_and_the_hub_give_the_same_examples
     import pyarrow.parquet as pq
 
     from bigtrain.data import sources
-    from bigtrain.data.chat import detect_format
+    from bigtrain.data.sources import detect_format
     from bigtrain.data.prepare import prepare, text_source
 
     records = conversations(24)

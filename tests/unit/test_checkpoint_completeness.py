@@ -73,7 +73,7 @@ def test_prune_keeps_the_newest_complete_ones_and_drops_their_conversions(tmp_pa
 def test_a_stale_op_build_lock_is_removed_a_fresh_one_kept(tmp_path, monkeypatch):
     """A killed JIT build of DeepSpeed's CPU ops leaves torch's lock file behind; every later rank would
     wait on it forever at start-up (seen here: a killed build's `deepspeed_shm_comm/lock` hung all jobs)."""
-    from bigtrain.distributed.world import clear_stale_build_locks
+    from bigtrain.distributed.op_locks import clear_stale_build_locks
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     stale, fresh = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock", tmp_path / "cpu_adam" / "lock"
     for lock in (stale, fresh):

@@ -38,9 +38,9 @@ def test_building_every_verbs_parser_imports_no_torch_deepspeed_or_transformers(
             importlib.import_module(module)
             pulled[module] = [m for m in heavy if m in sys.modules]
         cli.build_parser()
-        import bigtrain.run
-        bigtrain.run.build_parser()
-        pulled["build_parser, bigtrain.run"] = [m for m in heavy if m in sys.modules]
+        import bigtrain.run, bigtrain.config.flags
+        bigtrain.config.flags.build_run_parser()
+        pulled["build_run_parser, bigtrain.run"] = [m for m in heavy if m in sys.modules]
         print(json.dumps(pulled))""")
     assert proc.returncode == 0, proc.stderr[-2000:]
     pulled = json.loads(proc.stdout.splitlines()[-1])
@@ -62,12 +62,12 @@ def test_help_and_version_print_nothing_from_deepspeed():
 def test_the_model_flags_help_names_every_family():
     import argparse
 
-    from bigtrain import run
+    from bigtrain.config.flags import build_run_parser
     from bigtrain.estimate.cli import add_estimate_parser
     from bigtrain.models.registry import families
     verbs = argparse.ArgumentParser().add_subparsers()
     add_estimate_parser(verbs)
-    for parser in (run.build_parser(), verbs.choices["estimate"]):
+    for parser in (build_run_parser(), verbs.choices["estimate"]):
         helped = next(a.help for a in parser._actions if "--model" in a.option_strings)
         assert all(name in helped for name in families()), helped
 
@@ -76,7 +76,7 @@ def cli_surface() -> dict:
     """Verbs, their flags and positionals, and run.py's flags, from the argparse trees."""
     import argparse
 
-    from bigtrain import run
+    from bigtrain.config.flags import build_run_parser
 
     def table(parser: argparse.ArgumentParser) -> dict:  # one spelling per flag: FlagParser takes both
         flags = sorted({"--" + s[2:].replace("_", "-") for a in parser._actions for s in a.option_strings
@@ -88,7 +88,7 @@ def cli_surface() -> dict:
     root = cli.build_parser()
     (sub,) = [a for a in root._actions if isinstance(a, argparse._SubParsersAction)]
     return {"bigtrain": table(root), "verbs": {name: table(p) for name, p in sorted(sub.choices.items())},
-            "bigtrain.run": table(run.build_parser())}
+            "bigtrain.run": table(build_run_parser())}
 
 
 def test_cli_surface_is_frozen():
@@ -116,19 +116,23 @@ def test_cli_surface_is_frozen():
 def test_every_flag_takes_both_spellings():
     import argparse
 
-    from bigtrain import run
+    from bigtrain.config.flags import FlagParser, build_run_parser
     root = cli.build_parser()
     (sub,) = [a for a in root._actions if isinstance(a, argparse._SubParsersAction)]
-    for parser in [root, run.build_parser(), *sub.choices.values()]:
-        assert isinstance(parser, cli.FlagParser)
+    for parser in [root, build_run_parser(), *sub.choices.values()]:
+        assert isinstance(parser, FlagParser)
         for flag in [s for a in parser._actions for s in a.option_strings if s.startswith("--")]:
             for other in ("--" + flag[2:].replace("-", "_"), "--" + flag[2:].replace("_", "-")):
-                assert parser.known_spellings([other, f"{other}=1"]) in ([flag, f"{flag}=1"], [other, f"{other}=1"])
+                # the spelling argparse knows: `other` itself where it is registered too, else `flag`
+                known = other if other in parser._option_string_actions else flag
+                assert parser.known_spellings([other, f"{other}=1"]) == [known, f"{known}=1"], (flag, other)
+    # a spelling no parser registered stays as typed, for argparse to refuse
+    assert root.known_spellings(["--no-such_flag=1", "-x"]) == ["--no-such_flag=1", "-x"]
     args, unknown = root.parse_known_args(["train", "--num_gpus", "3", "--master_port=5", "--deepspeed_config", "x.json",
                                            "--stop-after", "2", "--", "--num_gpus"])
     assert (args.num_gpus, args.master_port) == (3, 5)
     assert unknown == ["--deepspeed_config", "x.json", "--stop-after", "2", "--", "--num_gpus"]
-    parsed = run.build_parser().parse_args(["--peak_tflops", "2", "--stop_after=3", "--deepspeed-config", "z.json"])
+    parsed = build_run_parser().parse_args(["--peak_tflops", "2", "--stop_after=3", "--deepspeed-config", "z.json"])
     assert (parsed.peak_tflops, parsed.stop_after, parsed.deepspeed_config) == (2.0, 3, "z.json")
     est = root.parse_args(["estimate", "--model", "gpt2", "--size", "tiny", "--num_gpus", "4", "--gpu_mem=24"])
     assert (est.num_gpus, est.gpu_mem) == (4, "24")
@@ -137,8 +141,8 @@ def test_every_flag_takes_both_spellings():
 def test_launcher_command_and_hostfiles_read_as_deepspeed_reads_them(tmp_path):
     from deepspeed.launcher.runner import _parse_hostfile
 
-    from bigtrain.launch.preflight import PreflightError, read_hostfile
-    from bigtrain.launch.train import launcher_command, ranks_here
+    from bigtrain.launch.hosts import HostfileError, ranks_here, read_hostfile
+    from bigtrain.launch.train import launcher_command
     text = "# cluster\nworker-1 slots=8 max_slots=8\n\nworker-2  slots=4   # the small one\nlocalhost slots=2\n"
     path = tmp_path / "hostfile"
     path.write_text(text)
@@ -150,7 +154,7 @@ def test_launcher_command_and_hostfiles_read_as_deepspeed_reads_them(tmp_path):
         path.write_text(bad + "\n")
         with pytest.raises(ValueError):
             _parse_hostfile(bad.splitlines())  # DeepSpeed refuses what bigtrain refuses, and bigtrain names the line
-        with pytest.raises(PreflightError, match=f"{path}:[12]: "):
+        with pytest.raises(HostfileError, match=f"{path}:[12]: "):
             read_hostfile(path)
     path.write_text("localhost slots=2\n")
     cmd = launcher_command(["--size", "tiny"], None, str(path), 29500, [])

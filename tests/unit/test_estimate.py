@@ -180,3 +180,46 @@ def test_cli_errors_are_one_line(capsys):
     assert code == 2 and "--seq-len applies to token models" in err
     code, _, err = run_cli(["--model", "gpt2", "--size", "tiny", "--gpu-mem", "10MB"], capsys)
     assert code == 1 and "nothing fits" in err
+
+
+def test_estimate_takes_the_run_configs_grammar(tmp_path, capsys):
+    """One grammar for every verb: --config and --set section.field=VALUE, as `bigtrain train` takes them; the
+    estimate's flags are shorthands for the same fields, so either spelling gives the same table."""
+    flags = ["--model", "gpt2", "--size", "small", "--seq-len", "512", "--micro-batch", "2", "--gpu-mem", "24"]
+    code, by_flags, _ = run_cli(flags, capsys)
+    sets = ["--set", "model.family=gpt2", "--set", "model.size=small", "--set", "data.seq_len=512",
+            "--set", "batch.micro_batch=2", "--gpu-mem", "24"]
+    assert code == 0 and run_cli(sets, capsys)[:2] == (0, by_flags)
+    config = tmp_path / "run.yaml"
+    config.write_text("model: {family: gpt2, size: small}\ndata: {seq_len: 512}\nbatch: {micro_batch: 2}\n"
+                      "zero: {stage: 3}\n")
+    code, by_config, err = run_cli(["--config", str(config), "--gpu-mem", "24"], capsys)
+    assert (code, by_config) == (0, by_flags)
+    assert "not read by the estimate, which tabulates every setup: zero.stage" in err  # said, never silently dropped
+    code, out, _ = run_cli([*flags, "--set", "model.overrides.n_layer=4"], capsys)
+    assert code == 0 and "--set model.overrides.n_layer=4" in out and out.split("M parameters")[0] != \
+        by_flags.split("M parameters")[0]
+
+
+def test_the_old_model_override_spelling_is_one_line_giving_the_new_one(capsys):
+    code, out, err = run_cli(["--model", "gpt2", "--size", "small", "--set", "n_layer=24"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "--set model.overrides.n_layer=VALUE" in err
+    from bigtrain.cli import main
+    assert main(["models", "gpt2", "--set", "seq_len=128"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--set model.overrides.seq_len=128" in err
+    assert main(["models", "gpt2", "--set", "model.overrides.seq_len=128"]) == 0
+    assert "gpt2     small" in capsys.readouterr().out
+
+
+def test_a_training_commands_model_flags_estimate_a_pretrained_directory(tmp_path, capsys):
+    """`--model hf --set model.pretrained=DIR`, copied from a training command, needs no --size."""
+    from transformers import LlamaConfig
+    LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, num_key_value_heads=2,
+                intermediate_size=128, vocab_size=512, max_position_embeddings=128).save_pretrained(tmp_path / "m")
+    code, out, err = run_cli(["--model", "hf", "--set", f"model.pretrained={tmp_path / 'm'}", "--gpu-mem", "8"], capsys)
+    assert code == 0 and out.startswith("hf custom: "), err
+    assert f"--set model.pretrained={tmp_path / 'm'}" in out
+    code, _, err = run_cli(["--size", "small"], capsys)
+    assert code == 2 and "--model is missing" in err

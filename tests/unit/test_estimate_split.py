@@ -2,10 +2,6 @@
 parallelism when activations, not states, are what does not fit (issue 23)."""
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from bigtrain.estimate.memory_model import ModelShape, Setup, estimate
@@ -50,12 +46,12 @@ def test_sequence_parallel_divides_every_activation_and_keeps_zero_over_all_rank
     (["--model", "gpt2", "--size", "small", "--tensor", "2"], "does not support tensor"),
     (["--model", "gpt2", "--size", "small", "--sequence", "2"], "does not support sequence"),
     (["--model", "llama", "--size", "1b", "--sequence", "2", "--seq-len", "1023"], "not divisible by parallel.sequence")])
-def test_estimate_refuses_the_splits_training_refuses(args, named):
+def test_estimate_refuses_the_splits_training_refuses(args, named, capsys):
     """With train's own line: no estimate recommends a setup `bigtrain train` would refuse."""
-    bigtrain = str(Path(sys.executable).parent / "bigtrain")
-    proc = subprocess.run([bigtrain, "estimate", *args, "--num-gpus", "8"], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 2 and named in proc.stderr and "recommended" not in proc.stdout, proc.stderr
+    from bigtrain.cli import main
+    code = main(["estimate", *args, "--num-gpus", "8"])
+    out, err = capsys.readouterr()
+    assert code == 2 and named in err and "recommended" not in out, err
 
 
 def test_a_world_that_does_not_split_is_refused():
@@ -63,12 +59,12 @@ def test_a_world_that_does_not_split_is_refused():
         Setup(world_size=6, tensor=4)
 
 
-def test_estimate_recommends_sequence_parallelism_when_activations_do_not_fit():
-    bigtrain = str(Path(sys.executable).parent / "bigtrain")
-    proc = subprocess.run([bigtrain, "estimate", "--model", "llama", "--size", "1b", "--seq-len", "131072",
-                           "--gpu-mem", "80"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1
-    assert "activations, not model states" in proc.stderr and "--set parallel.sequence=2" in proc.stderr
-    fits = subprocess.run([bigtrain, "estimate", "--model", "llama", "--size", "1b", "--seq-len", "131072",
-                           "--gpu-mem", "80", "--sequence", "2"], capture_output=True, text=True, timeout=300)
-    assert fits.returncode == 0 and "parallel.sequence=2" in fits.stdout and "+sp2" in fits.stdout
+def test_estimate_recommends_sequence_parallelism_when_activations_do_not_fit(capsys):
+    from bigtrain.cli import main
+    long = ["estimate", "--model", "llama", "--size", "1b", "--seq-len", "131072", "--gpu-mem", "80"]
+    assert main(long) == 1
+    err = capsys.readouterr().err
+    assert "activations, not model states" in err and "--set parallel.sequence=2" in err
+    assert main([*long, "--sequence", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "parallel.sequence=2" in out and "+sp2" in out

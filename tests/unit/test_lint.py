@@ -211,7 +211,7 @@ def test_cli_prints_warnings_with_the_resolved_config(tmp_path, capsys):
 
 def test_cli_world_size_defaults_to_what_bigtrain_train_starts(tmp_path, capsys):
     """One rank per GPU, two on a CPU host: the job `bigtrain train` would start here, not DeepSpeed's count."""
-    from bigtrain.launch.train import default_num_ranks
+    from bigtrain.launch.hosts import default_num_ranks
     count = default_num_ranks()
     config = {k: v for k, v in GOOD.items() if k != "train_batch_size"}
     code, out, err = run_cli(tmp_path, capsys, config, "--device", "cuda")

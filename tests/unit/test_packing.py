@@ -13,7 +13,7 @@ from local_chat import conversations, make_chat_tokenizer, write_jsonl
 
 from bigtrain import models
 from bigtrain.data import build_data
-from bigtrain.data.chat import ExampleOptions
+from bigtrain.data.formats import ExampleOptions
 from bigtrain.data.examples import pack
 from bigtrain.models.losses import lm_targets
 from bigtrain.models.spec import call_module, output_logits

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from bigtrain.data import build_data
-from bigtrain.data.chat import ExampleOptions, Renderer, format_of
+from bigtrain.data.chat import Renderer
+from bigtrain.data.formats import ExampleOptions, format_of
 from bigtrain.data.pairs import flat_pairs
 
 from local_chat import make_chat_tokenizer, preference_pairs, write_jsonl
@@ -119,7 +120,7 @@ def test_packing_pairs_and_mixing_pairs_with_chats_are_refused(tmp_path, tok):
 
 
 def test_kto_answers_carry_their_label_and_sit_beside_another_answer_for_the_kl_estimate(tmp_path, tok):
-    from bigtrain.data.chat import UNDESIRABLE
+    from bigtrain.data.formats import UNDESIRABLE
     tok.save_pretrained(str(tmp_path / "tok"))
     record = {"prompt": [{"role": "user", "content": "hello there"}],
               "completion": [{"role": "assistant", "content": "good morning"}], "label": False}

@@ -12,8 +12,8 @@ from bigtrain.config.load import load_run_config
 from bigtrain.estimate.memory_model import estimate, setup_from_run
 from bigtrain.estimate.shape import shape_from_spec
 from bigtrain.models import build
-from bigtrain.launch.preflight import (HostEntry, PreflightError, add_preflight_parser, check_host, check_hosts,
-                                estimate_overrides, read_hostfile, run_preflight, world_size)
+from bigtrain.launch.hosts import HostEntry, HostfileError, read_hostfile, world_size
+from bigtrain.launch.preflight import add_preflight_parser, check_host, check_hosts, estimate_overrides, run_preflight
 from launch import REPO
 from messages import naming
 
@@ -28,7 +28,7 @@ def hostfile(tmp_path, text: str):
 
 
 def problems_of(path) -> list[str]:
-    with pytest.raises(PreflightError) as info:
+    with pytest.raises(HostfileError) as info:
         read_hostfile(path)
     return info.value.problems
 

@@ -9,7 +9,7 @@ import deepspeed
 from launch import TINY
 
 import bigtrain.train.job as job
-from bigtrain.run import build_parser, run_config_from_args
+from bigtrain.config.flags import build_run_parser, run_config_from_args
 
 
 def test_every_engine_gets_exactly_what_resolve_returned(one_rank_group, tmp_path, monkeypatch):
@@ -28,7 +28,7 @@ def test_every_engine_gets_exactly_what_resolve_returned(one_rank_group, tmp_pat
 
     monkeypatch.setattr(job, "resolve", recording_resolve)
     monkeypatch.setattr(deepspeed, "initialize", recording_initialize)
-    args = build_parser().parse_args(["--out", str(tmp_path / "run"), *TINY, "--steps", "2", "--set",
+    args = build_run_parser().parse_args(["--out", str(tmp_path / "run"), *TINY, "--steps", "2", "--set",
                                       "batch.micro_batch=auto", "--set", "batch.global_batch=8"])
     summary = job.train(run_config_from_args(args), World(0, 0, 1))
     assert len(given) >= 2  # the probe's engine(s), then the job's

@@ -7,15 +7,9 @@ Submodules load lazily: worker processes import only `worker` (numpy + tokenizer
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from bigtrain.lazy import lazy_names
 
 _EXPORTS = {"prepare": "core", "text_source": "core", "default_num_proc": "core",
             "PreparedCorpus": "store", "is_prepared": "store", "read_manifest": "store"}
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'bigtrain.data.prepare' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"bigtrain.data.prepare.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_names(__name__, _EXPORTS)

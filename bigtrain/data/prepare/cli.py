@@ -11,10 +11,14 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bigtrain.data.prepare.store import PreparedCorpus
 
 
 def add_prepare_parser(sub: argparse._SubParsersAction) -> None:
-    from bigtrain.data.chat import FORMATS  # light: no tokenizer, no torch
+    from bigtrain.data.formats import FORMATS  # light: no tokenizer, no torch
     p = sub.add_parser("prepare", help="tokenize text once into token shards that training memory-maps",
                        description="Tokenize a text source (txt/jsonl/json/parquet files, directories, globs, "
                                    "'builtin', hf:NAME[:CONFIG]) into uint16/uint32 token shards, a document "
@@ -57,7 +61,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} {value}: must be a positive integer")
     if args.num_proc == 1:  # one process means one core: no tokenizer threads either
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from bigtrain.data.chat import FIELDS, detect_format, read_chat_template
+    from bigtrain.data.chat import read_chat_template
+    from bigtrain.data.formats import FIELDS
+    from bigtrain.data.sources import detect_format
 
     src = text_source(args.data, args.split, args.revision, args.streaming)
     out = Path(args.out)
@@ -78,9 +84,17 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     else:
         print(summary(corpus.manifest, out, time.perf_counter() - started))
     if corpus.examples and args.seq_len:
-        from bigtrain.data.examples import too_long_line
         print(too_long_line(corpus, args.seq_len))
     return 0
+
+
+def too_long_line(corpus: PreparedCorpus, seq_len: int) -> str:
+    """For `bigtrain prepare --seq-len`: how many examples exceed it (training truncates or drops them)."""
+    import numpy as np
+    lengths = np.diff(corpus.document_ends(), prepend=0)
+    long = int((lengths > seq_len).sum())
+    return (f"{long:,} of {len(lengths):,} examples are longer than seq_len {seq_len} (longest {int(lengths.max()):,} "
+            "tokens); training truncates them, or drops them with data.long_examples=drop")
 
 
 def _tokenizer(args: argparse.Namespace, src, out: Path):
@@ -97,7 +111,7 @@ def _tokenizer(args: argparse.Namespace, src, out: Path):
 def summary(manifest: dict, out: Path, seconds: float) -> str:
     """One line: what was prepared, how fast, and what a run will find there."""
     mb = manifest["source"]["bytes"] / 1e6
-    from bigtrain.data.chat import PAIR_FORMATS
+    from bigtrain.data.formats import PAIR_FORMATS
     pairs = (manifest.get("examples") or {}).get("format") in PAIR_FORMATS
     what = (f"preference pairs ({manifest['num_docs']:,} answers)" if pairs else
             "examples" if manifest.get("examples") else "documents")

@@ -60,7 +60,7 @@ def identity(src: Source, tokenizer: Any, text_field: str, hash_content: bool, f
     template too (the tokenizer's fingerprint covers its vocabulary only)."""
     import hashlib
 
-    from bigtrain.data.chat import FIELDS, TEMPLATED
+    from bigtrain.data.formats import FIELDS, TEMPLATED
     from bigtrain.data.tokenizer import tokenizer_fingerprint
     field: Any = "text" if (src.kind == "files" and src.loader == "text") or src.kind == "builtin" else text_field
     ident = {"format": FORMAT, "source": source_fingerprint(src, hash_content), "text_field": field,
@@ -91,7 +91,8 @@ def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field
     src = text_source(source) if isinstance(source, str) else source
     out = Path(out).expanduser()
     ident = identity(src, tokenizer, text_field, hash_content, fmt)
-    from bigtrain.data.chat import TEMPLATED, no_template_line
+    from bigtrain.data.chat import no_template_line
+    from bigtrain.data.formats import TEMPLATED
     if fmt in TEMPLATED and not getattr(tokenizer, "chat_template", None):
         raise ValueError(no_template_line(tokenizer))
     num_proc = num_proc or default_num_proc()

@@ -9,7 +9,7 @@ a JSON array file) are spooled to a jsonl file per piece, which a worker reads l
 other; a spooled piece is identified by its document range.
 
 The field read is a text column (a str: every document is one text) or, for chat and instruction
-examples, a tuple of columns (bigtrain.data.chat.FIELDS: "?" marks an optional one): every document
+examples, a tuple of columns (bigtrain.data.formats.FIELDS: "?" marks an optional one): every document
 is then the record itself, a dict, which the worker renders.
 """
 from __future__ import annotations
@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from bigtrain.data.chat import columns, no_text_field_line, record_text, required
+from bigtrain.data.chat import record_text
+from bigtrain.data.formats import columns, no_text_field_line, required
 from bigtrain.data.sources import Source, first_not_utf8, line_at, not_utf8
 
 Field = str | tuple[str, ...]  # a text column, or the columns of an example record
