@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from bigtrain.eval.harness import require_lm_eval
+from bigtrain.eval.tasks import quiet_lm_eval
 
 require_lm_eval()
 from lm_eval.models.huggingface import HFLM  # noqa: E402  (after the one-line check above)
@@ -38,28 +39,36 @@ class RankSplitLM(HFLM):
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, batch_size: int = 8, *, rank: int = 0, world: int = 1,
                  split: bool = True, progress: bool = True, max_length: int | None = None) -> None:
-        super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
+        with quiet_lm_eval():  # its warning that a module passed in means one process: the split below is ours
+            super().__init__(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
         self.split_rank, self.split_world = rank, world
         self.splitting = split and world > 1
         self.progress = progress
         self._calls: _CallSplit | None = None  # set while a two-pass loop runs
+        self.requests_seen: dict[str, int] = {}  # requests by type, for requests/s
 
     # -- lm-eval's request types ---------------------------------------------------------------------------------
 
     def loglikelihood(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        self._count("loglikelihood", requests)
         return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not self.progress)
 
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
+        self._count("loglikelihood_rolling", requests)
         quiet = disable_tqdm or not self.progress
         if not self.splitting:
             return super().loglikelihood_rolling(requests, disable_tqdm=quiet)
         return self._two_passes(lambda: super(RankSplitLM, self).loglikelihood_rolling(requests, disable_tqdm=quiet))
 
     def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
+        self._count("generate_until", requests)
         quiet = disable_tqdm or not self.progress
         if not self.splitting:
             return super().generate_until(requests, disable_tqdm=quiet)
         return self._two_passes(lambda: super(RankSplitLM, self).generate_until(requests, disable_tqdm=quiet))
+
+    def _count(self, kind: str, requests: list) -> None:
+        self.requests_seen[kind] = self.requests_seen.get(kind, 0) + len(requests)
 
     # -- where the model runs ------------------------------------------------------------------------------------
 

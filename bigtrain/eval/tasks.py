@@ -36,8 +36,10 @@ def split_names(tasks: str | Sequence[str]) -> list[str]:
     return names
 
 
-def task_manager(include_path: str | Path | Sequence[str | Path] | None = None) -> Any:
-    """lm-eval's TaskManager over its own tasks and the local task folders in `include_path`."""
+def task_manager(include_path: str | Path | Sequence[str | Path] | None = None,
+                 names: Sequence[str] = ()) -> Any:
+    """lm-eval's TaskManager over the local task folders in `include_path` and lm-eval's own tasks; over the local
+    folders alone when they hold every one of `names` (indexing lm-eval's ~15000 task files takes ~8 s here)."""
     require_lm_eval()
     paths = [include_path] if isinstance(include_path, (str, Path)) else list(include_path or [])
     for path in paths:
@@ -45,8 +47,13 @@ def task_manager(include_path: str | Path | Sequence[str | Path] | None = None) 
             raise ValueError(f"--include-path {path}: no such directory; give a folder of lm-eval task YAML files "
                              f"({DOCS})")
     from lm_eval.tasks import TaskManager
-    with _quiet_lm_eval():
-        return TaskManager(include_path=[str(Path(p).expanduser().resolve()) for p in paths] or None)
+    folders = [str(Path(p).expanduser().resolve()) for p in paths]
+    with quiet_lm_eval():
+        if folders and names:
+            local = TaskManager(include_path=folders, include_defaults=False)
+            if all(name in set(local.all_tasks) for name in names):
+                return local
+        return TaskManager(include_path=folders or None)
 
 
 def load_tasks(names: Sequence[str], manager: Any, num_fewshot: int | None = None) -> TaskSet:
@@ -59,7 +66,7 @@ def load_tasks(names: Sequence[str], manager: Any, num_fewshot: int | None = Non
     task_dict: dict = {}
     for name in names:  # one at a time: a failure names its task
         try:
-            with _quiet_lm_eval():
+            with quiet_lm_eval():
                 task_dict.update(get_task_dict([name], manager))
         except Exception as err:  # noqa: BLE001 -- datasets raises many types; each becomes the line below
             raise ValueError(data_unavailable_line(name, err)) from None
@@ -84,7 +91,7 @@ def data_unavailable_line(name: str, err: BaseException) -> str:
             f"local task folder whose YAML reads your files (dataset_path: json, data_files; {DOCS})")
 
 
-class _quiet_lm_eval:
+class quiet_lm_eval:
     """lm-eval logs every task it indexes and each metric default it fills at INFO/WARNING: kept off the console."""
 
     def __enter__(self) -> None:
