@@ -30,9 +30,9 @@ def run_eval(args: argparse.Namespace, world: World) -> int:
     from bigtrain.eval.lm import RankSplitLM
     from bigtrain.eval.runner import evaluate, results_table, write_results
     model = target.model.to(get_accelerator().current_device_name())
-    lm = RankSplitLM(model, target.tokenizer, args.batch_size, rank=world.rank, world=world.size,
-                     progress=world.is_main and sys.stderr.isatty())
-    results = evaluate(lm, tasks, num_fewshot=args.num_fewshot, limit=args.limit)
+    progress = world.is_main and sys.stderr.isatty()
+    lm = RankSplitLM(model, target.tokenizer, args.batch_size, rank=world.rank, world=world.size, progress=progress)
+    results = evaluate(lm, tasks, num_fewshot=args.num_fewshot, limit=args.limit, progress=progress)
     if world.is_main:
         results["bigtrain"].update(target=target.description, ranks=world.size, batch_size=args.batch_size)
         out = write_results(results, args.out or target.default_out)

@@ -6,29 +6,32 @@ fast. Every rank computes the same results (the ranks share the answers); rank 0
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from bigtrain.eval.harness import require_lm_eval
 from bigtrain.eval.tasks import TaskSet, quiet_lm_eval
 
 
 def evaluate(lm: Any, tasks: TaskSet, num_fewshot: int | None = None, limit: float | None = None,
-             bootstrap_iters: int = 100000) -> dict | None:
+             bootstrap_iters: int = 100000, progress: bool = True) -> dict | None:
     """lm-eval's results for `tasks` on `lm`, with `bigtrain.seconds` and `bigtrain.requests` (request counts by
     type, from lm's `requests_seen`); None on a rank other than each node's first, where lm-eval returns nothing.
     `bootstrap_iters` 0 skips the bootstrapped standard errors (lm-eval's CLI computes them with 100000, the
-    default here too, so that both give the same file)."""
+    default here too, so that both give the same file). `progress`: lm-eval's progress bars (each task's request
+    building; the model's requests follow `lm.progress`)."""
     require_lm_eval()
     from lm_eval import simple_evaluate
 
     lm.requests_seen.clear()
     started = time.perf_counter()
-    with quiet_lm_eval():
+    with quiet_lm_eval(), contextlib.nullcontext() if progress else _no_task_bars():
         results = simple_evaluate(model=lm, tasks=list(tasks.names), task_manager=tasks.manager,
                                   num_fewshot=num_fewshot, limit=limit, bootstrap_iters=bootstrap_iters,
                                   log_samples=False)
@@ -39,6 +42,19 @@ def evaluate(lm: Any, tasks: TaskSet, num_fewshot: int | None = None, limit: flo
     results["bigtrain"] = {"seconds": seconds, "requests": dict(lm.requests_seen),
                            "requests_per_s": sum(lm.requests_seen.values()) / seconds if seconds > 0 else None}
     return results
+
+
+@contextlib.contextmanager
+def _no_task_bars() -> Iterator[None]:
+    """lm-eval draws a bar for each task's request building with no switch to turn it off (api/task.py's module
+    global `tqdm`): during training, in the middle of the run's log, it is held back for the block."""
+    import lm_eval.api.task as task_module
+    drawn = task_module.tqdm
+    task_module.tqdm = functools.partial(drawn, disable=True)
+    try:
+        yield
+    finally:
+        task_module.tqdm = drawn
 
 
 def scores(results: dict) -> dict[str, dict[str, float]]:
