@@ -18,9 +18,11 @@ def run_eval(args: argparse.Namespace, world: World) -> int:
     """Evaluate `args.target` on `args.tasks` as rank `world.rank` of `world.size`; 0 when done (ValueError, one
     line, for a user's mistake)."""
     from bigtrain.eval.harness import require_lm_eval
+    from bigtrain.eval.target import target_kind
     from bigtrain.eval.tasks import load_tasks, split_names, task_manager
-    require_lm_eval()
+    target_kind(args.target, args.tag)  # a wrong path is one line before anything is imported or indexed
     names = split_names(args.tasks)
+    require_lm_eval()
     manager = task_manager(args.include_path, names)
     tasks = load_tasks(names, manager)  # before the model: a wrong name or missing data costs no loading
     from bigtrain.eval.target import load_target

@@ -28,17 +28,29 @@ class Target:
     checkpoint: Path | None = None  # the tag directory of a run folder
 
 
-def load_target(path: str | Path, tag: str | None = None, tokenizer: str | None = None,
-                trust_checkpoint: bool = False) -> Target:
-    """The model at `path`; ValueError (one line) for anything that is not a run folder or a model directory."""
+def target_kind(path: str | Path, tag: str | None = None) -> str:
+    """"model" (a model directory) or "run" (a folder with bigtrain checkpoints), from the files alone and at once;
+    ValueError (one line) for anything else."""
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise ValueError(f"{path}: no such directory; {WHAT}")
     if (directory / "config.json").is_file() or (directory / "adapter_config.json").is_file():
         if tag is not None:
             raise ValueError(f"--tag {tag}: {path} is a model directory, not a run folder with checkpoints; drop --tag")
-        return _model_directory(directory.resolve(), tokenizer)
-    return _run_folder(directory, tag, tokenizer, trust_checkpoint)
+        return "model"
+    from bigtrain.checkpoint.state import MARKER
+    if not any(directory.glob(f"**/{MARKER}")):
+        raise ValueError(f"{path}: neither a run folder (no checkpoint in it) nor a model directory (no config.json); "
+                         f"{WHAT}")
+    return "run"
+
+
+def load_target(path: str | Path, tag: str | None = None, tokenizer: str | None = None,
+                trust_checkpoint: bool = False) -> Target:
+    """The model at `path`; ValueError (one line) for anything that is not a run folder or a model directory."""
+    if target_kind(path, tag) == "model":
+        return _model_directory(Path(path).expanduser().resolve(), tokenizer)
+    return _run_folder(Path(path).expanduser(), tag, tokenizer, trust_checkpoint)
 
 
 def _model_directory(directory: Path, tokenizer: str | None) -> Target:
@@ -68,13 +80,7 @@ def _run_folder(directory: Path, tag: str | None, tokenizer: str | None, trust_c
     from bigtrain.export.write import empty_hf_model, load_into, load_tokenizer
     from bigtrain.parallel.lora import saved_lora
 
-    try:
-        found = locate_checkpoint(directory, tag)
-    except ValueError as err:
-        if tag is None and not any(directory.glob("**/bigtrain.json")):
-            raise ValueError(f"{directory}: neither a run folder (no checkpoint in it) nor a model directory (no "
-                             f"config.json); {WHAT}") from None
-        raise err
+    found = locate_checkpoint(directory, tag)
     mb = found.state.model_build
     spec = models.build(mb.family, mb.size, **mb.overrides)
     if spec.hf_class is None or spec.modality != "text":
