@@ -3,7 +3,8 @@ tests/dist/test_eval.py). No download: the tasks read a jsonl written here (data
 
 The tasks ask what animals do ("the cow" -> " moos"): `sounds_mc` (multiple choice among four sounds),
 `sounds_next` (loglikelihood of the right sound: its perplexity and whether it is the greedy continuation) and
-`sounds_ppl` (loglikelihood_rolling over the whole sentence: word and byte perplexity). `sounds_corpus` is text
+`sounds_ppl` (loglikelihood_rolling over the whole sentence: word and byte perplexity) and `sounds_gen` (greedy
+generation up to the full stop, exact match). `sounds_corpus` is text
 that teaches the answers; `builtin` documents (Python's docs) are the other text a model can learn from instead.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 SOUNDS = {"cow": "moo", "dog": "woof", "cat": "meow", "duck": "quack", "sheep": "baa", "owl": "hoot",
           "lion": "roar", "frog": "croak"}
-TASKS = ("sounds_mc", "sounds_next", "sounds_ppl")
+TASKS = ("sounds_mc", "sounds_next", "sounds_ppl", "sounds_gen")
 DOCS = 24
 
 
@@ -43,7 +44,7 @@ def write_documents(path: Path) -> Path:
 
 
 def make_task_folder(root: Path) -> Path:
-    """ROOT/tasks: the three task YAML files and their sounds.jsonl, as a user writes a local task."""
+    """ROOT/tasks: the four task YAML files and their sounds.jsonl, as a user writes a local task."""
     folder = root / "tasks"
     folder.mkdir(parents=True, exist_ok=True)
     data = write_documents(folder / "sounds.jsonl")
@@ -60,6 +61,11 @@ def make_task_folder(root: Path) -> Path:
         f"task: sounds_ppl\n{common}output_type: loglikelihood_rolling\n"
         "doc_to_text: \"\"\ndoc_to_target: \"{{text}}\"\n"
         "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n")
+    (folder / "sounds_gen.yaml").write_text(
+        f"task: sounds_gen\n{common}output_type: generate_until\n"
+        "doc_to_text: \"the {{animal}}\"\ndoc_to_target: \" {{sound}}\"\n"
+        "generation_kwargs:\n  until: [\".\"]\n  max_gen_toks: 4\n  do_sample: false\n"
+        "metric_list:\n  - metric: exact_match\n")
     return folder
 
 

@@ -9,7 +9,11 @@ continuation of a sentence is the real one) and a rolling-perplexity task over w
   bigtrain        `bigtrain eval DIR ...`, one rank, wall clock and its evaluation phase
   bigtrain_2      `bigtrain eval DIR --num-gpus 2 ...`, wall clock and its evaluation phase
   lm_eval_phase   lm-eval's HFLM on the directory and `simple_evaluate` in a python process: the phase alone
-Every variant runs the same requests at the same batch size; requests/s = requests / seconds.
+Every variant runs the same requests at the same batch size; requests/s = requests / seconds. Each process gets
+`--threads` threads (OMP_NUM_THREADS, default 1): one core per rank, the CPU's stand-in for one GPU per rank, so
+"2 ranks against 1" is 2 cores against 1 and bigtrain against lm-eval is core for core. (On a shared 2-core VM a
+single process with 2 threads is at the mercy of every other job: one descheduled thread stalls the other at each
+parallel region.)
 """
 from __future__ import annotations
 
@@ -81,9 +85,10 @@ def make_workload(root: Path, docs: int, hidden: int, layers: int) -> tuple[Path
     return model_dir, folder, 4 * docs + docs // 4
 
 
-def run_variant(name: str, model_dir: Path, folder: Path, batch: int, work: Path) -> dict:
+def run_variant(name: str, model_dir: Path, folder: Path, batch: int, work: Path, threads: int) -> dict:
     """One timed run of a variant: {"wall_s", "phase_s" (where the variant reports it)}."""
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": str(threads)}
     binary = Path(sys.executable).parent
     out = work / f"{name}.json"
     if name == "lm_eval":
@@ -117,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="threads per process (per rank)")
     p.add_argument("--out", default="docs/bench_eval.json")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bigtrain_eval_bench_"))
@@ -125,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = ["lm_eval", "bigtrain", "bigtrain_2", "lm_eval_phase"]
         rounds = []
         for r in range(args.repeats):
-            rounds.append({name: run_variant(name, model_dir, folder, args.batch_size, work) for name in variants})
+            rounds.append({name: run_variant(name, model_dir, folder, args.batch_size, work, args.threads)
+                           for name in variants})
             print(f"round {r + 1}: {json.dumps(rounds[-1])}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -78,8 +78,8 @@ def unknown_task_line(name: str, known: Sequence[str], include_path: Any = None)
     near = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
     hint = f"; nearest: {', '.join(near)}" if near else ""
     where = "" if include_path else f"; a task of your own needs its folder: --include-path DIR ({DOCS})"
-    return f"unknown task {name!r}: lm-eval{' and the --include-path folders' if include_path else ''} have no task, " \
-           f"group or tag of that name{hint}{where}"
+    folders = " (nor one in the --include-path folders)" if include_path else ""
+    return f"unknown task {name!r}: no lm-eval task, group or tag{folders} has that name{hint}{where}"
 
 
 def data_unavailable_line(name: str, err: BaseException) -> str:

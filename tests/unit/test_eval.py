@@ -120,7 +120,8 @@ def test_bigtrain_eval_on_a_model_directory_equals_lm_evals_own_hflm(files: dict
     assert ours["results"] == json.loads(json.dumps(theirs["results"], default=str))
     assert ours["results"]["sounds_mc"]["sample_len"] == DOCS
     # 4 choices per multiple-choice document, one continuation per sounds_next document, one text per sounds_ppl
-    assert ours["bigtrain"]["requests"] == {"loglikelihood": 5 * DOCS, "loglikelihood_rolling": DOCS}
+    assert ours["bigtrain"]["requests"] == {"loglikelihood": 5 * DOCS, "loglikelihood_rolling": DOCS,
+                                            "generate_until": DOCS}
     assert ours["bigtrain"]["ranks"] == 1 and ours["bigtrain"]["requests_per_s"] > 0
     assert naming(printed, "sounds_mc", "acc") and naming(printed, "evaluated model directory", str(out))
 
