@@ -131,10 +131,13 @@ def test_bigtrain_eval_on_a_model_directory_equals_lm_evals_own_hflm(files: dict
 
 @pytest.fixture(scope="module")
 def every_task(files: dict[str, Path]):
-    """lm-eval's whole task index with the local folder (indexing ~15000 task files takes ~8 s: built once)."""
-    pytest.importorskip("lm_eval")
-    from bigtrain.eval.tasks import task_manager
-    return task_manager([files["tasks"]])
+    """lm-eval's own arc and hellaswag task folders with the local one (its whole index of ~15000 task files takes
+    ~8 s to read; `bigtrain eval` reads it only when a task is not in the --include-path folders)."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+    own = Path(lm_eval.__file__).parent / "tasks"
+    return TaskManager(include_path=[str(own / "arc"), str(own / "hellaswag"), str(files["tasks"])],
+                       include_defaults=False)
 
 
 def test_unknown_task_names_the_nearest(every_task) -> None:
