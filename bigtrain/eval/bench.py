@@ -37,9 +37,9 @@ from lm_eval.tasks import TaskManager
 model_dir, tasks, folder, batch = sys.argv[1:5]
 manager = TaskManager(include_path=folder, include_defaults=False)
 lm = HFLM(pretrained=model_dir, batch_size=int(batch), device="cpu")
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 simple_evaluate(model=lm, tasks=tasks.split(","), task_manager=manager, log_samples=False)
-print(json.dumps({"seconds": time.perf_counter() - started}))
+print(json.dumps({"seconds": time.perf_counter() - started, "cpu_s": time.process_time() - cpu}))
 """
 TASKS = "bench_mc,bench_ppl"
 
@@ -107,9 +107,11 @@ def run_variant(name: str, model_dir: Path, folder: Path, batch: int, work: Path
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     if name == "lm_eval_phase":
-        return {"phase_s": json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]}
+        phase = json.loads(proc.stdout.strip().splitlines()[-1])
+        return {"phase_s": phase["seconds"], "phase_cpu_s": phase["cpu_s"]}
     if name.startswith("bigtrain"):
-        return {"wall_s": wall, "phase_s": json.loads(out.read_text())["bigtrain"]["seconds"]}
+        info = json.loads(out.read_text())["bigtrain"]
+        return {"wall_s": wall, "phase_s": info["seconds"], "phase_cpu_s": info["cpu_s"]}  # rank 0's
     return {"wall_s": wall}
 
 
@@ -152,12 +154,18 @@ def summarize(rounds: list[dict], requests: int) -> dict:
         return statistics.median(r[b[0]][b[1]] / r[a[0]][a[1]] for r in rounds)
     rate = {f"{n} {k}": requests / med(n, k) for n, k in (("lm_eval", "wall_s"), ("bigtrain", "wall_s"),
                                                           ("bigtrain_2", "wall_s"), ("lm_eval_phase", "phase_s"),
-                                                          ("bigtrain", "phase_s"), ("bigtrain_2", "phase_s"))}
+                                                          ("bigtrain", "phase_s"), ("bigtrain_2", "phase_s"),
+                                                          ("lm_eval_phase", "phase_cpu_s"),
+                                                          ("bigtrain", "phase_cpu_s"), ("bigtrain_2", "phase_cpu_s"))}
     return {"rounds": rounds, "requests_per_s": rate,
             "ratios": {"bigtrain / lm_eval, command wall clock": ratio(("bigtrain", "wall_s"), ("lm_eval", "wall_s")),
                        "bigtrain / lm_eval, evaluation phase": ratio(("bigtrain", "phase_s"),
                                                                      ("lm_eval_phase", "phase_s")),
+                       "bigtrain / lm_eval, evaluation phase CPU seconds": ratio(("bigtrain", "phase_cpu_s"),
+                                                                                 ("lm_eval_phase", "phase_cpu_s")),
                        "2 ranks / 1 rank, evaluation phase": ratio(("bigtrain_2", "phase_s"), ("bigtrain", "phase_s")),
+                       "2 ranks / 1 rank, evaluation phase CPU seconds of rank 0": ratio(
+                           ("bigtrain_2", "phase_cpu_s"), ("bigtrain", "phase_cpu_s")),
                        "2 ranks / 1 rank, command wall clock": ratio(("bigtrain_2", "wall_s"), ("bigtrain", "wall_s"))}}
 
 

@@ -21,8 +21,8 @@ from bigtrain.eval.tasks import TaskSet, quiet_lm_eval
 
 def evaluate(lm: Any, tasks: TaskSet, num_fewshot: int | None = None, limit: float | None = None,
              bootstrap_iters: int = 100000, progress: bool = True) -> dict | None:
-    """lm-eval's results for `tasks` on `lm`, with `bigtrain.seconds` and `bigtrain.requests` (request counts by
-    type, from lm's `requests_seen`); None on a rank other than each node's first, where lm-eval returns nothing.
+    """lm-eval's results for `tasks` on `lm`, with `bigtrain.seconds`, `bigtrain.cpu_s` (this process's CPU time)
+    and `bigtrain.requests` (request counts by type, from lm's `requests_seen`); None on a rank other than each node's first, where lm-eval returns nothing.
     `bootstrap_iters` 0 skips the bootstrapped standard errors (lm-eval's CLI computes them with 100000, the
     default here too, so that both give the same file). `progress`: lm-eval's progress bars (each task's request
     building; the model's requests follow `lm.progress`)."""
@@ -30,16 +30,17 @@ def evaluate(lm: Any, tasks: TaskSet, num_fewshot: int | None = None, limit: flo
     from lm_eval import simple_evaluate
 
     lm.requests_seen.clear()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     with quiet_lm_eval(), contextlib.nullcontext() if progress else _no_task_bars():
         results = simple_evaluate(model=lm, tasks=list(tasks.names), task_manager=tasks.manager,
                                   num_fewshot=num_fewshot, limit=limit, bootstrap_iters=bootstrap_iters,
                                   log_samples=False)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     if results is None:
         return None
     results.pop("samples", None)
-    results["bigtrain"] = {"seconds": seconds, "requests": dict(lm.requests_seen),
+    # cpu_s: this rank's CPU time in the evaluation, which other jobs on a shared machine do not inflate
+    results["bigtrain"] = {"seconds": seconds, "cpu_s": cpu, "requests": dict(lm.requests_seen),
                            "requests_per_s": sum(lm.requests_seen.values()) / seconds if seconds > 0 else None}
     return results
 

@@ -6,7 +6,7 @@ LoRA Llama, and a run whose task data is gone, all with train.eval_tasks. Then: 
 the run folder and on 2 ranks gives exactly what lm-eval's own `lm_eval --model hf` command gives on the export; the
 model trained on the tasks' text scores above the other; the scores logged during training equal a `bigtrain eval`
 of the same checkpoint (split over ranks at ZeRO-2, in lockstep at ZeRO-3); they reach summary.json, the CSV
-monitor and loss.png; a LoRA run evaluates with its adapters merged.
+monitor and loss.png; a LoRA run evaluates with its adapters merged, as its adapter export does.
 """
 from __future__ import annotations
 
@@ -149,6 +149,11 @@ def test_a_lora_run_evaluates_merged(root: Path) -> None:
     base = bigtrain_eval(root / "files" / "llama", root / "base.json", root / "files" / "tasks", "--tasks",
                          "sounds_ppl")  # the base alone: the adapters' share is far above that tolerance
     assert scores(base)["sounds_ppl"]["word_perplexity"] > 1.05 * during["sounds_ppl"]["word_perplexity"]
+    from bigtrain.export import export_checkpoint
+    adapter = export_checkpoint(root / "lora", root / "lora_adapter", adapter=True).out  # peft's directory alone
+    on_adapter = bigtrain_eval(adapter, root / "on_adapter.json", root / "files" / "tasks")
+    assert naming(on_adapter["bigtrain"]["target"], "adapter directory", "merged into its base")
+    assert on_adapter["results"] == lora["results"]
 
 
 def test_task_data_gone_stops_the_run_before_it_trains(root: Path) -> None:
