@@ -21,13 +21,13 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     """The flags every rank reads (the verb's own launch flags are added by `add_eval_parser`)."""
     p.add_argument("target", help="run folder (--out of a run, its checkpoints/ or a step_NNNNNN dir) or model dir")
     p.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names")
-    p.add_argument("--include-path", "--include_path", dest="include_path", action="append", default=[],
+    p.add_argument("--include-path", action="append", default=[],
                    metavar="DIR", help="a folder of your own lm-eval task YAML files (repeatable)")
-    p.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=int, default=None,
+    p.add_argument("--num-fewshot", type=int, default=None,
                    help="few-shot examples per prompt (default: each task's own)")
     p.add_argument("--limit", type=_limit, default=None,
                    help="at most N documents per task (or a fraction < 1 of them): for quick checks, not for scores")
-    p.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=8,
+    p.add_argument("--batch-size", type=int, default=8,
                    help="requests per forward pass on each rank (default 8)")
     p.add_argument("--out", default=None,
                    help="results JSON to write (default: RUN/eval/<tag>.json for a run folder, "
@@ -35,7 +35,7 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", default=None, help="run folder: the checkpoint to evaluate, e.g. step_000120 or 120 "
                                                "(default: the newest complete one)")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir or name (default: the run's, or the directory's)")
-    p.add_argument("--trust-checkpoint", "--trust_checkpoint", dest="trust_checkpoint", action="store_true",
+    p.add_argument("--trust-checkpoint", action="store_true",
                    help="unpickle any type in the checkpoint's files (only for checkpoints you trust)")
 
 
