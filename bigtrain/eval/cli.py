@@ -35,6 +35,10 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", default=None, help="run folder: the checkpoint to evaluate, e.g. step_000120 or 120 "
                                                "(default: the newest complete one)")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir or name (default: the run's, or the directory's)")
+    p.add_argument("--zero3", action="store_true",
+                   help="a model too large for one device: hold it as ZeRO-3 partitions over the ranks (1/N of each "
+                        "weight per device; rank 0 consolidates it in host memory); every rank then runs every "
+                        "forward pass. Needs --num-gpus N > 1 or --hostfile")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="unpickle any type in the checkpoint's files (only for checkpoints you trust)")
 
@@ -67,6 +71,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.num_gpus is not None and args.num_gpus < 1:
         raise ValueError(f"--num-gpus {args.num_gpus}: must be >= 1")
     if not args.hostfile and (args.num_gpus or 1) == 1:
+        if args.zero3:
+            raise ValueError("--zero3 partitions the model over several ranks: give --num-gpus N (N > 1) or "
+                             "--hostfile, or drop --zero3 to hold the whole model in this process")
         from bigtrain.distributed.world import World
         from bigtrain.eval.command import run_eval
         from bigtrain.metrics.logs import quiet_hf_progress_bars
@@ -102,7 +109,7 @@ def rank_args(args: argparse.Namespace) -> list[str]:
                         ("--tokenizer", args.tokenizer), ("--out", args.out and os.path.abspath(args.out))):
         if value is not None:
             out += [flag, str(value)]
-    return out + (["--trust-checkpoint"] if args.trust_checkpoint else [])
+    return out + (["--trust-checkpoint"] if args.trust_checkpoint else []) + (["--zero3"] if args.zero3 else [])
 
 
 def _limit(text: str) -> float | int:

@@ -26,17 +26,25 @@ def run_eval(args: argparse.Namespace, world: World) -> int:
     manager = task_manager(args.include_path, names)
     tasks = load_tasks(names, manager)  # before the model: a wrong name or missing data costs no loading
     from bigtrain.eval.target import load_target
-    target = load_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint)
-    from deepspeed.accelerator import get_accelerator
+    if args.zero3:  # rank 0 consolidates; every rank holds 1/N of each weight on its device
+        from bigtrain.eval.partitioned import zero3_target
+        full = load_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint) if world.is_main else None
+        target = zero3_target(full, world)
+        del full
+    else:
+        target = load_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint)
+        from deepspeed.accelerator import get_accelerator
+        target.model.to(get_accelerator().current_device_name())
 
     from bigtrain.eval.lm import RankSplitLM
     from bigtrain.eval.runner import evaluate, results_table, write_results
-    model = target.model.to(get_accelerator().current_device_name())
     progress = world.is_main and sys.stderr.isatty()
-    lm = RankSplitLM(model, target.tokenizer, args.batch_size, rank=world.rank, world=world.size, progress=progress)
+    lm = RankSplitLM(target.model, target.tokenizer, args.batch_size, rank=world.rank, world=world.size,
+                     split=not args.zero3, progress=progress)  # ZeRO-3: every rank in every forward pass
     results = evaluate(lm, tasks, num_fewshot=args.num_fewshot, limit=args.limit, progress=progress)
     if world.is_main:
-        results["bigtrain"].update(target=target.description, ranks=world.size, batch_size=args.batch_size)
+        results["bigtrain"].update(target=target.description, ranks=world.size, batch_size=args.batch_size,
+                                   zero3=args.zero3)
         out = write_results(results, args.out or target.default_out)
         info = results["bigtrain"]
         requests = sum(info["requests"].values())

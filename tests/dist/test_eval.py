@@ -1,12 +1,13 @@
 """`bigtrain eval` on real 2-rank runs and train.eval_tasks (tests/local_eval.py: a local task folder of what
-animals do, a multiple-choice, a loglikelihood and a rolling-perplexity task).
+animals do: a multiple-choice, a loglikelihood, a rolling-perplexity and a generation task).
 
 One launch trains tiny GPT-2s (ZeRO-2 on the tasks' text, ZeRO-2 on other text, ZeRO-3 on the tasks' text), a
 LoRA Llama, and a run whose task data is gone, all with train.eval_tasks. Then: `bigtrain eval` on the export, on
-the run folder and on 2 ranks gives exactly what lm-eval's own `lm_eval --model hf` command gives on the export; the
-model trained on the tasks' text scores above the other; the scores logged during training equal a `bigtrain eval`
-of the same checkpoint (split over ranks at ZeRO-2, in lockstep at ZeRO-3); they reach summary.json, the CSV
-monitor and loss.png; a LoRA run evaluates with its adapters merged, as its adapter export does.
+the run folder, on 2 ranks and as ZeRO-3 partitions over 2 ranks gives exactly what lm-eval's own `lm_eval --model
+hf` command gives on the export; the model trained on the tasks' text scores above the other; the scores logged
+during training equal a `bigtrain eval` of the same checkpoint (split over ranks at ZeRO-2, in lockstep at ZeRO-3);
+they reach summary.json, the CSV monitor and loss.png; a LoRA run evaluates with its adapters merged, as its
+adapter export does.
 """
 from __future__ import annotations
 
@@ -105,6 +106,18 @@ def test_bigtrain_eval_equals_lm_evals_command_on_the_export_the_run_and_two_ran
     two = json.loads((root / "two_ranks.json").read_text())
     assert two["bigtrain"]["ranks"] == 2 and two["results"] == reference
     assert naming(proc.stdout, "sounds_mc", "acc") and naming(proc.stdout, "with 2 rank(s)", "two_ranks.json")
+
+
+def test_zero3_partitions_over_two_ranks_give_lm_evals_numbers(root: Path, lm_eval_cli: dict) -> None:
+    """--zero3: 1/2 of every weight per rank, gathered layer by layer in every forward pass (no request split)."""
+    proc = subprocess.run([str(BIN / "bigtrain"), "eval", str(root / "sounds"), "--tasks", ",".join(TASKS),
+                           "--include-path", str(root / "files" / "tasks"), "--batch-size", BATCH, "--num-gpus", "2",
+                           "--zero3", "--out", str(root / "zero3.json")], cwd=REPO, env=rank_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    zero3 = json.loads((root / "zero3.json").read_text())
+    assert zero3["bigtrain"]["zero3"] and naming(zero3["bigtrain"]["target"], "ZeRO-3 partitions over 2 ranks")
+    assert zero3["results"] == lm_eval_cli["results"]
 
 
 def test_a_model_trained_on_the_tasks_text_scores_above_one_trained_on_other_text(root: Path) -> None:

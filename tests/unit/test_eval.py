@@ -176,6 +176,8 @@ def test_wrong_targets_are_one_line(files: dict[str, Path], tmp_path: Path, caps
     assert naming(err, "neither a run folder", "config.json")
     err = _one_line(["eval", str(files["llama"]), "--tasks", "sounds_mc", "--tag", "3"], capsys)
     assert naming(err, "--tag 3", "model directory", "drop --tag")
+    err = _one_line(["eval", str(files["llama"]), "--tasks", "sounds_mc", "--zero3"], capsys)
+    assert naming(err, "--zero3", "--num-gpus N")
 
 
 @pytest.mark.parametrize("installed", [None, "0.4.5"])
