@@ -2,7 +2,7 @@
 
 Rank 0 alone consolidates the model in host memory (as for any `bigtrain eval`); every rank then builds the same
 architecture under ZeRO-3 (transformers' `from_config` inside `deepspeed.zero.Init`: each rank's device holds 1/N
-of every weight) and rank 0 hands the weights over one parameter at a time (each gathered, written by rank 0,
+of every weight, fp32 as consolidated) and rank 0 hands the weights over one parameter at a time (each gathered, written by rank 0,
 partitioned again). DeepSpeed's engine then gathers each layer's weights inside every forward pass, as in
 training, so every rank takes part in every pass: the ranks run the same requests in lockstep (no request split).
 """
@@ -24,11 +24,14 @@ def zero3_target(full: Target | None, world: World) -> Target:
     from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
+    from bigtrain.export.write import no_init
+
     shared: list[Any] = [full.model.config, full.tokenizer, full.description, full.default_out] if full else [None] * 4
     torch.distributed.broadcast_object_list(shared, src=0)  # the architecture and tokenizer, not the weights
     config, tokenizer, description, default_out = shared
     hf_config = HfDeepSpeedConfig(ZERO3)  # while it lives, transformers builds models inside zero.Init
-    model = AutoModelForCausalLM.from_config(config)
+    with no_init():  # every weight is overwritten below: a large model's random init would take minutes
+        model = AutoModelForCausalLM.from_config(config)
     weights = dict(full.model.named_parameters()) if full else {}
     with torch.no_grad():
         for name, param in model.named_parameters():
