@@ -25,8 +25,8 @@ from bigtrain.config.run_config import RunConfig
 from bigtrain.distributed.device import fix_cuda_arch_list
 from bigtrain.distributed.lifeline import Lifeline
 from bigtrain.distributed.world import World, return_freed_memory
-from bigtrain.eval.during_training import TaskEvaluator
 from bigtrain.ds.resolve import Resolved, resolve
+from bigtrain.eval.during_training import TaskEvaluator
 from bigtrain.metrics.logs import attach_log_file
 from bigtrain.metrics.plot import write_loss_plot
 from bigtrain.models.registry import slow_vocab_hint

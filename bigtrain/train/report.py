@@ -27,9 +27,9 @@ _listeners: list[Listener] = []
 
 def add_listener(listener: Listener) -> Callable[[], None]:
     """Also send the run's events to `listener(event, step, values)`: "log" (the metrics of a log
-    step), "eval" ({"val_loss", "val_ppl"}, and "eval/TASK/METRIC" with train.eval_tasks) and "checkpoint"
-    ({"path"}), on every rank at the same
-    steps. How Ray Train and Ray Tune hear of a run (launch/ray_train.py); returns the remover."""
+    step), "eval" ({"val_loss", "val_ppl"}, and "eval/TASK/METRIC" with train.eval_tasks) and
+    "checkpoint" ({"path"}), on every rank at the same steps. How Ray Train and Ray Tune hear of a
+    run (launch/ray_train.py); returns the remover."""
     _listeners.append(listener)
     return lambda: _listeners.remove(listener)
 
