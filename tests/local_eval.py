@@ -1,5 +1,5 @@
 """A local lm-eval task folder and text to train on, for the evaluation tests of both tiers (tests/unit/test_eval.py,
-tests/dist/test_eval.py). No download: the tasks read a jsonl written here (dataset_path: json, data_files).
+tests/dist/test_eval_runs.py). No download: the tasks read a jsonl written here (dataset_path: json, data_files).
 
 The tasks ask what animals do ("the cow" -> " moos"): `sounds_mc` (multiple choice among four sounds),
 `sounds_next` (loglikelihood of the right sound: its perplexity and whether it is the greedy continuation) and

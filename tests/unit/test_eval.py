@@ -1,7 +1,7 @@
 """`bigtrain eval` and train.eval_tasks without a launcher: the rank split reproduces one process's batches
 exactly, `bigtrain eval` on a model directory equals lm-eval's own HFLM on it, every mistake is one line (an
 unknown task with its nearest names, data that cannot be had, lm-eval missing or too old, a wrong TARGET), and the
-scores' way to the config, the log, the plot and the run's RNG. Runs, exports and 2 ranks: tests/dist/test_eval.py.
+scores' way to the config, the log, the plot and the run's RNG. Runs, exports and 2 ranks: tests/dist/test_eval_runs.py.
 
 The tests that run lm-eval skip without it (`pip install 'bigtrain[eval]'`; scripts/setup.sh installs it)."""
 from __future__ import annotations
