@@ -92,7 +92,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     piped = None if args.verbose else subprocess.PIPE
     child = subprocess.Popen(cmd, env=env, stdout=piped, stderr=piped)
-    consoles = [] if args.verbose else [copy_filtered(child.stdout, sys.stdout), copy_filtered(child.stderr, sys.stderr)]
+    consoles = [] if args.verbose else [copy_filtered(child.stdout, sys.stdout),
+                                        copy_filtered(child.stderr, sys.stderr)]
     code = child.wait()
     for console in consoles:
         console.join(timeout=10)

@@ -2,9 +2,10 @@
 
 Rank 0 alone consolidates the model in host memory (as for any `bigtrain eval`); every rank then builds the same
 architecture under ZeRO-3 (transformers' `from_config` inside `deepspeed.zero.Init`: each rank's device holds 1/N
-of every weight, fp32 as consolidated) and rank 0 hands the weights over one parameter at a time (each gathered, written by rank 0,
-partitioned again). DeepSpeed's engine then gathers each layer's weights inside every forward pass, as in
-training, so every rank takes part in every pass: the ranks run the same requests in lockstep (no request split).
+of every weight, fp32 as consolidated) and rank 0 hands the weights over one parameter at a time (each gathered,
+written by rank 0, partitioned again). DeepSpeed's engine then gathers each layer's weights inside every forward
+pass, as in training, so every rank takes part in every pass: the ranks run the same requests in lockstep (no
+request split).
 """
 from __future__ import annotations
 

@@ -22,10 +22,10 @@ from bigtrain.eval.tasks import TaskSet, quiet_lm_eval
 def evaluate(lm: Any, tasks: TaskSet, num_fewshot: int | None = None, limit: float | None = None,
              bootstrap_iters: int = 100000, progress: bool = True) -> dict | None:
     """lm-eval's results for `tasks` on `lm`, with `bigtrain.seconds`, `bigtrain.cpu_s` (this process's CPU time)
-    and `bigtrain.requests` (request counts by type, from lm's `requests_seen`); None on a rank other than each node's first, where lm-eval returns nothing.
-    `bootstrap_iters` 0 skips the bootstrapped standard errors (lm-eval's CLI computes them with 100000, the
-    default here too, so that both give the same file). `progress`: lm-eval's progress bars (each task's request
-    building; the model's requests follow `lm.progress`)."""
+    and `bigtrain.requests` (request counts by type, from lm's `requests_seen`); None on a rank other than each
+    node's first, where lm-eval returns nothing. `bootstrap_iters` 0 skips the bootstrapped standard errors
+    (lm-eval's CLI computes them with 100000, the default here too, so that both give the same file). `progress`:
+    lm-eval's progress bars (each task's request building; the model's requests follow `lm.progress`)."""
     require_lm_eval()
     from lm_eval import simple_evaluate
 
