@@ -312,6 +312,12 @@ class TrainConfig:
     steps: int = doc(200, "Optimizer steps to train.")
     eval_interval: int = doc(50, "Evaluate every N steps (0: only at the end).")
     eval_batches: int = doc(8, "Micro-batches per rank in each evaluation.")
+    eval_tasks: str | list[str] | None = doc(None, "lm-evaluation-harness tasks run at every evaluation, e.g. "
+                                             "[hellaswag, arc_easy] or a,b; their scores go to the log line, "
+                                             "summary.json, the monitors and loss.png (the [eval] extra).")
+    eval_limit: float | None = doc(None, "At most N documents per task (a fraction if < 1) at each evaluation "
+                                   "during training; None: all.")
+    eval_include_path: str | None = doc(None, "A folder of your own lm-eval task YAML files for train.eval_tasks.")
     seed: int = doc(1234, "Seed for weights, data order and dropout.")
     out_dir: str = doc("runs/latest", "Where checkpoints, logs, exports and summary.json go.")
     peak_tflops: float | None = doc(None, "Per-rank peak TFLOP/s for MFU; None measures it at start.")
@@ -331,6 +337,10 @@ class TrainConfig:
             raise ValueError("train.eval_interval and train.eval_batches must be >= 0")
         if self.max_loss is not None and not self.max_loss > 0:
             raise ValueError(f"train.max_loss={self.max_loss}: must be > 0 (or null for no bound)")
+        if isinstance(self.eval_tasks, str):  # --set train.eval_tasks=a,b
+            self.eval_tasks = [t.strip() for t in self.eval_tasks.split(",") if t.strip()] or None
+        if self.eval_limit is not None and not self.eval_limit > 0:
+            raise ValueError(f"train.eval_limit={self.eval_limit}: must be > 0 (documents, or a fraction < 1)")
 
 
 @dataclass

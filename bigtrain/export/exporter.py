@@ -70,7 +70,7 @@ def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None,
     lora = saved_lora(found.state.run_config)
     if adapter:
         check_adapter_export(spec, lora, found.tag_dir)
-    tok_source = _tokenizer_source(found, tokenizer) if spec.modality in ("text", "classify") else None
+    tok_source = tokenizer_source(found, tokenizer) if spec.modality in ("text", "classify") else None
     tok = load_tokenizer(tok_source) if tok_source else None  # before the slow part: fail early
     with checkpoint_loading(found.tag_dir, trust_checkpoint):
         consolidated = consolidate(found.tag_dir, spec, found.state.pipeline_stages)
@@ -117,7 +117,7 @@ def _export_lora(tmp: Path, out: Path, found: Located, spec: models.ModelSpec, c
     return result
 
 
-def _tokenizer_source(found: Located, override: str | None) -> str | None:
+def tokenizer_source(found: Located, override: str | None) -> str | None:
     """--tokenizer, else the tokenizer the run trained (saved beside it), else the one it named."""
     if override:
         return override

@@ -118,13 +118,14 @@ def empty_hf_model(spec: ModelSpec, tokenizer: Any = None) -> nn.Module:
         vocab = getattr(config, "vocab_size", None) or 0
         if getattr(config, attr, None) is None and isinstance(token_id, int) and token_id < vocab:
             setattr(config, attr, token_id)
-    with _no_init():  # every weight is overwritten; random init of a large model takes minutes
+    with no_init():  # every weight is overwritten; random init of a large model takes minutes
         model = spec.hf_class(config)
     model.tie_weights()  # skipped with the init; save_pretrained then stores a tied head once
     return model
 
 
-def _no_init() -> contextlib.AbstractContextManager:
+def no_init() -> contextlib.AbstractContextManager:
+    """transformers' switch that skips random weight init (for a model whose every weight is loaded next)."""
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # another transformers version: initialise, only slower

@@ -26,10 +26,11 @@ MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=687194767
 
 
 def launcher_command(run_args: list[str], num_ranks: int | None, hostfile: str | None, master_port: int | None,
-                     launcher_args: list[str], verbose: bool = False) -> list[str]:
+                     launcher_args: list[str], verbose: bool = False, module: str = RUN_MODULE) -> list[str]:
     """`deepspeed [--hostfile F | --num_gpus N] [--master_port P] --module bigtrain.run RUN_ARGS`.
 
     With a hostfile, `num_ranks` (from --num-gpus) limits the ranks per node, as `deepspeed --num_gpus` does.
+    `module`: what the ranks run (`bigtrain eval` launches `bigtrain.eval`).
     """
     deepspeed = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     cmd = [deepspeed]
@@ -47,7 +48,7 @@ def launcher_command(run_args: list[str], num_ranks: int | None, hostfile: str |
         # (bigtrain checks --hostfile itself) stay out; its errors (a rank that died) still show.
         cmd += ["--log_level", "error"]
     run_args = [*run_args, "--verbose"] if verbose and "--verbose" not in run_args else run_args
-    return cmd + launcher_args + ["--module", RUN_MODULE, *run_args]
+    return cmd + launcher_args + ["--module", module, *run_args]
 
 
 def detected_accelerator() -> str | None:

@@ -1,5 +1,7 @@
 """loss.png: training and validation loss against step (tokens on a second axis), and `bigtrain plot`.
 
+A run with train.eval_tasks gets a second panel below: each lm-eval task score (acc, perplexity, ...) against step.
+
 Every run writes `OUT/loss.png` beside `summary.json`; `bigtrain plot RUN [RUN ...] --out F`
 overlays runs from their summary.json files. matplotlib (the `[bench]` extra) is imported only
 here and only when drawing: without it the run says so in one line and goes on.
@@ -9,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger("bigtrain")
@@ -27,6 +29,7 @@ class LossCurve:
     val_losses: list[float]
     per_step: float  # tokens (or samples, for models without tokens) per optimizer step
     unit: str  # "tokens" or "samples"
+    tasks: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # "task metric" -> [(step, score)]
 
     @classmethod
     def from_summary(cls, summary: dict, label: str = "") -> LossCurve:
@@ -36,9 +39,14 @@ class LossCurve:
         val = [(int(s), float(v)) for s, v in summary.get("val_losses") or []]
         batch = (summary.get("ds_config") or {}).get("train_batch_size") or 0
         tokens = (summary.get("model") or {}).get("tokens_per_sample") or 0
+        tasks: dict[str, list[tuple[int, float]]] = {}
+        for step, scores in summary.get("eval_tasks") or []:  # train.eval_tasks: [[step, {task: {metric: v}}]]
+            for task, metrics in scores.items():
+                for metric, value in metrics.items():
+                    tasks.setdefault(f"{task} {metric}", []).append((int(step), float(value)))
         return cls(label=label, steps=steps, losses=losses, val_steps=[s for s, _ in val],
                    val_losses=[v for _, v in val], per_step=float(batch * (tokens or 1)),
-                   unit="tokens" if tokens else "samples")
+                   unit="tokens" if tokens else "samples", tasks=tasks)
 
 
 def read_run(run: str | Path) -> LossCurve:
@@ -61,7 +69,11 @@ def draw(curves: list[LossCurve], out: str | Path, title: str | None = None) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
+    with_tasks = any(c.tasks for c in curves)
+    if with_tasks:  # the loss above, the lm-eval task scores below, on the same steps
+        fig, (ax, task_ax) = plt.subplots(2, 1, figsize=(8, 7.2), dpi=110, sharex=True, height_ratios=(3, 2))
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
     for i, curve in enumerate(curves):
         color = f"C{i % 10}"
         prefix = f"{curve.label}: " if len(curves) > 1 else ""
@@ -69,7 +81,7 @@ def draw(curves: list[LossCurve], out: str | Path, title: str | None = None) -> 
         if curve.val_steps:
             ax.plot(curve.val_steps, curve.val_losses, color=color, marker="o", linestyle="--", linewidth=1,
                     markersize=4, label=f"{prefix}validation")
-    ax.set_xlabel("step")
+    ax.set_xlabel("" if with_tasks else "step")  # the task panel below carries the step axis
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -78,6 +90,8 @@ def draw(curves: list[LossCurve], out: str | Path, title: str | None = None) -> 
         top = ax.secondary_xaxis("top", functions=(lambda s: s * scale, lambda t: t / scale))
         top.set_xlabel(curves[0].unit)
     ax.set_title(title or (curves[0].label if len(curves) == 1 else "loss"), fontsize=10)
+    if with_tasks:
+        _draw_tasks(task_ax, curves)
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -86,6 +100,35 @@ def draw(curves: list[LossCurve], out: str | Path, title: str | None = None) -> 
     plt.close(fig)
     tmp.replace(out)
     return out
+
+
+def _draw_tasks(ax, curves: list[LossCurve]) -> None:  # noqa: ANN001 -- a matplotlib Axes
+    """Each run's task scores against step: scores in [0, 1] (accuracies) on the left axis, the others
+    (perplexities) on a log-scaled right axis, so neither squashes the other."""
+    styles = ["-", "--", ":", "-."]
+    right = None
+    names = sorted({name for curve in curves for name in curve.tasks})
+    for i, curve in enumerate(curves):
+        prefix = f"{curve.label}: " if len(curves) > 1 else ""
+        for name, points in sorted(curve.tasks.items()):
+            bounded = all(0.0 <= v <= 1.0 for _, v in points)
+            if not bounded and right is None:
+                right = ax.twinx()
+                right.set_yscale("log")
+                right.set_ylabel("perplexity-like (log)")
+            (right if not bounded else ax).plot(
+                [s for s, _ in points], [v for _, v in points], marker="o" if bounded else "s", markersize=4,
+                linewidth=1, linestyle=styles[i % len(styles)], color=f"C{names.index(name) % 10}",
+                label=f"{prefix}{name}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("lm-eval score in [0, 1]")
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if right is not None:
+        more = right.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, fontsize=7, loc="best")
 
 
 def write_loss_plot(summary: dict, path: str | Path) -> Path | None:

@@ -29,6 +29,7 @@ from bigtrain.distributed.lifeline import Lifeline
 from bigtrain.distributed.host import return_freed_memory
 from bigtrain.distributed.world import World
 from bigtrain.ds.resolve import Resolved, resolve
+from bigtrain.eval.during_training import TaskEvaluator
 from bigtrain.metrics.logs import attach_log_file
 from bigtrain.metrics.plot import write_loss_plot
 from bigtrain.models.registry import slow_vocab_hint
@@ -82,6 +83,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         plan = plan_resume(ckpt_dir, found, Shape.of_job(world.size, resolved.ds_config, resolved.run.pipeline.stages),
                            world, trust_checkpoint) if found else None
         spec = build_model(model_build, world)
+        task_eval = TaskEvaluator.start(run, spec, data.tokenizer, world.rank, world.size)  # before the engine
         options = engine_options(resolved.run, token_weighted=data.bundle.stats is not None)
         # engine, with the probed micro-batch and the universal-load switch resolved into its dict
         micro = probe_micro_batch(spec, config, resolved, options, data, world) if auto_micro else None
@@ -116,7 +118,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         record = RunRecord(resolved.run, resolved.recorded, world, data, model_build.to_json())
         result = train_loop(engine, world=world, data=data, record=record, reporter=reporter, stop=lifeline,
                             settings=loop_settings(resolved.run, ckpt_dir, stop_after, plan),
-                            start_step=saved.step if saved else 0)
+                            start_step=saved.step if saved else 0, task_eval=task_eval)
         summary = finish(resolved, world, out, reporter, result, lifeline, data.bundle.stats)
         if result.diverged:
             raise Diverged(diverged_line(result))

@@ -65,13 +65,15 @@ class LoopResult:
 
 
 def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Batches, record: CheckpointRecord,
-               reporter: Any, stop: Lifeline, start_step: int = 0) -> LoopResult:
+               reporter: Any, stop: Lifeline, start_step: int = 0, task_eval: Any = None) -> LoopResult:
     """Run steps start_step+1 .. settings.steps; every checkpoint holds `record.state_at(step, losses, history)`.
 
     `stop` (the job's lifeline) says when SIGTERM/SIGINT or the launcher's death asks every rank
     to save and stop; the flag travels with each step's loss all-reduce, so all ranks stop at the
     same step. The last save is bounded: a peer that never joins it ends the job with a line.
-    A non-finite loss, or one above settings.max_loss, ends the loop without a save (`result.diverged`)."""
+    A non-finite loss, or one above settings.max_loss, ends the loop without a save (`result.diverged`).
+    `task_eval` (`bigtrain.eval.during_training.TaskEvaluator`, train.eval_tasks) scores lm-eval tasks at each
+    evaluation."""
     train_batches = data.train_batches(engine.micro_batch)
     result = LoopResult(start_step, [], [], "", last_checkpoint=settings.resumed_from)
     step = start_step
@@ -96,9 +98,10 @@ def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Ba
             break
         last = step == settings.steps
         eval_due = (settings.eval_interval and step % settings.eval_interval == 0) or last
-        evaluated = eval_due and settings.eval_batches > 0
+        evaluated = eval_due and (settings.eval_batches > 0 or task_eval is not None)
         if evaluated:
-            _evaluate(engine, data, settings.eval_batches, step, reporter, result)
+            stop.set_phase(f"evaluating at step {step}")
+            _evaluate(engine, data, settings.eval_batches, step, reporter, result, task_eval)
         if settings.stop_after is not None and step >= settings.stop_after and not last:
             stop_now, stopped_by = True, stop.reason or "stop_after"
         periodic = settings.ckpt_interval and step % settings.ckpt_interval == 0
@@ -143,9 +146,11 @@ def _phase(stop: Lifeline, what: str) -> Iterator[None]:
     yield
 
 
-def _evaluate(engine: Engine, data: Batches, num_batches: int, step: int, reporter: Any, result: LoopResult) -> None:
-    if num_batches <= 0:
-        return
-    val = engine.eval_loss(list(data.eval_batches(engine.micro_batch, num_batches)))
-    result.val_losses.append((step, val))
-    reporter.on_eval(step, val)
+def _evaluate(engine: Engine, data: Batches, num_batches: int, step: int, reporter: Any, result: LoopResult,
+              task_eval: Any = None) -> None:
+    val = None
+    if num_batches > 0:
+        val = engine.eval_loss(list(data.eval_batches(engine.micro_batch, num_batches)))
+        result.val_losses.append((step, val))
+    tasks = task_eval.run(engine) if task_eval is not None else None
+    reporter.on_eval(step, val, tasks)

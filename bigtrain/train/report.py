@@ -27,8 +27,9 @@ _listeners: list[Listener] = []
 
 def add_listener(listener: Listener) -> Callable[[], None]:
     """Also send the run's events to `listener(event, step, values)`: "log" (the metrics of a log
-    step), "eval" ({"val_loss", "val_ppl"}) and "checkpoint" ({"path"}), on every rank at the same
-    steps. How Ray Train and Ray Tune hear of a run (launch/ray_train.py); returns the remover."""
+    step), "eval" ({"val_loss", "val_ppl"}, and "eval/TASK/METRIC" with train.eval_tasks) and
+    "checkpoint" ({"path"}), on every rank at the same steps. How Ray Train and Ray Tune hear of a
+    run (launch/ray_train.py); returns the remover."""
     _listeners.append(listener)
     return lambda: _listeners.remove(listener)
 
@@ -79,6 +80,7 @@ class Reporter:
                                                             for k, v in history.get("metrics", {}).items()}
         self.val_metrics: dict[str, list[tuple[int, float]]] = {k: [tuple(x) for x in v]
                                                                 for k, v in history.get("val_metrics", {}).items()}
+        self.task_scores: list[tuple[int, dict]] = [tuple(x) for x in history.get("eval_tasks", [])]
         self.prior_wall_s = float(history.get("wall_s", 0.0))  # the earlier processes' share of the run
         self.first_step = prior.step + 1 if prior is not None else 1
         self.meter = ThroughputMeter(warmup=2)
@@ -105,6 +107,7 @@ class Reporter:
                 "router_aux_losses": [list(x) for x in self.router_losses],
                 "metrics": {k: [list(x) for x in v] for k, v in self.metrics.items()},
                 "val_metrics": {k: [list(x) for x in v] for k, v in self.val_metrics.items()},
+                "eval_tasks": [list(x) for x in self.task_scores],
                 "wall_s": self.prior_wall_s + time.perf_counter() - self.started}
 
     def clock_restart(self) -> None:
@@ -140,26 +143,39 @@ class Reporter:
                             samples_per_s=metrics["samples_per_s"], tflops=metrics["tflops"], mfu=metrics["mfu"],
                             mem_bytes=metrics["mem_bytes"])
 
-    def on_eval(self, step: int, val_loss: float) -> None:
-        """Classifiers report accuracy (the engine's `last_eval_accuracy`), language models perplexity."""
-        self.val_losses.append((step, val_loss))
-        objective = dict(getattr(self.engine, "last_eval_metrics", {}) or {})
-        for name, value in objective.items():
-            self.val_metrics.setdefault(name, []).append((step, value))
-        if objective:  # a pair objective's held-out rewards: its loss is no log-likelihood to take a perplexity of
-            metrics = {"val_loss": val_loss, **{f"val_{k}": v for k, v in objective.items()}}
-            shown = " | ".join(f"{k} {v:.4f}" for k, v in objective.items())
-        elif self.spec.eval_metric == "accuracy":
-            acc = float(getattr(self.engine, "last_eval_accuracy", float("nan")))
-            self.val_accuracies.append((step, acc))
-            metrics, shown = {"val_loss": val_loss, "val_accuracy": acc}, f"accuracy {acc:.4f}"
-        else:
-            ppl = math.exp(val_loss) if val_loss < 50 else float("inf")
-            metrics, shown = {"val_loss": val_loss, "val_ppl": ppl}, f"ppl {ppl:.2f}"
+    def on_eval(self, step: int, val_loss: float | None, tasks: dict[str, dict[str, float]] | None = None) -> None:
+        """Classifiers report accuracy (the engine's `last_eval_accuracy`), language models perplexity, a preference
+        objective its held-out metrics (the engine's `last_eval_metrics`: rewards/..., by TRL's names); `tasks`:
+        lm-eval scores {task: {metric: value}} (train.eval_tasks), monitored as eval/TASK/METRIC. `val_loss` is
+        None when only the tasks ran (train.eval_batches=0)."""
+        metrics: dict[str, float] = {}
+        shown = []
+        if val_loss is not None:
+            self.val_losses.append((step, val_loss))
+            objective = dict(getattr(self.engine, "last_eval_metrics", {}) or {})
+            for name, value in objective.items():
+                self.val_metrics.setdefault(name, []).append((step, value))
+            if objective:  # a pair objective's loss is no log-likelihood to take a perplexity of
+                metrics = {"val_loss": val_loss, **{f"val_{k}": v for k, v in objective.items()}}
+                shown = [" | ".join(f"{k} {v:.4f}" for k, v in objective.items())]
+            elif self.spec.eval_metric == "accuracy":
+                acc = float(getattr(self.engine, "last_eval_accuracy", float("nan")))
+                self.val_accuracies.append((step, acc))
+                metrics, shown = {"val_loss": val_loss, "val_accuracy": acc}, [f"accuracy {acc:.4f}"]
+            else:
+                ppl = math.exp(val_loss) if val_loss < 50 else float("inf")
+                metrics, shown = {"val_loss": val_loss, "val_ppl": ppl}, [f"ppl {ppl:.2f}"]
+            shown.insert(0, f"val loss {val_loss:.4f}")
+        if tasks:
+            from bigtrain.eval.runner import score_line
+            self.task_scores.append((step, tasks))
+            metrics.update({f"eval/{task}/{name}": value for task, values in tasks.items()
+                            for name, value in values.items()})
+            shown.append(score_line(tasks))
         self.monitor.log(step, metrics)
         notify("eval", step, metrics)
         if self.world.is_main:
-            self.bar.write(f"eval step {step}: val loss {val_loss:.4f} | {shown}")
+            self.bar.write(f"eval step {step}: {' | '.join(shown)}")
 
     def _window_metrics(self, loss: float, lr: float) -> dict[str, float]:
         recent = self.meter.times[-self.interval:]
@@ -205,6 +221,9 @@ class Reporter:
             summary["final_metrics"] = {k: values[-1][1] for k, values in self.metrics.items()}
         if self.val_metrics:
             summary["val_metrics"] = {k: [[s, v] for s, v in values] for k, values in self.val_metrics.items()}
+        if self.task_scores:  # train.eval_tasks: [[step, {task: {metric: value}}], ...] and the last evaluation's
+            summary["eval_tasks"] = [[s, v] for s, v in self.task_scores]
+            summary["final_eval_tasks"] = self.task_scores[-1][1]
         if self.spec.eval_metric == "accuracy":
             summary["val_accuracies"] = [[s, a] for s, a in self.val_accuracies]
             summary["final_val_accuracy"] = self.val_accuracies[-1][1] if self.val_accuracies else None

@@ -1,0 +1,13 @@
+"""Downstream evaluation through EleutherAI's lm-evaluation-harness, on a run folder or a model directory.
+
+    harness.py          import lm-eval on demand (one line when it is missing or too old)
+    tasks.py            task names (nearest names for a wrong one), local task folders, their data loaded up front
+    target.py           TARGET -> the model in memory: a run's checkpoint consolidated (LoRA merged), or a directory
+    lm.py               RankSplitLM: lm-eval's HFLM on that module, its forward passes split over ranks exactly
+    runner.py           one evaluation: lm-eval's results dict, its file, table and scores
+    command.py          `bigtrain eval` in one process (one rank of several under the launcher)
+    cli.py              the verb's flags and the launch of its ranks
+    during_training.py  train.eval_tasks: the tasks at every evaluation of a run, on the engine's module
+
+lm-eval is the `[eval]` extra (`pip install 'bigtrain[eval]'`); nothing here imports it at bigtrain's import.
+"""

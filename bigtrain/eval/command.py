@@ -1,0 +1,78 @@
+"""`bigtrain eval` in one process, which is one rank of many when a launcher started it (`python -m bigtrain.eval`).
+
+Every rank loads the whole model (consolidated in memory from a run folder, or read from a directory) and the
+tasks; the forward passes are split over the ranks (`RankSplitLM`), every rank ends with the same results, and
+rank 0 writes the results file and prints lm-eval's table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from bigtrain.distributed.world import World
+
+
+def run_eval(args: argparse.Namespace, world: World) -> int:
+    """Evaluate `args.target` on `args.tasks` as rank `world.rank` of `world.size`; 0 when done (ValueError, one
+    line, for a user's mistake)."""
+    from bigtrain.eval.harness import require_lm_eval
+    from bigtrain.eval.target import target_kind
+    from bigtrain.eval.tasks import load_tasks, split_names, task_manager
+    target_kind(args.target, args.tag)  # a wrong path is one line before anything is imported or indexed
+    names = split_names(args.tasks)
+    require_lm_eval()
+    manager = task_manager(args.include_path, names)
+    tasks = load_tasks(names, manager)  # before the model: a wrong name or missing data costs no loading
+    from bigtrain.eval.target import load_target
+    if args.zero3:  # rank 0 consolidates; every rank holds 1/N of each weight on its device
+        from bigtrain.eval.partitioned import zero3_target
+        full = load_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint) if world.is_main else None
+        target = zero3_target(full, world)
+        del full
+    else:
+        target = load_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint)
+        from deepspeed.accelerator import get_accelerator
+        target.model.to(get_accelerator().current_device_name())
+
+    from bigtrain.eval.lm import RankSplitLM
+    from bigtrain.eval.runner import evaluate, results_table, write_results
+    progress = world.is_main and sys.stderr.isatty()
+    lm = RankSplitLM(target.model, target.tokenizer, args.batch_size, rank=world.rank, world=world.size,
+                     split=not args.zero3, progress=progress)  # ZeRO-3: every rank in every forward pass
+    results = evaluate(lm, tasks, num_fewshot=args.num_fewshot, limit=args.limit, progress=progress)
+    if world.is_main:
+        results["bigtrain"].update(target=target.description, ranks=world.size, batch_size=args.batch_size,
+                                   zero3=args.zero3)
+        out = write_results(results, args.out or target.default_out)
+        info = results["bigtrain"]
+        requests = sum(info["requests"].values())
+        print(results_table(results))
+        print(f"evaluated {target.description} on {', '.join(names)} with {world.size} rank(s): {requests} requests "
+              f"in {info['seconds']:.1f} s ({info['requests_per_s']:.1f} requests/s); results: {out}")
+    return 0
+
+
+def rank_main(argv: list[str] | None = None) -> int:
+    """The entry of each launched rank: the process group (or a world of one), `run_eval`, an orderly end."""
+    from bigtrain.eval.cli import build_rank_parser
+    from bigtrain.metrics.logs import quiet_hf_progress_bars, route_library_logs
+    args = build_rank_parser().parse_args(argv)
+    route_library_logs(verbose=args.verbose, console=sys.stderr)
+    quiet_hf_progress_bars()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from bigtrain.distributed.world import init_distributed, shutdown
+        world = init_distributed()
+    else:
+        world, shutdown = World(0, 0, 1), None
+    try:
+        code = run_eval(args, world)
+    except ValueError as err:  # every rank meets the same mistake; rank 0 says it
+        if world.is_main:
+            print(f"bigtrain eval: {err}", file=sys.stderr, flush=True)
+        return 2
+    if shutdown is not None:
+        shutdown()
+    return code
+

@@ -1,0 +1,116 @@
+"""What `bigtrain eval TARGET` evaluates: a run folder's checkpoint consolidated in memory, or a model directory.
+
+A run folder (its --out, its checkpoints/ or one step_NNNNNN directory) is read the way `bigtrain export` reads it
+(`bigtrain.export`: locate, consolidate, rebuild; a LoRA run's adapters merged the same way), but nothing is
+written: the model lives in this process only. A Hugging Face directory (a `bigtrain export`, any local causal LM)
+loads as lm-eval's `--model hf` loads it; a peft adapter directory (`bigtrain export --adapter`) on its base, merged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WHAT = ("give a run folder (a run's --out, its checkpoints/ or one step_NNNNNN directory) or a Hugging Face model "
+        "directory (config.json and weights, e.g. a `bigtrain export`)")
+
+
+@dataclass
+class Target:
+    """The model to evaluate (eval mode, on CPU), its tokenizer, and where its results go by default."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    description: str  # one line for the console and the results file
+    default_out: Path
+    checkpoint: Path | None = None  # the tag directory of a run folder
+
+
+def target_kind(path: str | Path, tag: str | None = None) -> str:
+    """"model" (a model directory) or "run" (a folder with bigtrain checkpoints), from the files alone and at once;
+    ValueError (one line) for anything else."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise ValueError(f"{path}: no such directory; {WHAT}")
+    if (directory / "config.json").is_file() or (directory / "adapter_config.json").is_file():
+        if tag is not None:
+            raise ValueError(f"--tag {tag}: {path} is a model directory, not a run folder with checkpoints; drop --tag")
+        return "model"
+    from bigtrain.checkpoint.state import MARKER
+    if not any(directory.glob(f"**/{MARKER}")):
+        raise ValueError(f"{path}: neither a run folder (no checkpoint in it) nor a model directory (no config.json); "
+                         f"{WHAT}")
+    return "run"
+
+
+def load_target(path: str | Path, tag: str | None = None, tokenizer: str | None = None,
+                trust_checkpoint: bool = False) -> Target:
+    """The model at `path`; ValueError (one line) for anything that is not a run folder or a model directory."""
+    if target_kind(path, tag) == "model":
+        return _model_directory(Path(path).expanduser().resolve(), tokenizer)
+    return _run_folder(Path(path).expanduser(), tag, tokenizer, trust_checkpoint)
+
+
+def _model_directory(directory: Path, tokenizer: str | None) -> Target:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from bigtrain.export.write import load_tokenizer
+    if (directory / "adapter_config.json").is_file() and not (directory / "config.json").is_file():
+        from bigtrain.export.lora import load_adapter
+        model = load_adapter(directory).merge_and_unload(safe_merge=True)
+        what = f"peft adapter directory {directory}, merged into its base"
+    else:
+        config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+        _check_causal(config.architectures or [], str(directory))
+        # dtype "auto": the dtype the directory's config names, as lm-eval's `--model hf` loads it
+        model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True, dtype="auto")
+        what = f"model directory {directory}"
+    tok = load_tokenizer(tokenizer or str(directory))
+    return Target(model.eval(), tok, what, directory / "eval_results.json")
+
+
+def _run_folder(directory: Path, tag: str | None, tokenizer: str | None, trust_checkpoint: bool) -> Target:
+    from bigtrain import models
+    from bigtrain.checkpoint.safe_load import checkpoint_loading
+    from bigtrain.export.exporter import tokenizer_source
+    from bigtrain.export.locate import locate_checkpoint
+    from bigtrain.export.weights import consolidate
+    from bigtrain.export.write import empty_hf_model, load_into, load_tokenizer
+    from bigtrain.parallel.lora import saved_lora
+
+    found = locate_checkpoint(directory, tag)
+    mb = found.state.model_build
+    spec = models.build(mb.family, mb.size, **mb.overrides)
+    if spec.hf_class is None or spec.modality != "text":
+        raise ValueError(f"{found.tag_dir} holds a {mb.family} {spec.modality} model; lm-eval scores causal language "
+                         "models (gpt2, llama, or an hf causal LM)")
+    source = tokenizer_source(found, tokenizer)
+    if not source:
+        raise ValueError(f"{found.tag_dir}: the run recorded no tokenizer; pass --tokenizer DIR")
+    tok = load_tokenizer(source)
+    with checkpoint_loading(found.tag_dir, trust_checkpoint):
+        consolidated = consolidate(found.tag_dir, spec, found.state.pipeline_stages)
+    lora = saved_lora(found.state.run_config)
+    what = f"run {found.ckpt_dir.parent if found.ckpt_dir.name == 'checkpoints' else found.ckpt_dir}, " \
+           f"checkpoint {found.tag} ({consolidated.layout})"
+    if lora is not None:
+        from bigtrain.export.lora import trained_model
+        # the same merge as `bigtrain export` (whole fp32 tensors, W + alpha/r B A), so both score alike
+        model = trained_model(spec, consolidated.tensors, lora, tok).merge_and_unload(safe_merge=True)
+        what += f", LoRA r={lora.r} merged"
+    else:
+        model = empty_hf_model(spec, tok)  # the config an export writes (KV cache on, special tokens)
+        load_into(model, consolidated.tensors)
+    del consolidated.tensors
+    run_dir = found.ckpt_dir.parent if found.ckpt_dir.name == "checkpoints" else found.ckpt_dir
+    return Target(model.eval(), tok, what, run_dir / "eval" / f"{found.tag}.json", found.tag_dir)
+
+
+def _check_causal(architectures: list[str], where: str) -> None:
+    if any(a.endswith(("ForSequenceClassification", "ForTokenClassification", "ForImageClassification"))
+           for a in architectures):
+        raise ValueError(f"{where} is a {architectures[0]}; lm-eval scores causal language models "
+                         "(AutoModelForCausalLM)")
+
