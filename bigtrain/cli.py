@@ -22,7 +22,7 @@ VERBS = [
     "bigtrain.launch.train:add_train_parser",
     "bigtrain.estimate.cli:add_estimate_parser",
     "bigtrain.export.cli:add_export_parser",
-    "bigtrain.eval.cli:add_eval_parser",
+    "bigtrain.launch.eval:add_eval_parser",
     "bigtrain.models.cli:add_models_parser",
     "bigtrain.launch.preflight:add_preflight_parser",
     "bigtrain.launch.ray_train:add_ray_train_parser",

@@ -56,7 +56,7 @@ def run_eval(args: argparse.Namespace, world: World) -> int:
 
 def rank_main(argv: list[str] | None = None) -> int:
     """The entry of each launched rank: the process group (or a world of one), `run_eval`, an orderly end."""
-    from bigtrain.eval.cli import build_rank_parser
+    from bigtrain.eval.flags import build_rank_parser
     from bigtrain.metrics.logs import quiet_hf_progress_bars, route_library_logs
     args = build_rank_parser().parse_args(argv)
     route_library_logs(verbose=args.verbose, console=sys.stderr)

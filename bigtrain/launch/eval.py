@@ -1,4 +1,5 @@
-"""`bigtrain eval TARGET --tasks A,B [...]`: the verb's flags, and the launch of its ranks for --num-gpus N > 1.
+"""`bigtrain eval TARGET --tasks A,B [...]`: the verb's launch flags, and the launch of its ranks for --num-gpus N > 1
+(the evaluation itself is `bigtrain.eval`).
 
 One rank evaluates in this process; several are started by the DeepSpeed launcher (as `bigtrain train` starts
 its ranks, hostfiles included), each running `python -m bigtrain.eval` with the same flags.
@@ -10,38 +11,7 @@ import os
 import subprocess
 import sys
 
-EPILOG = """TARGET is a run folder (its newest complete checkpoint, or --tag, consolidated in memory; a LoRA run
-with its adapters merged) or a Hugging Face model directory (a `bigtrain export`, any local causal LM, a peft
-adapter directory). Tasks are lm-eval's (their data from the Hugging Face cache or hub) or your own: a folder of
-task YAML files given with --include-path (dataset_path: json, data_files: your files; docs/evaluation.md).
-With --num-gpus N the forward passes are split over N ranks, which give exactly the numbers one rank gives."""
-
-
-def add_eval_args(p: argparse.ArgumentParser) -> None:
-    """The flags every rank reads (the verb's own launch flags are added by `add_eval_parser`)."""
-    p.add_argument("target", help="run folder (--out of a run, its checkpoints/ or a step_NNNNNN dir) or model dir")
-    p.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names")
-    p.add_argument("--include-path", action="append", default=[],
-                   metavar="DIR", help="a folder of your own lm-eval task YAML files (repeatable)")
-    p.add_argument("--num-fewshot", type=int, default=None,
-                   help="few-shot examples per prompt (default: each task's own)")
-    p.add_argument("--limit", type=_limit, default=None,
-                   help="at most N documents per task (or a fraction < 1 of them): for quick checks, not for scores")
-    p.add_argument("--batch-size", type=int, default=8,
-                   help="requests per forward pass on each rank (default 8)")
-    p.add_argument("--out", default=None,
-                   help="results JSON to write (default: RUN/eval/<tag>.json for a run folder, "
-                        "DIR/eval_results.json for a model directory)")
-    p.add_argument("--tag", default=None, help="run folder: the checkpoint to evaluate, e.g. step_000120 or 120 "
-                                               "(default: the newest complete one)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer dir or name (default: the run's, or the directory's)")
-    p.add_argument("--zero3", action="store_true",
-                   help="a model too large for one device: hold it as ZeRO-3 partitions over the ranks (1/N of each "
-                        "weight per device; rank 0 consolidates it in host memory); every rank then runs every "
-                        "forward pass. Needs --num-gpus N > 1 or --hostfile")
-    p.add_argument("--trust-checkpoint", action="store_true",
-                   help="unpickle any type in the checkpoint's files (only for checkpoints you trust)")
-
+from bigtrain.eval.flags import EPILOG, add_eval_args
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `bigtrain eval`."""
@@ -54,16 +24,6 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--master-port", type=int, default=None, help="rendezvous port for several ranks")
     p.add_argument("--verbose", action="store_true", help="also print the launcher's and DeepSpeed's own lines")
     p.set_defaults(func=cmd_eval)
-    return p
-
-
-def build_rank_parser() -> argparse.ArgumentParser:
-    from bigtrain.cli import FlagParser
-    p = FlagParser(prog="python -m bigtrain.eval", description=EPILOG,
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_eval_args(p)
-    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the DeepSpeed launcher's
-    p.add_argument("--verbose", action="store_true", help="DeepSpeed's and torch's own lines too")
     return p
 
 
@@ -82,7 +42,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from bigtrain.eval.harness import require_lm_eval
     require_lm_eval()  # one line here rather than one per rank
     from bigtrain.launch.console import copy_filtered
-    from bigtrain.launch.train import free_port, launcher_command, ranks_here, thread_env
+    from bigtrain.distributed.rendezvous import free_port
+    from bigtrain.launch.hosts import ranks_here
+    from bigtrain.launch.train import launcher_command, thread_env
     num_ranks = args.num_gpus or ranks_here(args.hostfile)
     port = args.master_port or (None if args.hostfile else free_port())
     cmd = launcher_command(rank_args(args), args.num_gpus, args.hostfile, port, [], args.verbose,
@@ -111,10 +73,3 @@ def rank_args(args: argparse.Namespace) -> list[str]:
         if value is not None:
             out += [flag, str(value)]
     return out + (["--trust-checkpoint"] if args.trust_checkpoint else []) + (["--zero3"] if args.zero3 else [])
-
-
-def _limit(text: str) -> float | int:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text}: give a number of documents (> 0) or a fraction in (0, 1)")
-    return int(value) if value >= 1 and value == int(value) else value
