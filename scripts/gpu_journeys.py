@@ -6,7 +6,9 @@ showed written to a JSON file after every step:
    (`--stop-after`), resumed to the end (`--resume`), and the same run uninterrupted for comparison;
 2. the resumed run exported with its adapters merged and as a peft adapter, both loaded back with
    transformers / peft, their logits compared, and a reply generated from a chat prompt;
-3. packing against no packing on the same chats: real (non-padding) tokens per second.
+3. DPO with LoRA at ZeRO-3 on pairs made from the same chats (the chosen answer the chat's own, the rejected one
+   another chat's), its first loss (ln 2: the policy is the reference), its exit, its merged export reloaded;
+4. packing against no packing on the same chats: real (non-padding) tokens per second.
 
     python scripts/gpu_journeys.py --out DIR            # on a GPU host (sizes below)
     python scripts/gpu_journeys.py --out DIR --tiny     # the same journeys on a CPU, tiny sizes (rehearsal)
@@ -100,6 +102,39 @@ def reload_exports(base: Path, merged: Path, adapter: Path) -> dict:
             "reply": tok.decode(new_tokens, skip_special_tokens=True)}
 
 
+def dpo_journey(root: Path, base: Path, chats: Path, size: dict, seconds: float) -> dict:
+    """DPO from the base on pairs made of the chats, to its exit; its export reloaded with transformers."""
+    import bench_preference
+    pairs = bench_preference.make_pairs(chats, root / "pairs.jsonl")
+    out, merged = root / "dpo", root / "dpo-merged"
+    args = ["train", "--num-gpus", "1", "--model", "hf", "--set", f"model.pretrained={base}", "--data", str(pairs),
+            "--steps", str(size["steps"]), "--out", str(out)]
+    for item in ("objective.kind=dpo", "lora.r=16", "zero.stage=3", f"precision={size['precision']}",
+                 f"data.seq_len={size['seq']}", f"batch.micro_batch={size['micro'] // 2}",
+                 f"batch.global_batch={size['micro'] // 2}", "train.eval_interval=0", "train.eval_batches=2",
+                 "logging.progress_bar=false"):
+        args += ["--set", item]
+    started = time.perf_counter()
+    result = bigtrain(args, seconds)
+    if result["rc"]:
+        return result
+    summary = json.loads((out / "summary.json").read_text())
+    exported = bigtrain(["export", str(out), "--out", str(merged)], seconds - (time.perf_counter() - started))
+    row = {"rc": exported["rc"], "first_loss": summary["losses"][0], "final_loss": summary["final_loss"],
+           "final_metrics": summary.get("final_metrics"), "val_metrics": summary.get("val_metrics"),
+           "tokens_per_s": summary.get("tokens_per_s"), "wall_s": result["wall_s"]}
+    if not exported["rc"]:
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(str(merged))
+        ids = torch.tensor([[1, 2, 3, 4]])
+        with torch.no_grad():
+            row["export_reloaded_finite"] = bool(torch.isfinite(model(ids).logits).all())
+    else:
+        row["tail"] = exported["tail"]
+    return row
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="where journeys.json goes")
@@ -144,6 +179,8 @@ def main() -> int:
                                                                         "--adapter"], left()))
             if exported:
                 record("exports reloaded", reload_exports(base, merged, adapter))
+        if left() > 60:
+            record("dpo lora zero3", dpo_journey(root, base, data, size, left()))
         sets = (f"model.overrides.n_layer={size['layers']}", f"model.overrides.n_embd={size['hidden']}",
                 f"model.overrides.n_head={size['heads']}", f"model.overrides.n_kv_head={size['kv']}",
                 f"model.overrides.intermediate_size={size['ffn']}", f"data.seq_len={size['seq']}",
