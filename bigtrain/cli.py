@@ -97,7 +97,8 @@ def cmd_lint(args: argparse.Namespace) -> int:
               file=sys.stderr)
     resolved = resolve_ds_file(args.file, run, world, args.pipeline_stages, device=device, fit_world=True,
                                sources=field_sources(args.config, args.set))  # the runner's precedence
-    from bigtrain.parallel.split import Topology, check_split_layout
+    from bigtrain.parallel.split_rules import check_split_layout
+    from bigtrain.parallel.topology import Topology
     check_split_layout(resolved.run, Topology.of(resolved.ds_config, world))  # the family's modes, as train judges
     for note in resolved.notes:  # the lint's warnings, the precedence lines, filled sections, batch fitting
         print(note if note.startswith("warning: ") else f"note: {note}", file=sys.stderr)

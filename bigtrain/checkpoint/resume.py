@@ -22,8 +22,8 @@ from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.safe_load import refuse_unsafe_files
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 from bigtrain.checkpoint.universal import SUFFIX, convert_collectively
-from bigtrain.ds.keys import split_sizes
 from bigtrain.distributed.world import World
+from bigtrain.parallel.topology import Topology
 
 log = logging.getLogger("bigtrain")
 
@@ -109,8 +109,8 @@ class Shape:
     def of_job(cls, world_size: int, ds_config: dict, pipeline_stages: int) -> "Shape":
         zero = ds_config.get("zero_optimization") or {}
         offload = (zero.get("offload_optimizer") or {}).get("device") or "none"
-        tensor, _, _ = split_sizes(ds_config)
-        return cls(world_size, int(zero.get("stage", 0)), pipeline_stages, str(offload), tensor)
+        topology = Topology.of(ds_config, world_size)
+        return cls(world_size, int(zero.get("stage", 0)), pipeline_stages, str(offload), topology.tensor)
 
     def __str__(self) -> str:
         text = f"world size {self.world_size} / ZeRO-{self.zero_stage}"

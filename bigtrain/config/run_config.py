@@ -10,8 +10,8 @@ from typing import Literal
 
 from bigtrain.config.fields import doc
 from bigtrain.models.names import canonical, default_size
-from bigtrain.config.rules import (RUN_KEYS, Layout, check_layout, lora_problems, optimizer_problems,
-                                   parallel_problems, partition_problem)
+from bigtrain.config.rules import RUN_KEYS, Layout, check_layout, lora_problems, optimizer_problems, partition_problem
+from bigtrain.parallel.topology import Topology
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -310,8 +310,8 @@ def check_combinations(run: RunConfig) -> None:
     problems = optimizer_problems(run.optimizer.name, run.precision, run.zero.stage)
     if problems:
         raise ValueError(problems[0])
-    problems = parallel_problems(run.pipeline.stages, run.parallel.tensor, run.parallel.sequence,
-                                 run.parallel.expert)
+    # the sizes' combinations; the world is not known yet (checked with it: `Topology.check`)
+    problems = Topology.of_run(run.parallel, run.pipeline.stages, world=0).combination_problems()
     problems += lora_problems(run.lora.r, run.pipeline.stages, run.parallel.tensor)
     if problems:
         raise ValueError("\n".join(problems))

@@ -1,12 +1,12 @@
 """Run config + world size -> the DeepSpeed config dict. Pure: no I/O, no device queries."""
 from __future__ import annotations
 
-from bigtrain.config.rules import data_parallel_size
 from bigtrain.config.run_config import (ActivationCheckpointConfig, OffloadConfig, OptimizerConfig, RunConfig,
                                         ScheduleConfig, ZeroConfig)
 from bigtrain.ds.batch import BatchTriple, solve_batch
 from bigtrain.ds.keys import (BATCH_FIELDS, OPTIMIZER_TYPES, SCHEDULER_TYPES, ZERO_COMMON, ZERO_STAGE_1_2,
                               ZERO_STAGE_3)
+from bigtrain.parallel.topology import Topology
 
 
 def build_ds_config(run: RunConfig, world_size: int) -> dict:
@@ -46,8 +46,7 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
 
 
 def batch_triple(run: RunConfig, world_size: int) -> BatchTriple:
-    dp = data_parallel_size(world_size, run.pipeline.stages, tensor=run.parallel.tensor,
-                            sequence=run.parallel.sequence)
+    dp = Topology.of_run(run.parallel, run.pipeline.stages, world_size).check().data
     micro = None if run.batch.micro_batch == "auto" else run.batch.micro_batch  # the job probes it (train.autobatch)
     return solve_batch(run.batch.global_batch, micro, run.batch.grad_accum, dp)
 

@@ -82,7 +82,8 @@ def check_split_sizes(spec: ModelSpec, tensor: int, sequence: int) -> None:
     """The rules `bigtrain train` holds these sizes to (the run config's, then the model's), so that no estimate
     recommends what training refuses: ValueError with train's own line."""
     from bigtrain.config.load import load_run_config
-    from bigtrain.parallel.split import Topology, check_split
+    from bigtrain.parallel.split_rules import check_split
+    from bigtrain.parallel.topology import Topology
     sets = [f"model.family={spec.family}", f"parallel.tensor={tensor}", f"parallel.sequence={sequence}"]
     sets += [f"data.seq_len={spec.seq_len}"] if spec.seq_len else []
     sets += [f"model.pretrained={spec.source_dir}"] if spec.source_dir else []

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from bigtrain.config.rules import Layout, check_layout, layout_problems
 from bigtrain.config.run_config import RunConfig, ZeroConfig
+from bigtrain.parallel.topology import Topology
 
 _ZERO = ZeroConfig()  # bucket defaults come from the run config, the one place settings live
 PRECISIONS = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -190,9 +191,7 @@ class Setup:
         if min(self.world_size, self.gpus_per_node, self.micro_batch, self.grad_accum, self.tensor, self.sequence) < 1:
             raise ValueError("world size, GPUs per node, micro batch, gradient accumulation and the tensor / "
                              "sequence sizes must be >= 1")
-        if self.world_size % (self.tensor * self.sequence):
-            raise ValueError(f"world size {self.world_size} is not divisible by tensor {self.tensor} x sequence "
-                             f"{self.sequence}")
+        self.topology.check()
         for name in ("offload_optimizer", "offload_param"):
             if getattr(self, name) not in ("none", "cpu", "nvme"):
                 raise ValueError(f"{name}={getattr(self, name)!r}: use none, cpu or nvme")
@@ -207,9 +206,13 @@ class Setup:
                 + split)
 
     @property
+    def topology(self) -> Topology:
+        return Topology(self.world_size, tensor=self.tensor, sequence=self.sequence)
+
+    @property
     def zero_ranks(self) -> int:
         """The ranks ZeRO partitions over: data x sequence (a tensor group's ranks hold other shards)."""
-        return self.world_size // self.tensor
+        return self.topology.zero_ranks
 
 
 def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int) -> Setup:
@@ -219,7 +222,7 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int) -> Setup
     z = run.zero
     # The estimate is for accelerator memory, where `precision: auto` means bf16 (bigtrain.distributed.device).
     precision = "bf16" if run.precision == "auto" else run.precision
-    split = run.parallel.tensor * run.parallel.sequence
+    split = Topology.of_run(run.parallel, 1, world_size).model_split
     return Setup(world_size=triple.dp_size * split, gpus_per_node=gpus_per_node, zero_stage=z.stage,
                  tensor=run.parallel.tensor, sequence=run.parallel.sequence, lora_r=run.lora.r,
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,

@@ -159,7 +159,8 @@ def batch_report(run: RunConfig, world: int, ds_path: str | None, device: Device
     """The lines describing the resolved batch triple, and the resolved run config (raises LintError).
     Resolved exactly as the runner resolves it (`bigtrain.ds.resolve.resolve`)."""
     from bigtrain.ds.resolve import resolve
-    from bigtrain.parallel.split import Topology, check_split_layout
+    from bigtrain.parallel.split_rules import check_split_layout
+    from bigtrain.parallel.topology import Topology
     resolved = resolve(run, ds_path, world, device, sources=sources)
     ds = resolved.ds_config
     check_split_layout(run, Topology.of(ds, world))  # a family that cannot split so, LoRA with TP, ...
