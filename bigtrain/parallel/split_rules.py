@@ -10,14 +10,25 @@ from bigtrain.models.spec import ModelSpec
 from bigtrain.parallel.topology import Topology
 
 
-def check_split_layout(run: Any, topology: Topology) -> None:
+def check_split_layout(run: Any, topology: Topology, family_given: bool = True) -> str | None:
     """ValueError (one line) when the sizes the resolved DeepSpeed dict asks for break a rule of the run config or
     a mode the family does not have: a size from the user's JSON (tensor_parallel.autotp_size, ...) is judged
-    like the same size given with --set, before any data or model is built."""
+    like the same size given with --set, before any data or model is built.
+
+    `family_given=False` (`bigtrain lint` with no model named): the run config's default family is nobody's
+    choice, so its modes are not held against the JSON; returns the note naming what naming one would add."""
     replace(run, pipeline=replace(run.pipeline, stages=topology.pipeline),  # re-runs the run config's own rules
             parallel=replace(run.parallel, tensor=topology.tensor, sequence=topology.sequence,
                              expert=topology.expert))
-    check_family_modes(run.model.family, topology)
+    if family_given:
+        check_family_modes(run.model.family, topology)
+        return None
+    split = [f"{mode}={size}" for mode, size in topology.axes.items() if mode != "pipeline" and size > 1]
+    if not split:
+        return None
+    return (f"no model named: the split ({', '.join(split)}) is judged as DeepSpeed judges the JSON; --model FAMILY "
+            "(or --set model.family=FAMILY) adds that family's rules: whether DeepSpeed can split it so "
+            "(AutoTP's sharding plans, Ulysses' sdpa attention, AutoEP's presets)")
 
 
 def check_family_modes(family_name: str, topology: Topology) -> None:

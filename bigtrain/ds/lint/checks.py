@@ -202,16 +202,18 @@ def topology_of(config: dict, world_size: int, pipeline_stages: int | None = Non
 
 def parallel_problems(config: dict, world_size: int | None) -> list[Problem]:
     """Tensor / sequence / expert parallel sizes: combinations DeepSpeed cannot run, and sizes that do not divide
-    the world (one rank without --world-size)."""
-    world = world_size or 1
-    topology = topology_of(config, world)
+    the world. Without a world size, the sizes are judged at the ranks they are written for (as a complete batch
+    triple is): a file with autotp_size 2 is meant for a multiple of 2 ranks."""
+    topology = topology_of(config, world_size or 1)
     problems = [Problem("", line) for line in topology.combination_problems(DS_AXES)]
-    said = f"{world} rank(s)" + ("" if world_size else " (no world size given; pass --world-size)")
+    if world_size is None:
+        return problems
     for key, size in ((DS_AXES.tensor, topology.tensor), (DS_AXES.sequence, topology.sequence),
                       (DS_AXES.expert, topology.expert)):
-        if size > 1 and world % size:
-            problems.append(Problem(key, f"={size} needs a multiple of {size} ranks; checked for {said}"))
-    if not any(p.path for p in problems) and world_size and topology.divisibility_problem(DS_AXES):
+        if size > 1 and world_size % size:
+            problems.append(Problem(key, f"={size} needs a multiple of {size} ranks; checked for {world_size} "
+                                         "rank(s)"))
+    if not any(p.path for p in problems) and topology.divisibility_problem(DS_AXES):
         problems.append(Problem("", topology.divisibility_problem(DS_AXES)))
     return problems
 
