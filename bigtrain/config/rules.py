@@ -85,6 +85,40 @@ def optimizer_problems(optimizer: str, precision: str, zero_stage: int) -> list[
     return []
 
 
+def zero_plus_plus_problem(stage: int, set_fields: dict[str, object]) -> str | None:
+    """ZeRO++ is stage 3's communication (hpZ, qwZ, qgZ): DeepSpeed reads its keys at stage 3 only and ignores them
+    below, so a field set there would silently do nothing."""
+    if set_fields and stage != 3:
+        shown = ", ".join(f"{k}={str(v).lower()}" for k, v in set_fields.items())
+        return (f"{shown} with zero.stage={stage}: ZeRO++ changes ZeRO-3's collectives and DeepSpeed ignores it at "
+                f"stage {stage}; set zero.stage=3 or leave the ZeRO++ fields at their defaults")
+    return None
+
+
+def muon_problems(optimizer: str, schedule_kind: str, zero_plus_plus: dict[str, object], zero_stage: int = 1,
+                  grad_clip: float = 0.0) -> list[str]:
+    """DeepSpeed's Muon keeps its own learning rate only under a schedule that scales each parameter group's rate
+    (WarmupCosineLR); WarmupLR / WarmupDecayLR set every group to one absolute rate. ZeRO-3 runs Muon without the
+    all-to-all that quantized gradients reduce by. ZeRO 1-3 orthogonalize while they reduce, so DeepSpeed clips
+    Muon's update there and the raw gradient at ZeRO-0 (measured: equal curves at ZeRO 1-3, ZeRO-0 apart unless
+    clipping is off)."""
+    if optimizer != "muon":
+        return []
+    problems = []
+    if zero_stage == 0 and grad_clip > 0:
+        problems.append(f"optimizer.name=muon with zero.stage=0 and optimizer.grad_clip={grad_clip}: DeepSpeed clips the "
+                        "raw gradient at ZeRO-0 but Muon's orthogonalized update at ZeRO 1-3, so ZeRO-0 would train "
+                        "another curve; set zero.stage to 1-3, or optimizer.grad_clip=0 (every stage then agrees)")
+    if schedule_kind != "cosine":
+        problems.append(f"optimizer.name=muon with schedule.kind={schedule_kind}: DeepSpeed's {schedule_kind} schedule "
+                        "sets every parameter group to one learning rate, so Muon's weights would train at "
+                        "optimizer.lr, not optimizer.muon_lr; use schedule.kind=cosine (it scales each group's own)")
+    if zero_plus_plus.get("zero.quantized_gradients"):
+        problems.append("optimizer.name=muon with zero.quantized_gradients=true: DeepSpeed's ZeRO-3 refuses Muon with "
+                        "the all-to-all that quantized gradients reduce by; set one of them off")
+    return problems
+
+
 def partition_problem(method: str, key: str = "pipeline.partition_method") -> str | None:
     """DeepSpeed's PipelineModule splits layers by parameter count, uniformly, or by a layer-type regex."""
     if method in PARTITION_METHODS or (isinstance(method, str) and method.startswith("type:")):

@@ -10,7 +10,8 @@ from typing import Literal
 
 from bigtrain.config.fields import doc
 from bigtrain.models.names import canonical, default_size
-from bigtrain.config.rules import RUN_KEYS, Layout, check_layout, lora_problems, optimizer_problems, partition_problem
+from bigtrain.config.rules import (RUN_KEYS, Layout, check_layout, lora_problems, muon_problems, optimizer_problems,
+                                   partition_problem, zero_plus_plus_problem)
 from bigtrain.parallel.topology import Topology
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -78,9 +79,14 @@ class DataConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: Literal["adamw", "adam", "sgd", "lamb"] = doc(
-        "adamw", "Optimizer; Lamb needs a GPU (the 1-bit optimizers are not in DeepSpeed 0.19).")
-    lr: float = doc(6e-4, "Peak learning rate.")
+    name: Literal["adamw", "adam", "sgd", "lamb", "muon"] = doc(
+        "adamw", "Optimizer; Lamb needs a GPU (the 1-bit optimizers are not in DeepSpeed 0.19); muon = DeepSpeed's "
+        "Muon: the 2-D hidden weights by Muon (optimizer.muon_lr, optimizer.momentum), embeddings, head, norms and "
+        "biases by Adam (optimizer.lr, betas, eps); ZeRO 0-3.")
+    lr: float = doc(6e-4, "Peak learning rate (with muon: the Adam half's).")
+    muon_lr: float = doc(0.02, "optimizer.name=muon: peak learning rate of the weights Muon trains (the schedule "
+                         "scales it like optimizer.lr).")
+    momentum: float = doc(0.95, "optimizer.name=muon: Muon's momentum.")
     betas: tuple[float, float] = doc((0.9, 0.95), "Adam betas.")
     eps: float = doc(1e-8, "Adam epsilon.")
     weight_decay: float = doc(0.1, "Decoupled weight decay (AdamW).")
@@ -88,7 +94,9 @@ class OptimizerConfig:
     torch_adam: bool | None = doc(None, "Use torch's Adam instead of DeepSpeed's fused/CPU kernel; None = auto.")
 
     def __post_init__(self) -> None:
-        _positive(self, "lr", "eps")
+        _positive(self, "lr", "eps", "muon_lr")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"optimizer.momentum={self.momentum}: must be in [0, 1), e.g. 0.95")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("optimizer.grad_clip and optimizer.weight_decay must be >= 0")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -145,14 +153,35 @@ class ZeroConfig:
                                   "stays gathered; 0 frees each after use (less memory, more all-gathers).")
     sub_group_size: int = doc(1_000_000_000, "Stage 3: elements per optimizer step group; DeepSpeed's fp32 "
                               "gradient buffer grows with it.")
+    hpz_partition_size: int = doc(1, "ZeRO++ hpZ (stage 3): a second copy of the weights partitioned over this "
+                                  "many ranks (a node's), so the backward's all-gathers stay within them; divides "
+                                  "the world. 1 = off.")
+    quantized_weights: bool = doc(False, "ZeRO++ qwZ (stage 3): all-gather the weights in int8 (DeepSpeed's "
+                                  "quantizer kernel: a GPU).")
+    quantized_gradients: bool = doc(False, "ZeRO++ qgZ (stage 3): reduce the gradients quantized, by all-to-all "
+                                    "(DeepSpeed's quantizer kernel: a GPU).")
+    quantized_nontrainable_weights: bool = doc(False, "ZeRO++ (stage 3): keep frozen weights (a LoRA base) in int8 "
+                                               "(DeepSpeed's quantizer kernel: a GPU).")
 
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3):
             raise ValueError(f"zero.stage={self.stage}: allowed values are 0, 1, 2, 3")
-        _positive(self, "reduce_bucket_size", "allgather_bucket_size", "sub_group_size")
+        _positive(self, "reduce_bucket_size", "allgather_bucket_size", "sub_group_size", "hpz_partition_size")
         for name in ("prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "max_reuse_distance"):
             if getattr(self, name) < 0:
                 raise ValueError(f"zero.{name}={getattr(self, name)}: must be >= 0")
+        problem = zero_plus_plus_problem(self.stage, self.plus_plus())
+        if problem:
+            raise ValueError(problem)
+
+    def plus_plus(self) -> dict[str, object]:
+        """The ZeRO++ fields set away from their defaults (run-config names)."""
+        out: dict[str, object] = {"zero.hpz_partition_size": self.hpz_partition_size} \
+            if self.hpz_partition_size != 1 else {}
+        for name in ("quantized_weights", "quantized_gradients", "quantized_nontrainable_weights"):
+            if getattr(self, name) is True:
+                out[f"zero.{name}"] = True
+        return out
 
 
 @dataclass
@@ -308,6 +337,8 @@ def check_combinations(run: RunConfig) -> None:
     """Cross-section rules DeepSpeed would otherwise report deep inside initialize() (`bigtrain.config.rules`)."""
     check_layout(Layout(run.zero.stage, run.offload.optimizer, run.offload.param, run.pipeline.stages), RUN_KEYS)
     problems = optimizer_problems(run.optimizer.name, run.precision, run.zero.stage)
+    problems += muon_problems(run.optimizer.name, run.schedule.kind, run.zero.plus_plus(), run.zero.stage,
+                              run.optimizer.grad_clip)
     if problems:
         raise ValueError(problems[0])
     # the sizes' combinations; the world is not known yet (checked with it: `Topology.check`)

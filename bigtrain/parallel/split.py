@@ -78,5 +78,6 @@ def reset_groups() -> None:
     restore_attention()
     parallel_state_sp._release_sequence_parallel_groups()
     for name in ("_TENSOR_MODEL_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP",
-                 "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK", "mpu", "mesh_device"):
+                 "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", "_MPU_TENSOR_MODEL_PARALLEL_RANK", "mpu", "mesh_device",
+                 "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):
         setattr(groups, name, None)
