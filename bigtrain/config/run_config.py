@@ -224,8 +224,9 @@ class ParallelConfig:
     sequence: int = doc(1, "Sequence-parallel ranks (DeepSpeed Ulysses / ALST): each sample's sequence split over "
                            "this many ranks; data.seq_len and the attention heads must divide by it. Decoders "
                            "with sdpa attention.")
-    expert: int = doc(1, "Expert-parallel ranks (DeepSpeed AutoEP); refused with the installed transformers: "
-                         "mixture-of-experts models train with ZeRO.")
+    expert: int = doc(1, "Expert-parallel ranks (DeepSpeed AutoEP): each mixture-of-experts block keeps 1/N of its "
+                         "experts per rank, the dense weights stay data-parallel over every rank; Hugging Face "
+                         "models AutoEP has a preset for (Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3...), ZeRO 0-3.")
 
     def __post_init__(self) -> None:
         _positive(self, "tensor", "sequence", "expert")

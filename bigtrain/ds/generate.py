@@ -37,6 +37,8 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
         config["tensor_parallel"] = {"autotp_size": run.parallel.tensor}
     if run.parallel.sequence > 1:  # Ulysses: the engine gets its process groups (bigtrain.parallel.split)
         config["sequence_parallel_size"] = run.parallel.sequence
+    if run.parallel.expert > 1:  # AutoEP: DeepSpeed's engine swaps the MoE blocks (bigtrain.parallel.experts)
+        config["expert_parallel"] = {"enabled": True, "autoep_size": run.parallel.expert}
     if run.pipeline.stages > 1:
         config["pipeline"] = {
             "stages": run.pipeline.stages,

@@ -62,6 +62,11 @@ def check_split(spec: ModelSpec, topology: Topology) -> None:
         if size > 1 and heads is not None and heads % size:
             raise ValueError(f"parallel.{mode}={size}: the model's {heads} attention heads do not divide by {size}; "
                              f"choose parallel.{mode} dividing {heads}")
+    if topology.expert > 1:
+        from bigtrain.parallel.experts import expert_problem
+        problem = expert_problem(spec.config, topology.expert)
+        if problem:
+            raise ValueError(problem)
     if topology.sequence > 1:
         if kv_heads is not None and kv_heads % topology.sequence and topology.sequence % kv_heads:
             raise ValueError(f"parallel.sequence={topology.sequence}: the model's {kv_heads} key-value heads neither "

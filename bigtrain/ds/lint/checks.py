@@ -215,6 +215,34 @@ def parallel_problems(config: dict, world_size: int | None) -> list[Problem]:
                                          "rank(s)"))
     if not any(p.path for p in problems) and topology.divisibility_problem(DS_AXES):
         problems.append(Problem("", topology.divisibility_problem(DS_AXES)))
+    return problems or autoep_problems(config, world_size or topology.replica * topology.expert)
+
+
+def autoep_problems(config: dict, world: int) -> list[Problem]:
+    """DeepSpeed's own AutoEP validation (`validate_autoep_config`: sizes, folding, presets, option values) on the
+    `expert_parallel` section, and what its engine asserts at ZeRO-3 (hpZ, quantized gradients)."""
+    section = config.get("expert_parallel")
+    if not isinstance(section, dict) or section.get("enabled") is not True:
+        return []
+    from deepspeed.module_inject.auto_ep_config import parse_autoep_config, validate_autoep_config
+    topology = topology_of(config, world)
+    zero = zero_section(config)
+    stage = zero.get("stage", 0) if is_int(zero.get("stage", 0)) else 0
+    try:
+        validate_autoep_config(parse_autoep_config(section), world, topology.pipeline, topology.tensor,
+                               topology.sequence, zero_stage=stage,
+                               zero_offload_optimizer=offload_device(zero, "offload_optimizer") != "none",
+                               zero_offload_param=offload_device(zero, "offload_param") != "none")
+    except (ValueError, AssertionError, TypeError) as err:
+        return [Problem("expert_parallel", f"DeepSpeed's AutoEP refuses it: {first_line(err)}")]
+    problems = []
+    if stage == 3 and zero.get("zero_quantized_gradients") is True:
+        problems.append(Problem("zero_optimization.zero_quantized_gradients", "=true with expert_parallel at stage 3: "
+                                "DeepSpeed's AutoEP does not support it yet; set it to false"))
+    hpz = zero.get("zero_hpz_partition_size", 1)
+    if stage == 3 and is_int(hpz) and hpz > 1:
+        problems.append(Problem("zero_optimization.zero_hpz_partition_size", f"={hpz} with expert_parallel at stage "
+                                "3: DeepSpeed's AutoEP does not support hpZ's secondary groups yet; set it to 1"))
     return problems
 
 
