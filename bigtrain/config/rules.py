@@ -119,6 +119,21 @@ def muon_problems(optimizer: str, schedule_kind: str, zero_plus_plus: dict[str, 
     return problems
 
 
+# `activation_checkpointing.tiled_mlp=auto` turns ALST's tiled MLP on when a rank's tokens per sample reach this many
+# times the model's hidden size (its tiles are hidden_size tokens: at 4 tiles a SwiGLU MLP's intermediates, ~3x the
+# hidden width per token, outweigh the one tile recomputed at a time).
+AUTO_TILES = 4
+
+
+def tiled_mlp_wanted(setting: bool | str, tokens_per_rank: int | None, hidden: int | None) -> bool:
+    """`activation_checkpointing.tiled_mlp`: true / false, or auto = at least AUTO_TILES tiles of hidden_size tokens
+    on each rank (data.seq_len / parallel.sequence >= AUTO_TILES x the hidden size). The engine, the estimator and
+    the preflight resolve it here alike."""
+    if setting != "auto":
+        return bool(setting)
+    return bool(tokens_per_rank and hidden and tokens_per_rank >= AUTO_TILES * hidden)
+
+
 def partition_problem(method: str, key: str = "pipeline.partition_method") -> str | None:
     """DeepSpeed's PipelineModule splits layers by parameter count, uniformly, or by a layer-type regex."""
     if method in PARTITION_METHODS or (isinstance(method, str) and method.startswith("type:")):

@@ -197,12 +197,20 @@ class ActivationCheckpointConfig:
     enabled: bool = doc(False, "Recompute activations in the backward pass to save memory.")
     every_n_layers: int = doc(1, "Checkpoint every N blocks (pipeline: activation_checkpoint_interval).")
     partition_activations: bool = doc(False, "Shard checkpointed activations across model-parallel ranks.")
-    cpu_checkpointing: bool = doc(False, "Move checkpointed activations to CPU (needs partition_activations).")
+    cpu_checkpointing: bool = doc(False, "Keep the checkpointed hidden states (each block's input) in host memory "
+                                  "until the backward pass needs them: DeepSpeed 0.19's asynchronous offload engine, "
+                                  "ALST's offloading of checkpointed hidden states (with partition_activations: "
+                                  "the partitions). Nothing to gain on a CPU, where host memory is the device's.")
+    tiled_mlp: Literal["auto"] | bool = doc(
+        "auto", "ALST's tiled MLP (DeepSpeed's TiledMLP): each MLP computed over tiles of hidden_size tokens and "
+        "recomputed tile by tile in backward, so a layer keeps its MLP input only; the same result. auto = on when "
+        "a rank's tokens per sample (data.seq_len / parallel.sequence) reach 4 x the hidden size; false = off. "
+        "Independent of activation_checkpointing.enabled; plain modules only (no pipeline).")
 
     def __post_init__(self) -> None:
         _positive(self, "every_n_layers")
-        if self.cpu_checkpointing and not self.partition_activations:
-            raise ValueError("activation_checkpointing.cpu_checkpointing needs partition_activations=true")
+        if self.tiled_mlp not in ("auto", True, False):
+            raise ValueError(f"activation_checkpointing.tiled_mlp={self.tiled_mlp!r}: use auto, true or false")
 
 
 @dataclass
@@ -351,6 +359,9 @@ def check_combinations(run: RunConfig) -> None:
         raise ValueError(f"data.seq_len={run.data.seq_len} is not divisible by parallel.sequence="
                          f"{run.parallel.sequence}: each sequence-parallel rank takes an equal slice; choose a "
                          f"multiple of {run.parallel.sequence}")
+    if run.activation_checkpointing.tiled_mlp is True and run.pipeline.stages > 1:
+        raise ValueError(f"activation_checkpointing.tiled_mlp=true with pipeline.stages={run.pipeline.stages}: bigtrain "
+                         "tiles the MLPs of plain modules only; set tiled_mlp to auto or false, or pipeline.stages=1")
     if run.data.packing and run.pipeline.stages > 1:
         raise ValueError(f"data.packing=true with pipeline.stages={run.pipeline.stages}: pipeline stages number the "
                          "positions themselves, so packed examples would attend to each other; set data.packing=false "

@@ -60,7 +60,7 @@ def format_table(rows: list[MemoryEstimate], gpu_mem: float, cpu_mem: float | No
     return "\n".join(lines)
 
 
-def run_settings(best: Setup, model_overrides: dict[str, Any]) -> str:
+def run_settings(best: Setup, model_overrides: dict[str, Any], tiled_setting: str = "auto") -> str:
     """The run-config overrides that select `best` (and the model the estimate was for)."""
     where = {"seq_len": "data.seq_len", "pretrained": "model.pretrained"}
     sets = [f"{where.get(k, 'model.overrides.' + k)}={v}" for k, v in model_overrides.items()]
@@ -75,6 +75,8 @@ def run_settings(best: Setup, model_overrides: dict[str, Any]) -> str:
         sets.append("activation_checkpointing.enabled=true")
     if best.lora_r:
         sets.append(f"lora.r={best.lora_r}")
+    if tiled_setting != "auto":
+        sets.append(f"activation_checkpointing.tiled_mlp={tiled_setting}")
     return " ".join(f"--set {s}" for s in sets)
 
 
@@ -115,8 +117,13 @@ def run_estimate(args: argparse.Namespace) -> int:
         check_lora(spec, LoraConfig(r=args.lora_r))
     check_split_sizes(spec, args.tensor, args.sequence)
     shape = shape_from_spec(spec, args.precision)
+    from bigtrain.config.rules import tiled_mlp_wanted
+    from bigtrain.estimate.shape import spec_hidden
+    tiled = shape.mlp_layers > 0 and tiled_mlp_wanted(_tri_state(args.tiled_mlp), (spec.seq_len or 0) // args.sequence,
+                                                        spec_hidden(spec))
     base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
-                 micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, lora_r=args.lora_r)
+                 micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, lora_r=args.lora_r,
+                 tiled_mlp=tiled)
     rows = [estimate(shape, s) for s in all_setups(base)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
     print(f"{args.model} {size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
@@ -141,7 +148,8 @@ def run_estimate(args: argparse.Namespace) -> int:
         return 1
     print(f"recommended: {best.setup.label} ({_gib(best.device_peak)} GiB of {_gib(gpu_mem)} GiB per GPU"
           + (f", {_gib(best.host_per_node)} GiB CPU per node" if best.host else "") + ")")
-    print(f"  bigtrain train --model {args.model} --size {size} {run_settings(best.setup, overrides)}")
+    print(f"  bigtrain train --model {args.model} --size {size} "
+          f"{run_settings(best.setup, overrides, args.tiled_mlp)}")
     return 0
 
 
@@ -197,12 +205,19 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="tensor-parallel ranks per layer (parallel.tensor; default 1)")
     p.add_argument("--sequence", type=_positive_int, default=1,
                    help="sequence-parallel ranks per sample (parallel.sequence; default 1)")
+    p.add_argument("--tiled-mlp", choices=("auto", "true", "false"), default="auto",
+                   help="ALST's tiled MLP (activation_checkpointing.tiled_mlp): auto = on when the tokens per rank "
+                        "reach 4 x the hidden size, as training decides (default auto)")
     p.add_argument("--lora-r", "--lora_r", dest="lora_r", type=_non_negative_int, default=0,
                    help="LoRA rank (lora.r): adapters on every linear layer of the decoder train, the base is frozen, "
                         "so gradients and optimizer states are the adapters' only (default 0: every weight trains)")
     p.add_argument("--headroom", type=float, default=0.1,
                    help="fraction of --gpu-mem kept free for the CUDA context and fragmentation (default 0.1)")
     p.set_defaults(func=run_estimate)
+
+
+def _tri_state(text: str) -> bool | str:
+    return {"true": True, "false": False}.get(text, text)
 
 
 def _non_negative_int(text: str) -> int:

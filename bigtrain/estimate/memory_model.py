@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from bigtrain.config.rules import Layout, check_layout, layout_problems
+from bigtrain.config.rules import Layout, check_layout, layout_problems, tiled_mlp_wanted
 from bigtrain.config.run_config import RunConfig, ZeroConfig
 from bigtrain.parallel.topology import Topology
 
@@ -123,6 +123,10 @@ class ModelShape:
     measured: dict[int, ActivationCount] = field(default_factory=dict)  # bytes/value -> count, when measured
     linear_dims: tuple[tuple[int, int], ...] = ()  # (in, out) of each linear layer LoRA adapts (not the head)
     tensor_whole_params: int = 0  # parameters tensor parallelism keeps whole on every rank (embeddings, norms)
+    # ALST's tiled MLP: bytes per sample that each of `mlp_layers` MLPs no longer keeps for backward (bytes/value ->
+    # bytes), counted on the meta device with and without the tiling (bigtrain.estimate.shape)
+    tiled_mlp_saving: dict[int, float] = field(default_factory=dict)
+    mlp_layers: int = 0
 
     def persistent_params(self, threshold: int, lora_r: int = 0) -> int:
         """Elements ZeRO-3 keeps whole on every rank: tensors of at most `threshold` elements (adapters included)."""
@@ -151,13 +155,21 @@ def transformer_activations(shape: ModelShape, bytes_per_value: int) -> Activati
                            block_inputs=shape.n_layer * s * h * e, transient=transient)
 
 
-def activations_per_sample(shape: ModelShape, bytes_per_value: int) -> ActivationCount:
-    """A measured count when the shape carries one for this precision, else the transformer formula."""
+def activations_per_sample(shape: ModelShape, bytes_per_value: int, tiled_mlp: bool = False) -> ActivationCount:
+    """A measured count when the shape carries one for this precision, else the transformer formula; with
+    `tiled_mlp`, less what the MLPs' intermediates held (each block, and the one recomputed at a time)."""
     if bytes_per_value in shape.measured:
-        return shape.measured[bytes_per_value]
-    if shape.n_layer and shape.hidden:
-        return transformer_activations(shape, bytes_per_value)
-    raise ValueError(f"no activation model for {shape.family}: measure it (bigtrain.estimate.shape.measure_activations)")
+        count = shape.measured[bytes_per_value]
+    elif shape.n_layer and shape.hidden:
+        count = transformer_activations(shape, bytes_per_value)
+    else:
+        raise ValueError(f"no activation model for {shape.family}: measure it "
+                         "(bigtrain.estimate.shape.measure_activations)")
+    saving = shape.tiled_mlp_saving.get(bytes_per_value, 0.0) if tiled_mlp else 0.0
+    if not saving or not shape.mlp_layers:
+        return count
+    return replace(count, blocks=max(0.0, count.blocks - shape.mlp_layers * saving),
+                   largest_block=max(0.0, count.largest_block - saving))
 
 
 @dataclass(frozen=True)
@@ -180,6 +192,7 @@ class Setup:
     tensor: int = 1  # tensor-parallel ranks per layer (AutoTP)
     sequence: int = 1  # sequence-parallel ranks per sample (Ulysses)
     lora_r: int = 0  # LoRA rank (lora.r): > 0 trains adapters only, on a frozen base
+    tiled_mlp: bool = False  # ALST's tiled MLP (activation_checkpointing.tiled_mlp, resolved)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -203,7 +216,7 @@ class Setup:
         off += [f"param-{self.offload_param}"] if self.offload_param != "none" else []
         split = (f"+tp{self.tensor}" if self.tensor > 1 else "") + (f"+sp{self.sequence}" if self.sequence > 1 else "")
         return (f"zero{self.zero_stage}" + "".join(f"+{o}" for o in off) + ("+ckpt" if self.checkpointing else "")
-                + split)
+                + ("+tiled" if self.tiled_mlp else "") + split)
 
     @property
     def topology(self) -> Topology:
@@ -215,8 +228,9 @@ class Setup:
         return self.topology.zero_ranks
 
 
-def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int) -> Setup:
-    """The Setup a run config trains with at `world_size` ranks (pipeline stages not modelled)."""
+def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: int = 0) -> Setup:
+    """The Setup a run config trains with at `world_size` ranks (pipeline stages not modelled); `hidden` (the
+    model's width) resolves activation_checkpointing.tiled_mlp=auto as the engine does."""
     from bigtrain.ds.generate import batch_triple
     triple = batch_triple(run, world_size)
     z = run.zero
@@ -225,6 +239,8 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int) -> Setup
     split = Topology.of_run(run.parallel, 1, world_size).model_split
     return Setup(world_size=triple.dp_size * split, gpus_per_node=gpus_per_node, zero_stage=z.stage,
                  tensor=run.parallel.tensor, sequence=run.parallel.sequence, lora_r=run.lora.r,
+                 tiled_mlp=run.pipeline.stages == 1 and tiled_mlp_wanted(
+                     run.activation_checkpointing.tiled_mlp, run.data.seq_len // run.parallel.sequence, hidden),
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
                  checkpointing=run.activation_checkpointing.enabled, micro_batch=triple.micro_batch,
                  grad_accum=triple.grad_accum, reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
@@ -330,7 +346,8 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
         transient = 4 * tensor_share(trained, setup.tensor, whole) / (1 if stage == 0 else setup.zero_ranks)
         if setup.offload_optimizer != "none":
             transient = 0.0  # made on the host, inside the offloaded partition counted there
-    acts = split_activations(activations_per_sample(shape, p), setup).total(setup.micro_batch, setup.checkpointing)
+    acts = split_activations(activations_per_sample(shape, p, setup.tiled_mlp), setup).total(setup.micro_batch,
+                                                                                             setup.checkpointing)
     return MemoryEstimate(setup=setup, params=terms["params"], grads=terms["grads"], optimizer=terms["optimizer"],
                           buffers=buffers, live_params=live, step_transient=transient, activations=acts,
                           host=terms["host"], nvme=terms["nvme"])

@@ -131,7 +131,29 @@ def _fused_sdpa() -> Iterator[None]:
         yield
 
 
-def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta") -> ActivationCount:
+def spec_hidden(spec: ModelSpec) -> int:
+    """The model's hidden width (0 for a model without one)."""
+    config = getattr(spec.config, "get_text_config", lambda: spec.config)()
+    return int(getattr(config, "hidden_size", 0) or 0)
+
+
+def tiled_mlp_saving(spec: ModelSpec, dtype: torch.dtype) -> tuple[float, int]:
+    """(bytes per sample one MLP no longer keeps for backward under ALST's tiled MLP, how many MLPs): the blocks'
+    saved tensors counted on the meta device with and without DeepSpeed's TiledMLP (bigtrain.parallel.tiling)."""
+    hidden = spec_hidden(spec)
+    if spec.modality != "text" or not spec.seq_len or not hidden:
+        return 0.0, 0
+    plain = measure_activations(spec, dtype)
+    tiled = measure_activations(spec, dtype, tile=hidden)
+    from bigtrain.parallel.tiling import mlp_modules
+    count = len(mlp_modules(_meta_module(spec)))
+    if not count:
+        return 0.0, 0
+    return max(0.0, plain.blocks - tiled.blocks) / count, count
+
+
+def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta",
+                        tile: int = 0) -> ActivationCount:
     """Bytes saved for backward by one sample, counted from the saved tensors of a forward on `device`.
 
     Parameters are not activations and are left out; every storage counts once. Blocks are
@@ -144,6 +166,9 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
     else:
         module = spec.build()
     module = module.to(dtype).train()
+    if tile:  # ALST's tiled MLP, as the engine applies it
+        from bigtrain.parallel.tiling import apply_tiled_mlp
+        apply_tiled_mlp(module, tile)
     places = spec.checkpoint_blocks(module) if spec.checkpoint_blocks else []
     blocks = [getattr(parent, name) for parent, name in places]
     param_keys = {p.untyped_storage()._cdata for p in module.parameters()}
@@ -191,11 +216,14 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape
     assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec {spec.num_params}"
     common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest,
                   linear_dims=linear_dims(meta), tensor_whole_params=tensor_whole_params(meta))
-    analytic = estimate_shape(spec)  # the family's closed form, where it has one
-    if analytic is not None:
-        return ModelShape(**common, **analytic)
     import torch
     dtypes = {4: torch.float32, 2: torch.bfloat16}
     sizes = [PRECISIONS[precision]] if precision else sorted(set(PRECISIONS.values()))
+    savings = {e: tiled_mlp_saving(spec, dtypes[e]) for e in sizes}
+    common.update(tiled_mlp_saving={e: saved for e, (saved, _) in savings.items()},
+                  mlp_layers=max((n for _, n in savings.values()), default=0))
+    analytic = estimate_shape(spec)  # the family's closed form, where it has one
+    if analytic is not None:
+        return ModelShape(**common, **analytic)
     measured = {e: measure_activations(spec, dtypes[e]) for e in sizes}
     return ModelShape(**common, measured=measured)

@@ -16,6 +16,7 @@ from bigtrain.config.run_config import LoraConfig
 from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
 from bigtrain.parallel.lora import LoraCounts, apply_lora, check_lora
 from bigtrain.parallel.split import ModelSplit, Topology
+from bigtrain.parallel.tiling import apply_tiling
 from bigtrain.train import fast_path
 
 
@@ -31,6 +32,7 @@ class EngineOptions:
     lora: LoraConfig | None = None  # the run's lora section: r > 0 trains adapters on a frozen base
     packed: bool = False  # data.packing: several examples per row (sequence parallelism then keeps them apart)
     token_weighted: bool = False  # chat/instruction data: a step's loss is the mean over all its trained tokens
+    tiled_mlp: bool | str = False  # activation_checkpointing.tiled_mlp: True | False | "auto" (bigtrain.parallel.tiling)
 
 
 class Engine:
@@ -47,6 +49,7 @@ class Engine:
         zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
         check_lora(spec, options.lora, options.pipeline_stages)  # before a large model is built
         self.lora: LoraCounts | None = None
+        self.tiled_mlps = 0  # MLPs computed in sequence tiles (ALST's TiledMLP)
         if self.is_pipeline:
             model = to_pipeline_module(
                 spec, options.pipeline_stages, partition_method=options.partition_method,
@@ -59,6 +62,7 @@ class Engine:
             # the adapters first: the optimizer below gets only what still trains
             self.lora = apply_lora(model, spec, options.lora, options.seed, options.activation_checkpointing)
             self.split.attach(model, spec, ds_config["train_micro_batch_size_per_gpu"], packed=options.packed)
+            self.tiled_mlps = apply_tiling(model, spec, options.tiled_mlp, self.split.topology.sequence)
             if options.activation_checkpointing:
                 apply_activation_checkpointing(spec, model, every_n=options.checkpoint_every_n_layers,
                                                ds_config=ds_config)
