@@ -197,10 +197,7 @@ class ActivationCheckpointConfig:
     enabled: bool = doc(False, "Recompute activations in the backward pass to save memory.")
     every_n_layers: int = doc(1, "Checkpoint every N blocks (pipeline: activation_checkpoint_interval).")
     partition_activations: bool = doc(False, "Shard checkpointed activations across model-parallel ranks.")
-    cpu_checkpointing: bool = doc(False, "Keep the checkpointed hidden states (each block's input) in host memory "
-                                  "until the backward pass needs them: DeepSpeed 0.19's asynchronous offload engine, "
-                                  "ALST's offloading of checkpointed hidden states (with partition_activations: "
-                                  "the partitions). Nothing to gain on a CPU, where host memory is the device's.")
+    cpu_checkpointing: bool = doc(False, "Move checkpointed activations to CPU (needs partition_activations).")
     tiled_mlp: Literal["auto"] | bool = doc(
         "auto", "ALST's tiled MLP (DeepSpeed's TiledMLP): each MLP computed over tiles of hidden_size tokens and "
         "recomputed tile by tile in backward, so a layer keeps its MLP input only; the same result. auto = on when "
@@ -209,6 +206,8 @@ class ActivationCheckpointConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "every_n_layers")
+        if self.cpu_checkpointing and not self.partition_activations:
+            raise ValueError("activation_checkpointing.cpu_checkpointing needs partition_activations=true")
         if self.tiled_mlp not in ("auto", True, False):
             raise ValueError(f"activation_checkpointing.tiled_mlp={self.tiled_mlp!r}: use auto, true or false")
 

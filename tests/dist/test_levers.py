@@ -5,6 +5,8 @@ same batches, fp32, 2-4 CPU ranks:
   clips Muon's update at ZeRO 1-3 and the raw gradient at ZeRO-0, so ZeRO-0 with clipping is refused).
 - ZeRO++ hpZ (zero.hpz_partition_size) runs on CPU and matches ZeRO-3 without it; the quantized collectives are
   refused in one line (no quantizer kernel on the CPU).
+- ALST's tiled MLP with data and sequence parallelism (ZeRO 2 and 3) and with activation checkpointing, against
+  one process.
 - Expert parallelism (AutoEP) for Mixtral / Qwen2-MoE / Qwen3-MoE at ZeRO 2 and 3 against one process, EP2 x DP2 on
   4 ranks, mixtures of experts at ZeRO 0-2 without EP, resume at the same shape and at 4 ranks (universal), another
   expert size refused in one line, and the export's whole experts against a run without EP.
@@ -49,12 +51,17 @@ def runs(tmp_path_factory) -> Path:
            for m in MOE}
     micro = lambda n: ["--set", f"batch.micro_batch={n}"]  # noqa: E731
     ep2 = ["--set", "parallel.expert=2"]
-    launch_jobs(root, [job(f"ref_{m}", moe[m], *micro(4), "--set", "checkpoint.at_end=false") for m in MOE],
-                num_ranks=1, name="refs")
+    launch_jobs(root, [job(f"ref_{m}", moe[m], *micro(4), "--set", "checkpoint.at_end=false") for m in MOE]
+                + [job("ref_llama", LLAMA)], num_ranks=1, name="refs")
     two = [job(f"muon_z{s}", MUON, *zero(s)) for s in (1, 2, 3)]
     two += [job(f"muon_z{s}_noclip", MUON, *zero(s), "--set", "optimizer.grad_clip=0") for s in (0, 3)]
     two += [job("z3", LLAMA, *zero(3)), job("z3_hpz2", LLAMA, *zero(3), "--set", "zero.hpz_partition_size=2"),
             job("z3_qwz", LLAMA, *zero(3), "--set", "zero.quantized_weights=true", expect_error=True)]
+    tiled = ["--set", "activation_checkpointing.tiled_mlp=true"]
+    two += [job("tiled_z2", LLAMA, *zero(2), *tiled),
+            job("sp2_tiled_z3", LLAMA, *zero(3), *tiled, "--set", "parallel.sequence=2"),
+            job("sp2_tiled_ckpt", LLAMA, *zero(1), *tiled, "--set", "parallel.sequence=2", "--set",
+                "activation_checkpointing.enabled=true")]
     two += [job(f"{m}_ep2_z{s}", moe[m], *micro(4), *zero(s), *ep2) for m in MOE for s in (2, 3)]
     two += [job(f"{m}_z{s}", moe[m], *micro(4), *zero(s)) for m, s in
             (("mixtral", 0), ("mixtral", 1), ("mixtral", 2), ("qwen2_moe", 0), ("qwen3_moe", 1))]
@@ -135,3 +142,14 @@ def test_the_export_of_an_expert_parallel_run_has_whole_experts_under_transforme
         worst_weight = max(float((p - weights[n]).abs().max()) for n, p in split.named_parameters())
     print(f"EP export vs plain export: largest weight difference {worst_weight:.2e}")
     assert worst_weight <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["tiled_z2", "sp2_tiled_z3", "sp2_tiled_ckpt"])
+def test_alst_tiling_trains_like_one_process(runs, name):
+    ran, ref = summary(runs / name), summary(runs / "ref_llama")
+    assert ran["run_config"]["activation_checkpointing"]["tiled_mlp"] is True
+    margin = worst(ref["losses"], ran["losses"], STEPS)
+    print(f"{name} vs ref_llama: {margin:.2e}")
+    assert margin <= RTOL
+    log = "\n".join(p.read_text() for p in (runs / name / "logs").glob("*.log"))
+    assert "tiled MLP (activation_checkpointing.tiled_mlp=True): 2 MLPs over tiles of" in log, log[-2000:]

@@ -321,6 +321,7 @@ def test_cli_takes_auto_where_deepspeeds_models_drop_it(tmp_path, capsys):
     ("optimizer.params.eps", 0.0, "optimizer.eps"),
     ("optimizer.params.weight_decay", -0.1, "optimizer.weight_decay"),
     ("optimizer.params.betas", [0.9, 1.0], "optimizer.betas"),
+    ("activation_checkpointing.cpu_checkpointing", True, "activation_checkpointing.cpu_checkpointing"),
     ("scheduler.params.warmup_min_ratio", 1.5, "schedule.min_lr_ratio"),
 ])
 def test_cli_judges_a_json_value_by_deepspeeds_bound_not_the_run_configs(tmp_path, capsys, key, value, run_field):
