@@ -141,7 +141,7 @@ def partition_problem(method: str, key: str = "pipeline.partition_method") -> st
     return f"{key}={method!r}: use 'parameters', 'uniform' or 'type:REGEX'"
 
 
-def lora_problems(rank: int, pipeline: int, tensor: int, keys: Axes = RUN_AXES) -> list[str]:
+def lora_problems(rank: int, pipeline: int, tensor: int, keys: Axes = RUN_AXES, expert: int = 1) -> list[str]:
     """LoRA adapters are put on the plain module from outside (`bigtrain.parallel.lora`): neither a pipeline's
     stages nor AutoTP's sharded layers are that module."""
     problems = []
@@ -153,4 +153,8 @@ def lora_problems(rank: int, pipeline: int, tensor: int, keys: Axes = RUN_AXES) 
         problems.append(f"lora.r={rank} with {keys.tensor}={tensor}: DeepSpeed's AutoTP shards nn.Linear layers, "
                         f"which peft's adapter layers wrap out of its sight; set {keys.tensor}=1 (ZeRO-3 partitions "
                         "the frozen base instead)")
+    if rank > 0 and expert > 1:
+        problems.append(f"lora.r={rank} with {keys.expert}={expert}: DeepSpeed's AutoEP repacks the experts into "
+                        f"its own layer, which bigtrain has not proven with peft's adapters; set {keys.expert}=1 "
+                        "(ZeRO partitions the experts)")
     return problems

@@ -351,7 +351,7 @@ def check_combinations(run: RunConfig) -> None:
         raise ValueError(problems[0])
     # the sizes' combinations; the world is not known yet (checked with it: `Topology.check`)
     problems = Topology.of_run(run.parallel, run.pipeline.stages, world=0).combination_problems()
-    problems += lora_problems(run.lora.r, run.pipeline.stages, run.parallel.tensor)
+    problems += lora_problems(run.lora.r, run.pipeline.stages, run.parallel.tensor, expert=run.parallel.expert)
     if problems:
         raise ValueError("\n".join(problems))
     if run.parallel.sequence > 1 and run.data.seq_len % run.parallel.sequence:

@@ -65,8 +65,8 @@ def run_settings(best: Setup, model_overrides: dict[str, Any], tiled_setting: st
     where = {"seq_len": "data.seq_len", "pretrained": "model.pretrained"}
     sets = [f"{where.get(k, 'model.overrides.' + k)}={v}" for k, v in model_overrides.items()]
     sets += [f"zero.stage={best.zero_stage}", f"precision={best.precision}", f"batch.micro_batch={best.micro_batch}"]
-    sets += [f"parallel.{name}={size}" for name, size in (("tensor", best.tensor), ("sequence", best.sequence))
-             if size > 1]
+    sets += [f"parallel.{name}={size}" for name, size in (("tensor", best.tensor), ("sequence", best.sequence),
+                                                          ("expert", best.expert)) if size > 1]
     if best.offload_optimizer != "none":
         sets.append(f"offload.optimizer={best.offload_optimizer}")
     if best.offload_param != "none":
@@ -80,17 +80,18 @@ def run_settings(best: Setup, model_overrides: dict[str, Any], tiled_setting: st
     return " ".join(f"--set {s}" for s in sets)
 
 
-def check_split_sizes(spec: ModelSpec, tensor: int, sequence: int) -> None:
+def check_split_sizes(spec: ModelSpec, tensor: int, sequence: int, expert: int = 1) -> None:
     """The rules `bigtrain train` holds these sizes to (the run config's, then the model's), so that no estimate
     recommends what training refuses: ValueError with train's own line."""
     from bigtrain.config.load import load_run_config
     from bigtrain.parallel.split_rules import check_split
     from bigtrain.parallel.topology import Topology
-    sets = [f"model.family={spec.family}", f"parallel.tensor={tensor}", f"parallel.sequence={sequence}"]
+    sets = [f"model.family={spec.family}", f"parallel.tensor={tensor}", f"parallel.sequence={sequence}",
+            f"parallel.expert={expert}"]
     sets += [f"data.seq_len={spec.seq_len}"] if spec.seq_len else []
     sets += [f"model.pretrained={spec.source_dir}"] if spec.source_dir else []
     load_run_config(None, sets)
-    check_split(spec, Topology(tensor * sequence, tensor=tensor, sequence=sequence))
+    check_split(spec, Topology(tensor * sequence * expert, tensor=tensor, sequence=sequence, expert=expert))
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -115,15 +116,15 @@ def run_estimate(args: argparse.Namespace) -> int:
         from bigtrain.config.run_config import LoraConfig
         from bigtrain.parallel.lora import check_lora
         check_lora(spec, LoraConfig(r=args.lora_r))
-    check_split_sizes(spec, args.tensor, args.sequence)
+    check_split_sizes(spec, args.tensor, args.sequence, args.expert)
     shape = shape_from_spec(spec, args.precision)
     from bigtrain.config.rules import tiled_mlp_wanted
     from bigtrain.estimate.shape import spec_hidden
     tiled = shape.mlp_layers > 0 and tiled_mlp_wanted(_tri_state(args.tiled_mlp), (spec.seq_len or 0) // args.sequence,
                                                         spec_hidden(spec))
     base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
-                 micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, lora_r=args.lora_r,
-                 tiled_mlp=tiled)
+                 micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, expert=args.expert,
+                 lora_r=args.lora_r, tiled_mlp=tiled)
     rows = [estimate(shape, s) for s in all_setups(base)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
     print(f"{args.model} {size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
@@ -205,6 +206,8 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="tensor-parallel ranks per layer (parallel.tensor; default 1)")
     p.add_argument("--sequence", type=_positive_int, default=1,
                    help="sequence-parallel ranks per sample (parallel.sequence; default 1)")
+    p.add_argument("--expert", type=_positive_int, default=1,
+                   help="expert-parallel ranks (parallel.expert, DeepSpeed AutoEP; default 1)")
     p.add_argument("--tiled-mlp", choices=("auto", "true", "false"), default="auto",
                    help="ALST's tiled MLP (activation_checkpointing.tiled_mlp): auto = on when the tokens per rank "
                         "reach 4 x the hidden size, as training decides (default auto)")

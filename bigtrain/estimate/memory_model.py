@@ -127,6 +127,7 @@ class ModelShape:
     # bytes), counted on the meta device with and without the tiling (bigtrain.estimate.shape)
     tiled_mlp_saving: dict[int, float] = field(default_factory=dict)
     mlp_layers: int = 0
+    expert_params: int = 0  # parameters of a mixture of experts' experts (what expert parallelism spreads)
 
     def persistent_params(self, threshold: int, lora_r: int = 0) -> int:
         """Elements ZeRO-3 keeps whole on every rank: tensors of at most `threshold` elements (adapters included)."""
@@ -193,6 +194,7 @@ class Setup:
     sequence: int = 1  # sequence-parallel ranks per sample (Ulysses)
     lora_r: int = 0  # LoRA rank (lora.r): > 0 trains adapters only, on a frozen base
     tiled_mlp: bool = False  # ALST's tiled MLP (activation_checkpointing.tiled_mlp, resolved)
+    expert: int = 1  # expert-parallel ranks (AutoEP): each keeps 1/expert of the experts
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -214,13 +216,14 @@ class Setup:
     def label(self) -> str:
         off = [f"opt-{self.offload_optimizer}"] if self.offload_optimizer != "none" else []
         off += [f"param-{self.offload_param}"] if self.offload_param != "none" else []
-        split = (f"+tp{self.tensor}" if self.tensor > 1 else "") + (f"+sp{self.sequence}" if self.sequence > 1 else "")
+        split = "".join(f"+{short}{size}" for short, size in (("tp", self.tensor), ("sp", self.sequence),
+                                                               ("ep", self.expert)) if size > 1)
         return (f"zero{self.zero_stage}" + "".join(f"+{o}" for o in off) + ("+ckpt" if self.checkpointing else "")
                 + ("+tiled" if self.tiled_mlp else "") + split)
 
     @property
     def topology(self) -> Topology:
-        return Topology(self.world_size, tensor=self.tensor, sequence=self.sequence)
+        return Topology(self.world_size, tensor=self.tensor, sequence=self.sequence, expert=self.expert)
 
     @property
     def zero_ranks(self) -> int:
@@ -238,7 +241,8 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: 
     precision = "bf16" if run.precision == "auto" else run.precision
     split = Topology.of_run(run.parallel, 1, world_size).model_split
     return Setup(world_size=triple.dp_size * split, gpus_per_node=gpus_per_node, zero_stage=z.stage,
-                 tensor=run.parallel.tensor, sequence=run.parallel.sequence, lora_r=run.lora.r,
+                 tensor=run.parallel.tensor, sequence=run.parallel.sequence, expert=run.parallel.expert,
+                 lora_r=run.lora.r,
                  tiled_mlp=run.pipeline.stages == 1 and tiled_mlp_wanted(
                      run.activation_checkpointing.tiled_mlp, run.data.seq_len // run.parallel.sequence, hidden),
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
@@ -294,18 +298,21 @@ def tensor_share(count: float, tensor: int, whole: float = 0.0) -> float:
 
 
 def model_state_terms(psi: float, setup: Setup, persistent: float = 0.0,
-                      trained: float | None = None, whole: float = 0.0) -> dict[str, float]:
+                      trained: float | None = None, whole: float = 0.0, experts: float = 0.0) -> dict[str, float]:
     """params / grads / optimizer bytes per rank on the device and on host / NVMe (ZeRO formulas). `psi`: every
     parameter; `trained`: those with gradients and optimizer states (LoRA's adapters; default all); `whole`: those
-    a tensor-parallel group keeps whole on each rank (the rest is split over its ranks)."""
+    a tensor-parallel group keeps whole on each rank (the rest is split over its ranks); `experts`: a mixture of
+    experts' experts, of which an expert-parallel rank holds 1/setup.expert (ZeRO partitions the dense weights over
+    every rank and the experts over their replicas, so a partitioned term is the same 1/n of all of them)."""
     n, stage, p = setup.zero_ranks, setup.zero_stage, PRECISIONS[setup.precision]
     trained = tensor_share(psi if trained is None else trained, setup.tensor, 0.0 if trained else whole)
     psi, persistent = tensor_share(psi, setup.tensor, whole), persistent / setup.tensor
+    held = experts * (1 - 1 / setup.expert)  # the other ranks' experts: never on this one
     mixed = p == 2
     k = (4 if (mixed or stage >= 1) else 0) + 8  # fp32 master copy + Adam's two fp32 moments
-    params = p * psi if stage < 3 else p * psi / n + p * persistent  # persistent: partitioned and whole
-    grads = p * trained if stage < 2 else p * trained / n
-    optimizer = k * trained if stage == 0 else k * trained / n
+    params = p * (psi - held) if stage < 3 else p * psi / n + p * persistent  # persistent: partitioned and whole
+    grads = p * (trained - held) if stage < 2 else p * trained / n
+    optimizer = k * (trained - held) if stage == 0 else k * trained / n
     offloaded = 0.0
     if setup.offload_optimizer != "none":
         # The host keeps master + moments and an fp32 gradient partition; stage 1/2 also a 16-bit
@@ -330,7 +337,7 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
     psi, trained = shape.num_params + adapters, (adapters or None)
     persistent = shape.persistent_params(setup.param_persistence_threshold, setup.lora_r) if stage == 3 else 0
     whole = 0 if adapters else shape.tensor_whole_params  # LoRA never runs with tensor splits
-    terms = model_state_terms(psi, setup, persistent, trained, whole)
+    terms = model_state_terms(psi, setup, persistent, trained, whole, shape.expert_params if setup.expert > 1 else 0)
     trained = trained or psi
     buffers = 0.0
     if stage in (1, 2):  # contiguous gradient buckets, double-buffered when overlapping communication

@@ -69,6 +69,12 @@ def tensor_whole_params(module: torch.nn.Module) -> int:
     return whole
 
 
+def expert_params(module: torch.nn.Module) -> int:
+    """Parameters of a mixture of experts' experts (transformers names them `...experts...`): what expert
+    parallelism spreads over its ranks."""
+    return sum(p.numel() for name, p in module.named_parameters() if ".experts." in f".{name}")
+
+
 def _sample_batch(spec: ModelSpec, device: str) -> dict:
     import torch
     with torch.device(device):
@@ -100,6 +106,23 @@ def _no_packed_sequence_probe(device: str) -> Iterator[None]:
         yield
         return
     with mock.patch.object(masking, "find_packed_sequence_indices", lambda position_ids: None):
+        yield
+
+
+@contextlib.contextmanager
+def _plain_grouped_mm(device: str) -> Iterator[None]:
+    """transformers' mixtures of experts call torch's grouped matmul, whose meta kernel takes bf16 only (fp32 runs on
+    a CPU through transformers' own fallback): on the meta device the fallback, which saves the same tensors."""
+    if device != "meta":
+        yield
+        return
+    from unittest import mock
+    try:
+        import transformers.integrations.moe as moe
+    except ImportError:
+        yield
+        return
+    with mock.patch.object(moe, "_can_use_grouped_mm", lambda *args, **kwargs: False):
         yield
 
 
@@ -143,12 +166,12 @@ def tiled_mlp_saving(spec: ModelSpec, dtype: torch.dtype) -> tuple[float, int]:
     hidden = spec_hidden(spec)
     if spec.modality != "text" or not spec.seq_len or not hidden:
         return 0.0, 0
-    plain = measure_activations(spec, dtype)
-    tiled = measure_activations(spec, dtype, tile=hidden)
     from bigtrain.parallel.tiling import mlp_modules
     count = len(mlp_modules(_meta_module(spec)))
-    if not count:
+    if not count:  # nothing to tile (a mixture of experts' blocks are not MLPs here)
         return 0.0, 0
+    plain = measure_activations(spec, dtype)
+    tiled = measure_activations(spec, dtype, tile=hidden)
     return max(0.0, plain.blocks - tiled.blocks) / count, count
 
 
@@ -198,7 +221,8 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
         batch["pixel_values"] = batch["pixel_values"].to(dtype)
     inputs, labels = spec.batch_to_inputs(batch)
     fused = _fused_sdpa() if device == "meta" else contextlib.nullcontext()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _no_packed_sequence_probe(device), fused:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _no_packed_sequence_probe(device), fused, \
+            _plain_grouped_mm(device):
         spec.loss(module(**inputs) if isinstance(inputs, dict) else module(inputs), labels)
     for h in hooks:
         h.remove()
@@ -215,7 +239,8 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape
     numel, numels, largest = parameter_layout(meta)
     assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec {spec.num_params}"
     common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest,
-                  linear_dims=linear_dims(meta), tensor_whole_params=tensor_whole_params(meta))
+                  linear_dims=linear_dims(meta), tensor_whole_params=tensor_whole_params(meta),
+                  expert_params=expert_params(meta))
     import torch
     dtypes = {4: torch.float32, 2: torch.bfloat16}
     sizes = [PRECISIONS[precision]] if precision else sorted(set(PRECISIONS.values()))

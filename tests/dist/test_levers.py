@@ -153,3 +153,20 @@ def test_alst_tiling_trains_like_one_process(runs, name):
     assert margin <= RTOL
     log = "\n".join(p.read_text() for p in (runs / name / "logs").glob("*.log"))
     assert "tiled MLP (activation_checkpointing.tiled_mlp=True): 2 MLPs over tiles of" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("name, stage, expert", [("mixtral_ep2_z2", 2, 2), ("mixtral_z2", 2, 1), ("mixtral_z1", 1, 1),
+                                                 ("mixtral_z0", 0, 1)])
+def test_the_estimator_counts_what_an_expert_parallel_rank_holds(runs, name, stage, expert):
+    """An EP rank holds 1/expert of the experts whole (ZeRO 0-2); ZeRO partitions the rest as without EP. The
+    end-of-run count holds weights and optimizer states (ZeRO 0-2 have freed the gradients by then)."""
+    from bigtrain.estimate.memory_model import Setup, estimate
+    from bigtrain.estimate.shape import shape_from_spec
+    from bigtrain.models import build
+    ran = summary(runs / name)
+    spec = build("hf", "custom", pretrained=str(runs / "moe_dirs" / "mixtral"), seq_len=32)
+    shape = shape_from_spec(spec, "fp32")
+    assert shape.expert_params > 0 and ran["model"]["num_params"] == shape.num_params
+    est = estimate(shape, Setup(world_size=2, zero_stage=stage, precision="fp32", micro_batch=4, expert=expert))
+    for measured in ran["model_state_bytes_per_rank"]:
+        assert measured == pytest.approx(est.params + est.optimizer, rel=1e-3), (measured, est)

@@ -80,3 +80,19 @@ def test_autoeps_names_map_back_to_transformers():
     back = to_transformers_names(autoep, config, shapes)
     assert sorted(back) == sorted(hf)
     assert all(torch.equal(back[k], hf[k]) for k in hf)
+
+
+def test_lora_with_expert_parallelism_is_one_line():
+    with pytest.raises(ValueError, match="lora.r=8 with parallel.expert=2: DeepSpeed's AutoEP repacks the experts"):
+        load_run_config(None, ["model.family=hf", "lora.r=8", "parallel.expert=2"])
+
+
+def test_the_estimator_spreads_the_experts_over_the_expert_ranks():
+    from bigtrain.estimate.memory_model import ModelShape, Setup, estimate
+    shape = ModelShape(family="hf", num_params=1000, n_layer=1, hidden=8, heads=2, seq_len=8, expert_params=600)
+    one, two = (estimate(shape, Setup(world_size=2, zero_stage=1, precision="fp32", expert=e)) for e in (1, 2))
+    assert one.params - two.params == 4 * 300  # the other rank's half of the experts, fp32
+    assert one.optimizer == two.optimizer  # ZeRO partitions all states 1/2 either way
+    assert "+ep2" in two.setup.label
+    with pytest.raises(ValueError, match="parallel.expert=4 does not divide the 2 ranks"):
+        Setup(world_size=2, expert=4)
