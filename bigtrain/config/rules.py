@@ -134,6 +134,15 @@ def tiled_mlp_wanted(setting: bool | str, tokens_per_rank: int | None, hidden: i
     return bool(tokens_per_rank and hidden and tokens_per_rank >= AUTO_TILES * hidden)
 
 
+def offload_hidden_states_wanted(setting: bool | str, device_name: str, checkpointing: bool,
+                                 tokens_per_rank: int | None, hidden: int | None) -> bool:
+    """`activation_checkpointing.offload_hidden_states`: true / false, or auto = activation checkpointing on, a
+    device whose memory is not the host's (not a CPU), and the tiled MLP's long-sequence rule."""
+    if setting != "auto":
+        return bool(setting)
+    return checkpointing and device_name != "cpu" and tiled_mlp_wanted("auto", tokens_per_rank, hidden)
+
+
 def partition_problem(method: str, key: str = "pipeline.partition_method") -> str | None:
     """DeepSpeed's PipelineModule splits layers by parameter count, uniformly, or by a layer-type regex."""
     if method in PARTITION_METHODS or (isinstance(method, str) and method.startswith("type:")):

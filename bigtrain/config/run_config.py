@@ -203,13 +203,26 @@ class ActivationCheckpointConfig:
         "recomputed tile by tile in backward, so a layer keeps its MLP input only; the same result. auto = on when "
         "a rank's tokens per sample (data.seq_len / parallel.sequence) reach 4 x the hidden size; false = off. "
         "Independent of activation_checkpointing.enabled; plain modules only (no pipeline).")
+    offload_hidden_states: Literal["auto"] | bool = doc(
+        "auto", "ALST: keep each checkpointed block's input (its hidden states) in host memory until the backward "
+        "pass, with DeepSpeed's offloading context manager around transformers' own checkpointing (not "
+        "cpu_checkpointing, DeepSpeed's checkpoint's). auto = on when the device's memory is not the host's (a GPU) "
+        "and tiled_mlp's rule holds (a rank's tokens per sample >= 4 x hidden size); needs enabled=true.")
 
     def __post_init__(self) -> None:
         _positive(self, "every_n_layers")
         if self.cpu_checkpointing and not self.partition_activations:
             raise ValueError("activation_checkpointing.cpu_checkpointing needs partition_activations=true")
-        if self.tiled_mlp not in ("auto", True, False):
-            raise ValueError(f"activation_checkpointing.tiled_mlp={self.tiled_mlp!r}: use auto, true or false")
+        for name in ("tiled_mlp", "offload_hidden_states"):
+            if getattr(self, name) not in ("auto", True, False):
+                raise ValueError(f"activation_checkpointing.{name}={getattr(self, name)!r}: use auto, true or false")
+        if self.offload_hidden_states is True and not self.enabled:
+            raise ValueError("activation_checkpointing.offload_hidden_states=true keeps the checkpointed hidden states "
+                             "in host memory: set activation_checkpointing.enabled=true too")
+        if self.offload_hidden_states is True and (self.partition_activations or self.cpu_checkpointing):
+            raise ValueError("activation_checkpointing.offload_hidden_states=true checkpoints with transformers' own "
+                             "checkpointing, which DeepSpeed's partition_activations / cpu_checkpointing do not "
+                             "apply to; set those false, or offload_hidden_states=false")
 
 
 @dataclass
@@ -358,6 +371,10 @@ def check_combinations(run: RunConfig) -> None:
         raise ValueError(f"data.seq_len={run.data.seq_len} is not divisible by parallel.sequence="
                          f"{run.parallel.sequence}: each sequence-parallel rank takes an equal slice; choose a "
                          f"multiple of {run.parallel.sequence}")
+    if run.activation_checkpointing.offload_hidden_states is True and run.pipeline.stages > 1:
+        raise ValueError(f"activation_checkpointing.offload_hidden_states=true with pipeline.stages="
+                         f"{run.pipeline.stages}: bigtrain offloads the hidden states of plain modules only; set it "
+                         "to auto or false, or pipeline.stages=1")
     if run.activation_checkpointing.tiled_mlp is True and run.pipeline.stages > 1:
         raise ValueError(f"activation_checkpointing.tiled_mlp=true with pipeline.stages={run.pipeline.stages}: bigtrain "
                          "tiles the MLPs of plain modules only; set tiled_mlp to auto or false, or pipeline.stages=1")

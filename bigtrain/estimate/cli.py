@@ -77,6 +77,8 @@ def run_settings(best: Setup, model_overrides: dict[str, Any], tiled_setting: st
         sets.append(f"lora.r={best.lora_r}")
     if tiled_setting != "auto":
         sets.append(f"activation_checkpointing.tiled_mlp={tiled_setting}")
+    if best.offload_hidden_states and best.checkpointing:
+        sets.append("activation_checkpointing.offload_hidden_states=true")
     return " ".join(f"--set {s}" for s in sets)
 
 
@@ -122,9 +124,12 @@ def run_estimate(args: argparse.Namespace) -> int:
     from bigtrain.estimate.shape import spec_hidden
     tiled = shape.mlp_layers > 0 and tiled_mlp_wanted(_tri_state(args.tiled_mlp), (spec.seq_len or 0) // args.sequence,
                                                         spec_hidden(spec))
+    from bigtrain.config.rules import offload_hidden_states_wanted
+    offload = offload_hidden_states_wanted(_tri_state(args.offload_hidden_states), "accelerator", True,
+                                           (spec.seq_len or 0) // args.sequence, spec_hidden(spec))
     base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
                  micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, expert=args.expert,
-                 lora_r=args.lora_r, tiled_mlp=tiled)
+                 lora_r=args.lora_r, tiled_mlp=tiled, offload_hidden_states=offload and shape.mlp_layers > 0)
     rows = [estimate(shape, s) for s in all_setups(base)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
     print(f"{args.model} {size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
@@ -211,6 +216,9 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tiled-mlp", choices=("auto", "true", "false"), default="auto",
                    help="ALST's tiled MLP (activation_checkpointing.tiled_mlp): auto = on when the tokens per rank "
                         "reach 4 x the hidden size, as training decides (default auto)")
+    p.add_argument("--offload-hidden-states", choices=("auto", "true", "false"), default="auto",
+                   help="ALST: checkpointed hidden states in host memory (activation_checkpointing."
+                        "offload_hidden_states), counted in the +ckpt setups; auto as training decides on a GPU")
     p.add_argument("--lora-r", "--lora_r", dest="lora_r", type=_non_negative_int, default=0,
                    help="LoRA rank (lora.r): adapters on every linear layer of the decoder train, the base is frozen, "
                         "so gradients and optimizer states are the adapters' only (default 0: every weight trains)")

@@ -35,7 +35,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from bigtrain.config.rules import Layout, check_layout, layout_problems, tiled_mlp_wanted
+from bigtrain.config.rules import (Layout, check_layout, layout_problems, offload_hidden_states_wanted,
+                                   tiled_mlp_wanted)
 from bigtrain.config.run_config import RunConfig, ZeroConfig
 from bigtrain.parallel.topology import Topology
 
@@ -195,6 +196,7 @@ class Setup:
     lora_r: int = 0  # LoRA rank (lora.r): > 0 trains adapters only, on a frozen base
     tiled_mlp: bool = False  # ALST's tiled MLP (activation_checkpointing.tiled_mlp, resolved)
     expert: int = 1  # expert-parallel ranks (AutoEP): each keeps 1/expert of the experts
+    offload_hidden_states: bool = False  # ALST: checkpointed block inputs in host memory (with checkpointing)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -219,7 +221,8 @@ class Setup:
         split = "".join(f"+{short}{size}" for short, size in (("tp", self.tensor), ("sp", self.sequence),
                                                                ("ep", self.expert)) if size > 1)
         return (f"zero{self.zero_stage}" + "".join(f"+{o}" for o in off) + ("+ckpt" if self.checkpointing else "")
-                + ("+tiled" if self.tiled_mlp else "") + split)
+                + ("+tiled" if self.tiled_mlp else "") + ("+offload-hs" if self.offload_hidden_states and self.checkpointing else "")
+                + split)
 
     @property
     def topology(self) -> Topology:
@@ -245,6 +248,9 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: 
                  lora_r=run.lora.r,
                  tiled_mlp=run.pipeline.stages == 1 and tiled_mlp_wanted(
                      run.activation_checkpointing.tiled_mlp, run.data.seq_len // run.parallel.sequence, hidden),
+                 offload_hidden_states=run.pipeline.stages == 1 and offload_hidden_states_wanted(
+                     run.activation_checkpointing.offload_hidden_states, "accelerator",
+                     run.activation_checkpointing.enabled, run.data.seq_len // run.parallel.sequence, hidden),
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
                  checkpointing=run.activation_checkpointing.enabled, micro_batch=triple.micro_batch,
                  grad_accum=triple.grad_accum, reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
@@ -353,11 +359,17 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
         transient = 4 * tensor_share(trained, setup.tensor, whole) / (1 if stage == 0 else setup.zero_ranks)
         if setup.offload_optimizer != "none":
             transient = 0.0  # made on the host, inside the offloaded partition counted there
-    acts = split_activations(activations_per_sample(shape, p, setup.tiled_mlp), setup).total(setup.micro_batch,
-                                                                                             setup.checkpointing)
+    count = split_activations(activations_per_sample(shape, p, setup.tiled_mlp), setup)
+    layers = shape.n_layer or shape.mlp_layers
+    offloaded = 0.0
+    if setup.offload_hidden_states and setup.checkpointing and layers:
+        # DeepSpeed's offload keeps the last block's input on the device (keep_last_count=1), the rest on the host
+        offloaded = setup.micro_batch * count.block_inputs * (1 - 1 / layers)
+        count = replace(count, block_inputs=count.block_inputs / layers)
+    acts = count.total(setup.micro_batch, setup.checkpointing)
     return MemoryEstimate(setup=setup, params=terms["params"], grads=terms["grads"], optimizer=terms["optimizer"],
                           buffers=buffers, live_params=live, step_transient=transient, activations=acts,
-                          host=terms["host"], nvme=terms["nvme"])
+                          host=terms["host"] + offloaded, nvme=terms["nvme"])
 
 
 def split_activations(count: ActivationCount, setup: Setup) -> ActivationCount:

@@ -79,3 +79,55 @@ def apply_tiling(model: nn.Module, spec: Any, setting: bool | str, sequence: int
         raise ValueError(f"activation_checkpointing.tiled_mlp=true: {spec.family} has no MLP blocks to tile (modules "
                          "named ...MLP); set it to auto or false")
     return count
+
+
+def apply_checkpointing(spec: Any, model: nn.Module, every_n: int, ds_config: dict, offload: bool | str,
+                        sequence: int = 1) -> int:
+    """Activation checkpointing for the engine, with ALST's offload of the checkpointed hidden states when
+    `activation_checkpointing.offload_hidden_states` resolves on: transformers' own (non-reentrant) checkpointing,
+    inside DeepSpeed's `CheckpointHiddenStatesOffload` around every forward (it marks each checkpointed layer's
+    input and keeps it in host memory until backward); else DeepSpeed's checkpoint (`apply_activation_checkpointing`).
+    Returns how many blocks are checkpointed."""
+    from deepspeed.accelerator import get_accelerator
+
+    from bigtrain.config.rules import offload_hidden_states_wanted
+    from bigtrain.parallel.checkpointing import apply_activation_checkpointing
+    device = get_accelerator().device_name()
+    tokens = spec.seq_len // sequence if spec.seq_len else None
+    if not offload_hidden_states_wanted(offload, device, True, tokens, hidden_size(spec)):
+        return apply_activation_checkpointing(spec, model, every_n=every_n, ds_config=ds_config)
+    if spec.enable_native_checkpointing is None or not _checkpointing_layers(model):
+        if offload is True:
+            raise ValueError(f"activation_checkpointing.offload_hidden_states=true: {spec.family} has no transformers "
+                             "checkpointing layers to offload the inputs of; set it to auto or false")
+        return apply_activation_checkpointing(spec, model, every_n=every_n, ds_config=ds_config)
+    blocks = apply_activation_checkpointing(spec, model, every_n=every_n, method="native")
+    install_hidden_state_offload(model, pinned=device != "cpu")
+    return blocks
+
+
+def _checkpointing_layers(model: nn.Module) -> bool:
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return False
+    return any(isinstance(m, GradientCheckpointingLayer) for m in model.modules())
+
+
+def install_hidden_state_offload(model: nn.Module, pinned: bool = True) -> Any:
+    """Run `model`'s training forwards inside DeepSpeed's offloading context manager (its saved-tensor hooks pack
+    during the forward; backward unpacks through them). Returns the manager (its `stats` count what it moved)."""
+    from deepspeed.runtime.activation_checkpointing.offload_activations import (
+        get_checkpoint_hidden_states_offloading_ctx_manager)
+    manager = get_checkpoint_hidden_states_offloading_ctx_manager(use_pin_memory=pinned, use_streams=pinned)
+    plain = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not (model.training and torch.is_grad_enabled()):
+            return plain(*args, **kwargs)
+        with manager:
+            return plain(*args, **kwargs)
+
+    model.forward = forward
+    model._bigtrain_offload = manager
+    return manager

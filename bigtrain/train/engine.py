@@ -13,10 +13,10 @@ from bigtrain.ds.runtime import resolve_compile
 from bigtrain.models.losses import correct_counts, target_count
 from bigtrain.models.spec import ModelSpec, call_module, output_logits, pipeline_inputs
 from bigtrain.config.run_config import LoraConfig
-from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
+from bigtrain.parallel import build_module, to_pipeline_module
 from bigtrain.parallel.lora import LoraCounts, apply_lora, check_lora
 from bigtrain.parallel.split import ModelSplit, Topology
-from bigtrain.parallel.tiling import apply_tiling
+from bigtrain.parallel.tiling import apply_checkpointing, apply_tiling
 from bigtrain.train import fast_path
 
 
@@ -33,6 +33,7 @@ class EngineOptions:
     packed: bool = False  # data.packing: several examples per row (sequence parallelism then keeps them apart)
     token_weighted: bool = False  # chat/instruction data: a step's loss is the mean over all its trained tokens
     tiled_mlp: bool | str = False  # activation_checkpointing.tiled_mlp: True | False | "auto" (bigtrain.parallel.tiling)
+    offload_hidden_states: bool | str = False  # activation_checkpointing.offload_hidden_states (the same module)
 
 
 class Engine:
@@ -63,9 +64,9 @@ class Engine:
             self.lora = apply_lora(model, spec, options.lora, options.seed, options.activation_checkpointing)
             self.split.attach(model, spec, ds_config["train_micro_batch_size_per_gpu"], packed=options.packed)
             self.tiled_mlps = apply_tiling(model, spec, options.tiled_mlp, self.split.topology.sequence)
-            if options.activation_checkpointing:
-                apply_activation_checkpointing(spec, model, every_n=options.checkpoint_every_n_layers,
-                                               ds_config=ds_config)
+            if options.activation_checkpointing:  # with ALST's offload of the hidden states where it resolves on
+                apply_checkpointing(spec, model, options.checkpoint_every_n_layers, ds_config,
+                                    options.offload_hidden_states, self.split.topology.sequence)
         compile_mode, loss_impl = self._fast_path(spec, None if self.is_pipeline else model, ds_config, options)
         params = [p for p in model.parameters() if p.requires_grad]
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(  # ds_config: what resolve returned

@@ -199,7 +199,8 @@ def engine_options(run: RunConfig, token_weighted: bool = False) -> EngineOption
         activation_checkpointing=run.activation_checkpointing.enabled,
         checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed,
         compile=run.train.compile, loss_impl=run.train.loss_impl, lora=run.lora, packed=run.data.packing,
-        token_weighted=token_weighted, tiled_mlp=run.activation_checkpointing.tiled_mlp)
+        token_weighted=token_weighted, tiled_mlp=run.activation_checkpointing.tiled_mlp,
+        offload_hidden_states=run.activation_checkpointing.offload_hidden_states)
 
 
 def probe_micro_batch(spec: models.ModelSpec, config: JobConfig, resolved: Resolved, options: EngineOptions,

@@ -101,3 +101,63 @@ def test_a_run_trains_alike_tiled_or_not(one_rank_group, tmp_path, monkeypatch):
         losses[tiled] = train(run_config_from_args(args), World(0, 0, 1))["losses"]
     assert tiled_counts == [0, 2]  # off, then both MLPs of the tiny Llama tiled
     assert max(abs(a - b) / a for a, b in zip(losses["false"], losses["true"])) <= 1e-5
+
+
+@pytest.mark.parametrize("sets, said", [
+    (["activation_checkpointing.offload_hidden_states=true"], "set activation_checkpointing.enabled=true too"),
+    (["activation_checkpointing.offload_hidden_states=true", "activation_checkpointing.enabled=true",
+      "activation_checkpointing.partition_activations=true"], "DeepSpeed's partition_activations / cpu_checkpointing"),
+    (["activation_checkpointing.offload_hidden_states=true", "activation_checkpointing.enabled=true",
+      "pipeline.stages=2"], "offload_hidden_states=true with pipeline.stages=2"),
+])
+def test_offloading_hidden_states_is_refused_where_it_cannot_run(sets, said):
+    with pytest.raises(ValueError, match=said):
+        load_run_config(None, sets)
+
+
+def test_auto_offloads_hidden_states_on_an_accelerator_for_long_sequences_only():
+    from bigtrain.config.rules import offload_hidden_states_wanted
+    assert offload_hidden_states_wanted("auto", "cuda", True, 4096, 1024)
+    assert not offload_hidden_states_wanted("auto", "cpu", True, 4096, 1024)  # host memory is the device's
+    assert not offload_hidden_states_wanted("auto", "cuda", False, 4096, 1024)  # nothing checkpointed
+    assert not offload_hidden_states_wanted("auto", "cuda", True, 1024, 1024)
+    assert offload_hidden_states_wanted(True, "cpu", True, 8, 64)
+
+
+def test_the_estimator_moves_offloaded_hidden_states_to_the_host():
+    from bigtrain.estimate.memory_model import Setup, estimate
+    from bigtrain.estimate.shape import shape_from_spec
+    shape = shape_from_spec(build("llama", "tiny", vocab_size=128, seq_len=256), "bf16")
+    kept, moved = (estimate(shape, Setup(world_size=1, checkpointing=True, offload_hidden_states=o))
+                   for o in (False, True))
+    assert moved.activations < kept.activations and moved.host > kept.host
+    assert kept.activations - moved.activations == pytest.approx(moved.host - kept.host)
+
+
+def test_a_run_offloading_hidden_states_trains_alike(one_rank_group, tmp_path, monkeypatch):
+    """activation_checkpointing.offload_hidden_states=true: transformers' checkpointing inside DeepSpeed's offload
+    manager, which marks each checkpointed layer's input (on a CPU it keeps them where they are: host memory is the
+    device's); the losses are those of DeepSpeed's checkpointing without it."""
+    from launch import TINY
+
+    import bigtrain.parallel.tiling as tiling
+    from bigtrain.distributed.world import World
+    from bigtrain.run import build_parser, run_config_from_args
+    from bigtrain.train.job import train
+    managers = []
+
+    def recording(*args, **kwargs):
+        managers.append(install(*args, **kwargs))
+        return managers[-1]
+
+    install = tiling.install_hidden_state_offload
+    monkeypatch.setattr(tiling, "install_hidden_state_offload", recording)
+    losses = {}
+    for offload in ("false", "true"):
+        args = build_parser().parse_args(["--out", str(tmp_path / offload), *TINY, "--model", "llama", "--steps", "3",
+                                          "--set", "train.eval_interval=0", "--set", "checkpoint.at_end=false",
+                                          "--set", "activation_checkpointing.enabled=true",
+                                          "--set", f"activation_checkpointing.offload_hidden_states={offload}"])
+        losses[offload] = train(run_config_from_args(args), World(0, 0, 1))["losses"]
+    assert len(managers) == 1 and managers[0].stats.marked_tensors == 2  # the last forward: 2 checkpointed layers
+    assert max(abs(a - b) / a for a, b in zip(losses["false"], losses["true"])) <= 1e-5
