@@ -20,8 +20,8 @@ from typing import Any
 
 from bigtrain.ds.lint import schema
 from bigtrain.ds.lint.checks import (BATCH_KEYS, DeviceCaps, Problem, batch_problems, device_problems, first_line,
-                                     layout_lint, muon_zero_problems, parallel_problems, parser_problems,
-                                     zero_plus_plus_problems)
+                                     layout_lint, parallel_problems, parser_problems)
+from bigtrain.ds.lint.levers import muon_zero_problems, zero_plus_plus_problems
 from bigtrain.ds.lint.optim import FOREIGN_PARAMS, optimizer_problems, scheduler_problems
 
 # Names other tools (HF TrainingArguments, Megatron, Lightning, Apex) use for a DeepSpeed setting.
