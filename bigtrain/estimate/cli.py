@@ -75,6 +75,8 @@ def run_settings(best: Setup, model_overrides: dict[str, Any], tiled_setting: st
         sets.append("activation_checkpointing.enabled=true")
     if best.lora_r:
         sets.append(f"lora.r={best.lora_r}")
+    if best.muon:
+        sets.append("optimizer.name=muon")
     if tiled_setting != "auto":
         sets.append(f"activation_checkpointing.tiled_mlp={tiled_setting}")
     if best.offload_hidden_states and best.checkpointing:
@@ -129,7 +131,8 @@ def run_estimate(args: argparse.Namespace) -> int:
                                            (spec.seq_len or 0) // args.sequence, spec_hidden(spec))
     base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
                  micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, expert=args.expert,
-                 lora_r=args.lora_r, tiled_mlp=tiled, offload_hidden_states=offload and shape.mlp_layers > 0)
+                 lora_r=args.lora_r, tiled_mlp=tiled, offload_hidden_states=offload and shape.mlp_layers > 0,
+                 muon=args.optimizer == "muon")
     rows = [estimate(shape, s) for s in all_setups(base)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
     print(f"{args.model} {size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
@@ -216,6 +219,8 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tiled-mlp", choices=("auto", "true", "false"), default="auto",
                    help="ALST's tiled MLP (activation_checkpointing.tiled_mlp): auto = on when the tokens per rank "
                         "reach 4 x the hidden size, as training decides (default auto)")
+    p.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",
+                   help="optimizer.name: muon keeps one fp32 momentum per matrix it trains, Adam two moments")
     p.add_argument("--offload-hidden-states", choices=("auto", "true", "false"), default="auto",
                    help="ALST: checkpointed hidden states in host memory (activation_checkpointing."
                         "offload_hidden_states), counted in the +ckpt setups; auto as training decides on a GPU")

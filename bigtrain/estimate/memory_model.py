@@ -129,6 +129,7 @@ class ModelShape:
     tiled_mlp_saving: dict[int, float] = field(default_factory=dict)
     mlp_layers: int = 0
     expert_params: int = 0  # parameters of a mixture of experts' experts (what expert parallelism spreads)
+    muon_params: int = 0  # parameters DeepSpeed's Muon would train (the rest: its Adam half)
 
     def persistent_params(self, threshold: int, lora_r: int = 0) -> int:
         """Elements ZeRO-3 keeps whole on every rank: tensors of at most `threshold` elements (adapters included)."""
@@ -197,6 +198,7 @@ class Setup:
     tiled_mlp: bool = False  # ALST's tiled MLP (activation_checkpointing.tiled_mlp, resolved)
     expert: int = 1  # expert-parallel ranks (AutoEP): each keeps 1/expert of the experts
     offload_hidden_states: bool = False  # ALST: checkpointed block inputs in host memory (with checkpointing)
+    muon: bool = False  # optimizer.name=muon: one fp32 momentum per Muon-trained parameter instead of Adam's two
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -245,6 +247,7 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: 
     split = Topology.of_run(run.parallel, 1, world_size).model_split
     return Setup(world_size=triple.dp_size * split, gpus_per_node=gpus_per_node, zero_stage=z.stage,
                  tensor=run.parallel.tensor, sequence=run.parallel.sequence, expert=run.parallel.expert,
+                 muon=run.optimizer.name == "muon",
                  lora_r=run.lora.r,
                  tiled_mlp=run.pipeline.stages == 1 and tiled_mlp_wanted(
                      run.activation_checkpointing.tiled_mlp, run.data.seq_len // run.parallel.sequence, hidden),
@@ -304,7 +307,8 @@ def tensor_share(count: float, tensor: int, whole: float = 0.0) -> float:
 
 
 def model_state_terms(psi: float, setup: Setup, persistent: float = 0.0,
-                      trained: float | None = None, whole: float = 0.0, experts: float = 0.0) -> dict[str, float]:
+                      trained: float | None = None, whole: float = 0.0, experts: float = 0.0,
+                      muon: float = 0.0) -> dict[str, float]:
     """params / grads / optimizer bytes per rank on the device and on host / NVMe (ZeRO formulas). `psi`: every
     parameter; `trained`: those with gradients and optimizer states (LoRA's adapters; default all); `whole`: those
     a tensor-parallel group keeps whole on each rank (the rest is split over its ranks); `experts`: a mixture of
@@ -319,11 +323,13 @@ def model_state_terms(psi: float, setup: Setup, persistent: float = 0.0,
     params = p * (psi - held) if stage < 3 else p * psi / n + p * persistent  # persistent: partitioned and whole
     grads = p * (trained - held) if stage < 2 else p * trained / n
     optimizer = k * (trained - held) if stage == 0 else k * trained / n
+    momentum_only = 4 * tensor_share(muon, setup.tensor)  # Muon keeps one fp32 momentum where Adam keeps two
+    optimizer -= momentum_only if stage == 0 else momentum_only / n
     offloaded = 0.0
     if setup.offload_optimizer != "none":
         # The host keeps master + moments and an fp32 gradient partition; stage 1/2 also a 16-bit
         # copy of its parameter partition. Stage >= 2 sends gradients out of the device bucket by bucket.
-        offloaded = (k + 4) * trained / n + (p * trained / n if stage < 3 else 0.0)
+        offloaded = ((k + 4) * trained - momentum_only) / n + (p * trained / n if stage < 3 else 0.0)
         optimizer = 0.0
         grads = grads if stage == 1 else 0.0
     if setup.offload_param != "none":
@@ -343,7 +349,8 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
     psi, trained = shape.num_params + adapters, (adapters or None)
     persistent = shape.persistent_params(setup.param_persistence_threshold, setup.lora_r) if stage == 3 else 0
     whole = 0 if adapters else shape.tensor_whole_params  # LoRA never runs with tensor splits
-    terms = model_state_terms(psi, setup, persistent, trained, whole, shape.expert_params if setup.expert > 1 else 0)
+    terms = model_state_terms(psi, setup, persistent, trained, whole, shape.expert_params if setup.expert > 1 else 0,
+                              shape.muon_params if setup.muon and not adapters else 0)
     trained = trained or psi
     buffers = 0.0
     if stage in (1, 2):  # contiguous gradient buckets, double-buffered when overlapping communication

@@ -75,6 +75,17 @@ def expert_params(module: torch.nn.Module) -> int:
     return sum(p.numel() for name, p in module.named_parameters() if ".experts." in f".{name}")
 
 
+def muon_params(module: torch.nn.Module) -> int:
+    """Parameters DeepSpeed's Muon trains (the rest go to its Adam half): tagged by DeepSpeed's own rule
+    (`deepspeed.set_optimizer_flags`: matrices outside the embeddings and the head), on the meta module."""
+    from types import SimpleNamespace
+
+    from deepspeed import set_optimizer_flags
+    from deepspeed.runtime.config import MUON_OPTIMIZER
+    set_optimizer_flags(SimpleNamespace(optimizer_name=MUON_OPTIMIZER, optimizer_params={}), module)
+    return sum(p.numel() for p in module.parameters() if getattr(p, "use_muon", False))
+
+
 def _sample_batch(spec: ModelSpec, device: str) -> dict:
     import torch
     with torch.device(device):
@@ -240,7 +251,7 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape
     assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec {spec.num_params}"
     common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest,
                   linear_dims=linear_dims(meta), tensor_whole_params=tensor_whole_params(meta),
-                  expert_params=expert_params(meta))
+                  expert_params=expert_params(meta), muon_params=muon_params(meta))
     import torch
     dtypes = {4: torch.float32, 2: torch.bfloat16}
     sizes = [PRECISIONS[precision]] if precision else sorted(set(PRECISIONS.values()))

@@ -72,7 +72,9 @@ def runs(tmp_path_factory) -> Path:
     launch_jobs(root, two, num_ranks=2, name="two", timeout=900)
     launch_jobs(root, [job("mixtral_ep2_dp2", moe["mixtral"], *micro(2), *zero(2), *ep2, "--set",
                            "checkpoint.at_end=false"),
-                       job("ep_to4", moe["mixtral"], *micro(2), *zero(2), *ep2, "--resume", copy_from="ep_stop")],
+                       job("ep_to4", moe["mixtral"], *micro(2), *zero(2), *ep2, "--resume", copy_from="ep_stop"),
+                       job("z3_w4", LLAMA, *zero(3), *micro(2)),
+                       job("z3_hpz2_w4", LLAMA, *zero(3), *micro(2), "--set", "zero.hpz_partition_size=2")],
                 num_ranks=4, name="four", timeout=900)
     return root
 
@@ -93,8 +95,10 @@ def test_muon_trains_alike_at_every_zero_stage(runs, name, reference):
     assert summary(runs / "muon_z1")["losses"] != summary(runs / "z3")["losses"]  # and is not AdamW
 
 
-def test_hpz_runs_on_cpu_and_matches_zero3(runs):
-    ran, ref = summary(runs / "z3_hpz2"), summary(runs / "z3")
+@pytest.mark.parametrize("name, reference", [("z3_hpz2", "z3"), ("z3_hpz2_w4", "z3_w4")])
+def test_hpz_runs_on_cpu_and_matches_zero3(runs, name, reference):
+    """hpZ 2 on 2 ranks (the whole world) and on 4 (two secondary groups of 2) against ZeRO-3 without it."""
+    ran, ref = summary(runs / name), summary(runs / reference)
     assert ran["ds_config"]["zero_optimization"]["zero_hpz_partition_size"] == 2
     assert worst(ref["losses"], ran["losses"], STEPS) <= RTOL
 
@@ -170,3 +174,19 @@ def test_the_estimator_counts_what_an_expert_parallel_rank_holds(runs, name, sta
     est = estimate(shape, Setup(world_size=2, zero_stage=stage, precision="fp32", micro_batch=4, expert=expert))
     for measured in ran["model_state_bytes_per_rank"]:
         assert measured == pytest.approx(est.params + est.optimizer, rel=1e-3), (measured, est)
+
+
+@pytest.mark.parametrize("name, stage, muon", [("muon_z1", 1, True), ("muon_z2", 2, True)])
+def test_the_estimator_counts_muons_optimizer_states(runs, name, stage, muon):
+    """Muon keeps one fp32 momentum per matrix it trains (DeepSpeed's own rule picks them) where Adam keeps two.
+    Within 3%: measured 2.9% above at ZeRO-1 here, as if a matrix that a ZeRO partition boundary cuts kept more
+    momentum than its share (DeepSpeed gathers such matrices whole for the update; not modelled)."""
+    from bigtrain.estimate.memory_model import Setup, estimate
+    from bigtrain.estimate.shape import shape_from_spec
+    from bigtrain.models import build
+    ran = summary(runs / name)
+    shape = shape_from_spec(build("llama", "tiny", vocab_size=512, n_positions=256, seq_len=64))
+    assert 0 < shape.muon_params < shape.num_params
+    est = estimate(shape, Setup(world_size=2, zero_stage=stage, precision="fp32", micro_batch=4, muon=muon))
+    for measured in ran["model_state_bytes_per_rank"]:
+        assert measured == pytest.approx(est.params + est.optimizer, rel=0.03), (measured, est)
