@@ -133,7 +133,8 @@ def run_estimate(args: argparse.Namespace) -> int:
                  micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, expert=args.expert,
                  lora_r=args.lora_r, tiled_mlp=tiled, offload_hidden_states=offload and shape.mlp_layers > 0,
                  muon=args.optimizer == "muon")
-    rows = [estimate(shape, s) for s in all_setups(base)]
+    # Muon at ZeRO-0 trains another curve under the default clipping and training refuses it (config.rules)
+    rows = [estimate(shape, s) for s in all_setups(base) if not (s.muon and s.zero_stage == 0)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
     print(f"{args.model} {size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
           f"({args.num_gpus} per node x {args.num_nodes} nodes), {args.precision}, micro-batch {args.micro_batch}{seq}"
