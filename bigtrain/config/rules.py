@@ -106,8 +106,8 @@ def muon_problems(optimizer: str, schedule_kind: str, zero_plus_plus: dict[str, 
         return []
     problems = []
     if zero_stage == 0 and grad_clip > 0:
-        problems.append(f"optimizer.name=muon with zero.stage=0 and optimizer.grad_clip={grad_clip}: DeepSpeed clips the "
-                        "raw gradient at ZeRO-0 but Muon's orthogonalized update at ZeRO 1-3, so ZeRO-0 would train "
+        problems.append(f"optimizer.name=muon with zero.stage=0 and optimizer.grad_clip={grad_clip}: DeepSpeed clips "
+                        "the raw gradient at ZeRO-0 but Muon's orthogonalized update at ZeRO 1-3, so ZeRO-0 would train "
                         "another curve; set zero.stage to 1-3, or optimizer.grad_clip=0 (every stage then agrees)")
     if schedule_kind != "cosine":
         problems.append(f"optimizer.name=muon with schedule.kind={schedule_kind}: DeepSpeed's {schedule_kind} schedule "

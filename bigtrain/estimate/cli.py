@@ -122,17 +122,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         check_lora(spec, LoraConfig(r=args.lora_r))
     check_split_sizes(spec, args.tensor, args.sequence, args.expert)
     shape = shape_from_spec(spec, args.precision)
-    from bigtrain.config.rules import tiled_mlp_wanted
-    from bigtrain.estimate.shape import spec_hidden
-    tiled = shape.mlp_layers > 0 and tiled_mlp_wanted(_tri_state(args.tiled_mlp), (spec.seq_len or 0) // args.sequence,
-                                                        spec_hidden(spec))
-    from bigtrain.config.rules import offload_hidden_states_wanted
-    offload = offload_hidden_states_wanted(_tri_state(args.offload_hidden_states), "accelerator", True,
-                                           (spec.seq_len or 0) // args.sequence, spec_hidden(spec))
-    base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
-                 micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, expert=args.expert,
-                 lora_r=args.lora_r, tiled_mlp=tiled, offload_hidden_states=offload and shape.mlp_layers > 0,
-                 muon=args.optimizer == "muon")
+    base = base_setup(args, spec, shape)
     # Muon at ZeRO-0 trains another curve under the default clipping and training refuses it (config.rules)
     rows = [estimate(shape, s) for s in all_setups(base) if not (s.muon and s.zero_stage == 0)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
@@ -161,6 +151,19 @@ def run_estimate(args: argparse.Namespace) -> int:
     print(f"  bigtrain train --model {args.model} --size {size} "
           f"{run_settings(best.setup, overrides, args.tiled_mlp)}")
     return 0
+
+
+def base_setup(args: argparse.Namespace, spec: ModelSpec, shape: ModelShape) -> Setup:
+    """The flags' setup, with the ALST levers resolved by training's own rules (`bigtrain.config.rules`)."""
+    from bigtrain.config.rules import offload_hidden_states_wanted, tiled_mlp_wanted
+    from bigtrain.estimate.shape import spec_hidden
+    tokens, hidden = (spec.seq_len or 0) // args.sequence, spec_hidden(spec)
+    tiled = shape.mlp_layers > 0 and tiled_mlp_wanted(_tri_state(args.tiled_mlp), tokens, hidden)
+    offload = shape.mlp_layers > 0 and offload_hidden_states_wanted(_tri_state(args.offload_hidden_states),
+                                                                    "accelerator", True, tokens, hidden)
+    return Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=args.precision,
+                 micro_batch=args.micro_batch, tensor=args.tensor, sequence=args.sequence, expert=args.expert,
+                 lora_r=args.lora_r, tiled_mlp=tiled, offload_hidden_states=offload, muon=args.optimizer == "muon")
 
 
 def sequence_split_that_fits(shape: ModelShape, base: Setup, gpu_mem: float, cpu_mem: float | None,

@@ -223,7 +223,8 @@ class Setup:
         split = "".join(f"+{short}{size}" for short, size in (("tp", self.tensor), ("sp", self.sequence),
                                                                ("ep", self.expert)) if size > 1)
         return (f"zero{self.zero_stage}" + "".join(f"+{o}" for o in off) + ("+ckpt" if self.checkpointing else "")
-                + ("+tiled" if self.tiled_mlp else "") + ("+offload-hs" if self.offload_hidden_states and self.checkpointing else "")
+                + ("+tiled" if self.tiled_mlp else "")
+                + ("+offload-hs" if self.offload_hidden_states and self.checkpointing else "")
                 + split)
 
     @property

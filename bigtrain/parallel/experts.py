@@ -82,7 +82,8 @@ def patch_output_capture_registry() -> bool:
     return True
 
 
-def to_transformers_names(tensors: dict[str, Any], config: Any, hf_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+def to_transformers_names(tensors: dict[str, Any], config: Any,
+                          hf_shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
     """A state dict of a model AutoEP converted, under the names and layouts of the model transformers builds.
 
     Per mixture-of-experts block AutoEP holds `router.gate.*` (and an alias of it under the model's router name,

@@ -92,7 +92,8 @@ class Topology:
     @classmethod
     def of_run(cls, parallel: object, pipeline_stages: int, world: int) -> "Topology":
         """The split a run config's `parallel` section and pipeline stages ask for at `world` ranks."""
-        return cls(world, pipeline_stages, parallel.tensor, parallel.sequence, parallel.expert)  # type: ignore[attr-defined]
+        sizes = (parallel.tensor, parallel.sequence, parallel.expert)  # type: ignore[attr-defined]
+        return cls(world, pipeline_stages, *sizes)
 
     # -- rules ---------------------------------------------------------------------------------------
 

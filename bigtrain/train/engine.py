@@ -32,7 +32,7 @@ class EngineOptions:
     lora: LoraConfig | None = None  # the run's lora section: r > 0 trains adapters on a frozen base
     packed: bool = False  # data.packing: several examples per row (sequence parallelism then keeps them apart)
     token_weighted: bool = False  # chat/instruction data: a step's loss is the mean over all its trained tokens
-    tiled_mlp: bool | str = False  # activation_checkpointing.tiled_mlp: True | False | "auto" (bigtrain.parallel.tiling)
+    tiled_mlp: bool | str = False  # activation_checkpointing.tiled_mlp: True | False | "auto" (parallel.tiling)
     offload_hidden_states: bool | str = False  # activation_checkpointing.offload_hidden_states (the same module)
 
 

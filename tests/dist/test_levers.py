@@ -29,7 +29,8 @@ from local_moe import MOE, make_moe_dirs
 RTOL = 1e-5
 STEPS, MOE_STEPS = 4, 3
 COMMON = ["--set", "precision=fp32", "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0",
-          "--peak-tflops", "1", "--steps", str(STEPS), "--set", "train.eval_interval=0", "--set", "batch.global_batch=8"]
+          "--peak-tflops", "1", "--steps", str(STEPS), "--set", "train.eval_interval=0",
+          "--set", "batch.global_batch=8"]
 LLAMA = ["--model", "llama", "--size", "tiny", "--set", "data.vocab_size=512", "--set", "data.seq_len=64", *COMMON,
          "--set", "batch.micro_batch=4", "--set", "checkpoint.at_end=false"]
 MUON = [*LLAMA, "--set", "optimizer.name=muon"]
