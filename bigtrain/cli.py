@@ -14,7 +14,7 @@ import importlib
 import json
 import sys
 
-from bigtrain.config.flags import FlagParser, add_run_config_args
+from bigtrain.config.flags import FAMILY_HELP, FlagParser, add_run_config_args
 
 # One line per verb: "module:function" that adds its subparser (imported when the parser is built,
 # so the module must not import torch/DeepSpeed at its top; tests/unit/test_cli.py checks).
@@ -51,7 +51,8 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from bigtrain.config.load import field_sources, load_run_config
     from bigtrain.ds.lint import DeviceCaps
     from bigtrain.ds.resolve import resolve_ds_file
-    run = load_run_config(args.config, args.set)
+    overrides = ([f"model.family={args.model}"] if args.model else []) + args.set
+    run = load_run_config(args.config, overrides)
     device = DeviceCaps.for_device(args.device)
     world = args.world_size
     if world is None:  # what `bigtrain train` starts here
@@ -60,10 +61,13 @@ def cmd_lint(args: argparse.Namespace) -> int:
         print(f"note: no --world-size: checking for {world} rank(s), what `bigtrain train` starts on this machine",
               file=sys.stderr)
     resolved = resolve_ds_file(args.file, run, world, args.pipeline_stages, device=device, fit_world=True,
-                               sources=field_sources(args.config, args.set))  # the runner's precedence
-    from bigtrain.parallel.split import Topology, check_split_layout
-    check_split_layout(resolved.run, Topology.of(resolved.ds_config, world))  # the family's modes, as train judges
-    for note in resolved.notes:  # the lint's warnings, the precedence lines, filled sections, batch fitting
+                               sources=field_sources(args.config, overrides))  # the runner's precedence
+    from bigtrain.parallel.split_rules import check_split_layout
+    from bigtrain.parallel.topology import Topology
+    named = "model.family" in field_sources(args.config, overrides)  # else the default family is nobody's choice
+    split_note = check_split_layout(resolved.run, Topology.of(resolved.ds_config, world), family_given=named)
+    # the lint's warnings, the precedence lines, filled sections, batch fitting
+    for note in resolved.notes + ([split_note] if split_note else []):
         print(note if note.startswith("warning: ") else f"note: {note}", file=sys.stderr)
     print(json.dumps(resolved.ds_config, indent=2))
     return 0
@@ -115,6 +119,8 @@ def build_parser() -> FlagParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="device the checks assume (fp16, Lamb's GPU kernel, NVMe offload): auto = this machine; "
                         "cuda checks a GPU config on a login node")
+    p.add_argument("--model", default=None, help=FAMILY_HELP + "; judges the split against it (default: none, "
+                                                                "the JSON judged as DeepSpeed judges it)")
     add_run_config_args(p, "run config YAML/JSON (see bigtrain/config/run_config.py)")
     p.set_defaults(func=cmd_lint)
 

@@ -27,6 +27,10 @@ that runs DeepSpeed on them. How a file is judged, in order:
    offload runs as CPU offload (the nvme_path is the cluster's). Each such substitution is
    recorded; a config rejected only for the device would be accepted on a GPU host.
 
+A file that asks for tensor parallelism (`tensor_parallel.autotp_size` N > 1) is judged at the world size it is
+written for, N ranks (one process each), on a tiny Llama (what AutoTP splits; the toy model has no plan), with the
+batch HF fills for N ranks: at world size 1, DeepSpeed refuses any such file, whatever its users run it on.
+
 accept = steps 1-5 pass; reject = the first step that raises, with DeepSpeed's message.
 """
 from __future__ import annotations
@@ -166,6 +170,28 @@ def first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {line}"[:400]
 
 
+def split_world(path: Path) -> int:
+    """The ranks a file is written for: its AutoTP size (1 without one, or for a file that does not parse)."""
+    try:
+        import hjson
+        section = json.loads(json.dumps(hjson.loads(path.read_text()))).get("tensor_parallel")
+    except Exception:  # noqa: BLE001 - judged (and refused) at one rank
+        return 1
+    size = section.get("autotp_size", 1) if isinstance(section, dict) else 1
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 1 else 1
+
+
+def toy_model(world: int):
+    """The toy model, or at a split world a tiny Llama that AutoTP shards (its heads divide by `world`)."""
+    import torch
+    if world == 1:
+        return torch.nn.Sequential(torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 4))
+    from transformers import LlamaConfig, LlamaForCausalLM
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+                                        num_hidden_layers=1, num_attention_heads=2 * world,
+                                        num_key_value_heads=2 * world, max_position_embeddings=32))
+
+
 def judge_one(path: Path) -> dict:
     """Run steps 1-5 in this process (world size 1) and return the verdict record."""
     import hjson
@@ -184,18 +210,23 @@ def judge_one(path: Path) -> dict:
         return {"verdict": "reject", "stage": "read", "reason": first_line(err)}
     config = copy.deepcopy(raw)
     result["hf_filled"] = fill_auto(config) if isinstance(config, dict) else []
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and "train_batch_size" in result["hf_filled"]:  # HF fills it for every rank it runs on
+        config["train_batch_size"] *= world
+        result["world_size"] = world
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     dp = written_dp(config) if isinstance(config, dict) else None
     try:
         DeepSpeedConfig(copy.deepcopy(config), mpu=FixedWorld(dp) if dp else None)
     except BaseException as err:  # noqa: BLE001 - SystemExit/AssertionError included
         return {**result, "verdict": "reject", "stage": "config", "reason": first_line(err)}
-    if dp:
-        config["train_batch_size"] = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"]
-        result["batch"] = f"triple written for data-parallel size {dp}; refitted to 1 for initialize"
+    if dp and dp != world:
+        config["train_batch_size"] = (config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"]
+                                      * world)
+        result["batch"] = f"triple written for data-parallel size {dp}; refitted to {world} for initialize"
     result["device_substitutions"] = gpu_host_substitutions(config)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 4))
+    model = toy_model(world)
     client = None if "optimizer" in config else client_optimizer(config, model)
     if client is not None:
         result["client_optimizer"] = f"no optimizer section: client {type(client).__name__} passed, as HF/accelerate do"
@@ -208,11 +239,17 @@ def judge_one(path: Path) -> dict:
 
 
 def run_child(name: str, port: int, timeout: float) -> dict:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "LOCAL_RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
+    world = split_world(DATA / name)
     with __import__("tempfile").TemporaryDirectory() as tmp:  # monitors/profilers write here
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(DATA / name)],
-                              capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp)
+        ranks = []
+        for rank in range(world):
+            env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                   "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+                   "OMP_NUM_THREADS": "1"}
+            ranks.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(DATA / name)],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp))
+        outputs = [rank.communicate(timeout=timeout) for rank in ranks]
+        proc = subprocess.CompletedProcess([], ranks[0].returncode, *outputs[0])  # rank 0 speaks
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])

@@ -22,8 +22,8 @@ from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.safe_load import refuse_unsafe_files
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 from bigtrain.checkpoint.universal import SUFFIX, convert_collectively
-from bigtrain.ds.keys import split_sizes
 from bigtrain.distributed.world import World
+from bigtrain.parallel.topology import Topology
 
 log = logging.getLogger("bigtrain")
 
@@ -99,6 +99,7 @@ class Shape:
     pipeline_stages: int = 1
     optimizer_offload: str = "none"
     tensor_parallel: int = 1  # AutoTP shards each weight over this many ranks (files mp_rank_00, mp_rank_01, ...)
+    expert_parallel: int = 1  # AutoEP keeps 1/N of the experts per rank, under its own names (mlp.experts.w1, ...)
 
     @classmethod
     def of_checkpoint(cls, state: CheckpointState) -> "Shape":
@@ -109,13 +110,15 @@ class Shape:
     def of_job(cls, world_size: int, ds_config: dict, pipeline_stages: int) -> "Shape":
         zero = ds_config.get("zero_optimization") or {}
         offload = (zero.get("offload_optimizer") or {}).get("device") or "none"
-        tensor, _, _ = split_sizes(ds_config)
-        return cls(world_size, int(zero.get("stage", 0)), pipeline_stages, str(offload), tensor)
+        topology = Topology.of(ds_config, world_size)
+        return cls(world_size, int(zero.get("stage", 0)), pipeline_stages, str(offload), topology.tensor,
+                   topology.expert)
 
     def __str__(self) -> str:
         text = f"world size {self.world_size} / ZeRO-{self.zero_stage}"
         text += f" / {self.pipeline_stages} pipeline stages" if self.pipeline_stages > 1 else ""
         text += f" / tensor parallel {self.tensor_parallel}" if self.tensor_parallel > 1 else ""
+        text += f" / expert parallel {self.expert_parallel}" if self.expert_parallel > 1 else ""
         return text + (f" / optimizer offload {self.optimizer_offload}" if self.optimizer_offload != "none" else "")
 
 
@@ -167,7 +170,14 @@ def needs_universal(saved: Shape, current: Shape, where: Path) -> bool:
                          "named like the plain module's parameters, so the universal conversion has no mapping); "
                          f"resume with world size {saved.world_size}, pipeline.stages={saved.pipeline_stages} "
                          f"and zero.stage={saved.zero_stage}")
-    if saved.zero_stage == 0 and current.zero_stage == 0 and saved.tensor_parallel == current.tensor_parallel:
+    if saved.expert_parallel != current.expert_parallel and 1 in (saved.expert_parallel, current.expert_parallel):
+        raise ValueError(f"checkpoint {where} was saved at {saved}, this job is {current}: DeepSpeed's AutoEP keeps "
+                         "the experts under its own names (mlp.experts.w1/w2/w3, mlp.router), which a model without "
+                         "expert parallelism does not have, and the other way round; resume with parallel.expert="
+                         f"{saved.expert_parallel}, or export the run (bigtrain export writes the experts under "
+                         "transformers' names) and train on from the export")
+    if saved.zero_stage == 0 and current.zero_stage == 0 and saved.tensor_parallel == current.tensor_parallel \
+            and saved.expert_parallel == current.expert_parallel:
         return False  # the whole optimizer state is in one file: any world size loads it
     if saved.zero_stage == 3 and saved.tensor_parallel > 1 and saved.tensor_parallel != current.tensor_parallel:
         raise ValueError(f"checkpoint {where} was saved at {saved}: DeepSpeed's universal conversion cannot read a "

@@ -1,17 +1,20 @@
 """The cross-field rules of a training layout, in one place.
 
-ZeRO stage x offload x pipeline, world size x pipeline stages, and the pipeline partition
-method: DeepSpeed checks some of these late (deep inside `initialize`, with an assertion) and
-some never (a layout that silently does something else). The run config's validation, the
-DeepSpeed-JSON lint, the benchmark cases, the memory estimator and the pipeline builder all
-ask these functions, each naming the keys in its own vocabulary (`RUN_KEYS` for run-config
-fields, `DS_KEYS` for DeepSpeed JSON keys), so the rule and its wording exist once.
+ZeRO stage x offload x pipeline, the pipeline partition method, LoRA against the split: DeepSpeed
+checks some of these late (deep inside `initialize`, with an assertion) and some never (a layout that
+silently does something else). The run config's validation, the DeepSpeed-JSON lint, the benchmark
+cases, the memory estimator and the pipeline builder all ask these functions, each naming the keys in
+its own vocabulary (`RUN_KEYS` for run-config fields, `DS_KEYS` for DeepSpeed JSON keys), so the rule
+and its wording exist once. The split sizes' own rules (divisibility, which axes combine) are the
+topology's (`bigtrain.parallel.topology.Topology`).
 
 Pure: no DeepSpeed import, no I/O.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from bigtrain.parallel.topology import RUN_AXES, Axes
 
 ONE_BIT_OPTIMIZERS = ("onebitadam", "zerooneadam", "onebitlamb")
 PARTITION_METHODS = ("parameters", "uniform")  # or "type:REGEX"
@@ -82,66 +85,62 @@ def optimizer_problems(optimizer: str, precision: str, zero_stage: int) -> list[
     return []
 
 
-def divisibility_problem(world_size: int, pipeline_stages: int, key: str = "pipeline.stages") -> str | None:
-    """A world size must split into whole model replicas: `pipeline_stages` (x tensor x sequence) ranks each."""
-    if world_size < 1 or pipeline_stages < 1:
-        return f"world size {world_size} and {key} {pipeline_stages} must both be >= 1"
-    if world_size % pipeline_stages:
-        return (f"world size {world_size} is not divisible by {key}={pipeline_stages}: launch a multiple of "
-                f"{pipeline_stages} ranks (e.g. --num_gpus {pipeline_stages * max(1, world_size // pipeline_stages)})"
-                f" or choose {key} dividing {world_size}")
+def zero_plus_plus_problem(stage: int, set_fields: dict[str, object]) -> str | None:
+    """ZeRO++ is stage 3's communication (hpZ, qwZ, qgZ): DeepSpeed reads its keys at stage 3 only and ignores them
+    below, so a field set there would silently do nothing."""
+    if set_fields and stage != 3:
+        shown = ", ".join(f"{k}={str(v).lower()}" for k, v in set_fields.items())
+        return (f"{shown} with zero.stage={stage}: ZeRO++ changes ZeRO-3's collectives and DeepSpeed ignores it at "
+                f"stage {stage}; set zero.stage=3 or leave the ZeRO++ fields at their defaults")
     return None
 
 
-def data_parallel_size(world_size: int, pipeline_stages: int = 1, key: str = "pipeline.stages", tensor: int = 1,
-                       sequence: int = 1) -> int:
-    """Ranks holding a full replica's worth of data (world / (pipeline x tensor x sequence)); ValueError naming
-    the sizes when the world does not split."""
-    split = pipeline_stages * tensor * sequence
-    if tensor * sequence > 1 and world_size >= 1 and world_size % split:
-        sizes = " x ".join(f"{name}={size}" for name, size in (
-            (key, pipeline_stages), ("parallel.tensor", tensor), ("parallel.sequence", sequence)) if size > 1)
-        raise ValueError(f"world size {world_size} is not divisible by {sizes} = {split} ranks per model replica: "
-                         f"launch a multiple of {split} ranks or choose sizes whose product divides {world_size}")
-    problem = divisibility_problem(world_size, split, key)
-    if problem:
-        raise ValueError(problem)
-    return world_size // split
-
-
-@dataclass(frozen=True)
-class ParallelKeys:
-    """How a caller names the split sizes: run-config fields, or a DeepSpeed JSON's keys."""
-
-    pipeline: str
-    tensor: str
-    sequence: str
-    expert: str
-
-
-RUN_PARALLEL = ParallelKeys("pipeline.stages", "parallel.tensor", "parallel.sequence", "parallel.expert")
-DS_PARALLEL = ParallelKeys("pipeline.stages", "tensor_parallel.autotp_size", "sequence_parallel_size",
-                           "expert_parallel.autoep_size")
-
-
-def parallel_problems(pipeline: int, tensor: int, sequence: int, expert: int,
-                      keys: ParallelKeys = RUN_PARALLEL) -> list[str]:
-    """Combinations of the split sizes that DeepSpeed 0.19.8 cannot run together, one line each."""
+def muon_problems(optimizer: str, schedule_kind: str, zero_plus_plus: dict[str, object], zero_stage: int = 1,
+                  grad_clip: float = 0.0) -> list[str]:
+    """DeepSpeed's Muon keeps its own learning rate only under a schedule that scales each parameter group's rate
+    (WarmupCosineLR); WarmupLR / WarmupDecayLR set every group to one absolute rate. ZeRO-3 runs Muon without the
+    all-to-all that quantized gradients reduce by. ZeRO 1-3 orthogonalize while they reduce, so DeepSpeed clips
+    Muon's update there and the raw gradient at ZeRO-0 (measured: equal curves at ZeRO 1-3, ZeRO-0 apart unless
+    clipping is off)."""
+    if optimizer != "muon":
+        return []
     problems = []
-    for name, size in ((keys.tensor, tensor), (keys.sequence, sequence)):
-        if size > 1 and pipeline > 1:
-            problems.append(f"{name}={size} with {keys.pipeline}={pipeline}: DeepSpeed's pipeline engine takes its "
-                            f"own process groups and runs neither AutoTP nor Ulysses; set {name}=1 or "
-                            f"{keys.pipeline}=1")
-    if tensor > 1 and sequence > 1:
-        problems.append(f"{keys.tensor}={tensor} with {keys.sequence}={sequence}: DeepSpeed's AutoTP replaces the "
-                        f"Ulysses process groups its engine is given; use one of them (sequence for long "
-                        "sequences, tensor for layers too large for one device)")
-    if expert > 1:
-        problems.append(f"{keys.expert}={expert}: DeepSpeed's AutoEP crashes with the installed transformers "
-                        "(auto_ep_presets against transformers' output capturing); train the experts with ZeRO "
-                        f"(they are partitioned like every weight at zero.stage 3) and {keys.expert}=1")
+    if zero_stage == 0 and grad_clip > 0:
+        problems.append(f"optimizer.name=muon with zero.stage=0 and optimizer.grad_clip={grad_clip}: DeepSpeed clips "
+                        "the raw gradient at ZeRO-0 but Muon's orthogonalized update at ZeRO 1-3, so ZeRO-0 would train "
+                        "another curve; set zero.stage to 1-3, or optimizer.grad_clip=0 (every stage then agrees)")
+    if schedule_kind != "cosine":
+        problems.append(f"optimizer.name=muon with schedule.kind={schedule_kind}: DeepSpeed's {schedule_kind} schedule "
+                        "sets every parameter group to one learning rate, so Muon's weights would train at "
+                        "optimizer.lr, not optimizer.muon_lr; use schedule.kind=cosine (it scales each group's own)")
+    if zero_plus_plus.get("zero.quantized_gradients"):
+        problems.append("optimizer.name=muon with zero.quantized_gradients=true: DeepSpeed's ZeRO-3 refuses Muon with "
+                        "the all-to-all that quantized gradients reduce by; set one of them off")
     return problems
+
+
+# `activation_checkpointing.tiled_mlp=auto` turns ALST's tiled MLP on when a rank's tokens per sample reach this many
+# times the model's hidden size (its tiles are hidden_size tokens: at 4 tiles a SwiGLU MLP's intermediates, ~3x the
+# hidden width per token, outweigh the one tile recomputed at a time).
+AUTO_TILES = 4
+
+
+def tiled_mlp_wanted(setting: bool | str, tokens_per_rank: int | None, hidden: int | None) -> bool:
+    """`activation_checkpointing.tiled_mlp`: true / false, or auto = at least AUTO_TILES tiles of hidden_size tokens
+    on each rank (data.seq_len / parallel.sequence >= AUTO_TILES x the hidden size). The engine, the estimator and
+    the preflight resolve it here alike."""
+    if setting != "auto":
+        return bool(setting)
+    return bool(tokens_per_rank and hidden and tokens_per_rank >= AUTO_TILES * hidden)
+
+
+def offload_hidden_states_wanted(setting: bool | str, device_name: str, checkpointing: bool,
+                                 tokens_per_rank: int | None, hidden: int | None) -> bool:
+    """`activation_checkpointing.offload_hidden_states`: true / false, or auto = activation checkpointing on, a
+    device whose memory is not the host's (not a CPU), and the tiled MLP's long-sequence rule."""
+    if setting != "auto":
+        return bool(setting)
+    return checkpointing and device_name != "cpu" and tiled_mlp_wanted("auto", tokens_per_rank, hidden)
 
 
 def partition_problem(method: str, key: str = "pipeline.partition_method") -> str | None:
@@ -151,7 +150,7 @@ def partition_problem(method: str, key: str = "pipeline.partition_method") -> st
     return f"{key}={method!r}: use 'parameters', 'uniform' or 'type:REGEX'"
 
 
-def lora_problems(rank: int, pipeline: int, tensor: int, keys: ParallelKeys = RUN_PARALLEL) -> list[str]:
+def lora_problems(rank: int, pipeline: int, tensor: int, keys: Axes = RUN_AXES, expert: int = 1) -> list[str]:
     """LoRA adapters are put on the plain module from outside (`bigtrain.parallel.lora`): neither a pipeline's
     stages nor AutoTP's sharded layers are that module."""
     problems = []
@@ -163,4 +162,8 @@ def lora_problems(rank: int, pipeline: int, tensor: int, keys: ParallelKeys = RU
         problems.append(f"lora.r={rank} with {keys.tensor}={tensor}: DeepSpeed's AutoTP shards nn.Linear layers, "
                         f"which peft's adapter layers wrap out of its sight; set {keys.tensor}=1 (ZeRO-3 partitions "
                         "the frozen base instead)")
+    if rank > 0 and expert > 1:
+        problems.append(f"lora.r={rank} with {keys.expert}={expert}: DeepSpeed's AutoEP repacks the experts into "
+                        f"its own layer, which bigtrain has not proven with peft's adapters; set {keys.expert}=1 "
+                        "(ZeRO partitions the experts)")
     return problems

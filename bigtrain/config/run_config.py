@@ -10,8 +10,9 @@ from typing import Literal
 
 from bigtrain.config.fields import doc
 from bigtrain.models.names import canonical, default_size
-from bigtrain.config.rules import (RUN_KEYS, Layout, check_layout, lora_problems, optimizer_problems,
-                                   parallel_problems, partition_problem)
+from bigtrain.config.rules import (RUN_KEYS, Layout, check_layout, lora_problems, muon_problems, optimizer_problems,
+                                   partition_problem, zero_plus_plus_problem)
+from bigtrain.parallel.topology import Topology
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -81,9 +82,14 @@ class DataConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: Literal["adamw", "adam", "sgd", "lamb"] = doc(
-        "adamw", "Optimizer; Lamb needs a GPU (the 1-bit optimizers are not in DeepSpeed 0.19).")
-    lr: float = doc(6e-4, "Peak learning rate.")
+    name: Literal["adamw", "adam", "sgd", "lamb", "muon"] = doc(
+        "adamw", "Optimizer; Lamb needs a GPU (the 1-bit optimizers are not in DeepSpeed 0.19); muon = DeepSpeed's "
+        "Muon: the 2-D hidden weights by Muon (optimizer.muon_lr, optimizer.momentum), embeddings, head, norms and "
+        "biases by Adam (optimizer.lr, betas, eps); ZeRO 0-3.")
+    lr: float = doc(6e-4, "Peak learning rate (with muon: the Adam half's).")
+    muon_lr: float = doc(0.02, "optimizer.name=muon: peak learning rate of the weights Muon trains (the schedule "
+                         "scales it like optimizer.lr).")
+    momentum: float = doc(0.95, "optimizer.name=muon: Muon's momentum.")
     betas: tuple[float, float] = doc((0.9, 0.95), "Adam betas.")
     eps: float = doc(1e-8, "Adam epsilon.")
     weight_decay: float = doc(0.1, "Decoupled weight decay (AdamW).")
@@ -91,7 +97,9 @@ class OptimizerConfig:
     torch_adam: bool | None = doc(None, "Use torch's Adam instead of DeepSpeed's fused/CPU kernel; None = auto.")
 
     def __post_init__(self) -> None:
-        _positive(self, "lr", "eps")
+        _positive(self, "lr", "eps", "muon_lr")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"optimizer.momentum={self.momentum}: must be in [0, 1), e.g. 0.95")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("optimizer.grad_clip and optimizer.weight_decay must be >= 0")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -148,14 +156,35 @@ class ZeroConfig:
                                   "stays gathered; 0 frees each after use (less memory, more all-gathers).")
     sub_group_size: int = doc(1_000_000_000, "Stage 3: elements per optimizer step group; DeepSpeed's fp32 "
                               "gradient buffer grows with it.")
+    hpz_partition_size: int = doc(1, "ZeRO++ hpZ (stage 3): a second copy of the weights partitioned over this "
+                                  "many ranks (a node's), so the backward's all-gathers stay within them; divides "
+                                  "the world. 1 = off.")
+    quantized_weights: bool = doc(False, "ZeRO++ qwZ (stage 3): all-gather the weights in int8 (DeepSpeed's "
+                                  "quantizer kernel: a GPU).")
+    quantized_gradients: bool = doc(False, "ZeRO++ qgZ (stage 3): reduce the gradients quantized, by all-to-all "
+                                    "(DeepSpeed's quantizer kernel: a GPU).")
+    quantized_nontrainable_weights: bool = doc(False, "ZeRO++ (stage 3): keep frozen weights (a LoRA base) in int8 "
+                                               "(DeepSpeed's quantizer kernel: a GPU).")
 
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3):
             raise ValueError(f"zero.stage={self.stage}: allowed values are 0, 1, 2, 3")
-        _positive(self, "reduce_bucket_size", "allgather_bucket_size", "sub_group_size")
+        _positive(self, "reduce_bucket_size", "allgather_bucket_size", "sub_group_size", "hpz_partition_size")
         for name in ("prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "max_reuse_distance"):
             if getattr(self, name) < 0:
                 raise ValueError(f"zero.{name}={getattr(self, name)}: must be >= 0")
+        problem = zero_plus_plus_problem(self.stage, self.plus_plus())
+        if problem:
+            raise ValueError(problem)
+
+    def plus_plus(self) -> dict[str, object]:
+        """The ZeRO++ fields set away from their defaults (run-config names)."""
+        out: dict[str, object] = {"zero.hpz_partition_size": self.hpz_partition_size} \
+            if self.hpz_partition_size != 1 else {}
+        for name in ("quantized_weights", "quantized_gradients", "quantized_nontrainable_weights"):
+            if getattr(self, name) is True:
+                out[f"zero.{name}"] = True
+        return out
 
 
 @dataclass
@@ -172,11 +201,31 @@ class ActivationCheckpointConfig:
     every_n_layers: int = doc(1, "Checkpoint every N blocks (pipeline: activation_checkpoint_interval).")
     partition_activations: bool = doc(False, "Shard checkpointed activations across model-parallel ranks.")
     cpu_checkpointing: bool = doc(False, "Move checkpointed activations to CPU (needs partition_activations).")
+    tiled_mlp: Literal["auto"] | bool = doc(
+        "auto", "ALST's tiled MLP (DeepSpeed's TiledMLP): each MLP computed over tiles of hidden_size tokens and "
+        "recomputed tile by tile in backward, so a layer keeps its MLP input only; the same result. auto = on when "
+        "a rank's tokens per sample (data.seq_len / parallel.sequence) reach 4 x the hidden size; false = off. "
+        "Independent of activation_checkpointing.enabled; plain modules only (no pipeline).")
+    offload_hidden_states: Literal["auto"] | bool = doc(
+        "auto", "ALST: keep each checkpointed block's input (its hidden states) in host memory until the backward "
+        "pass, with DeepSpeed's offloading context manager around transformers' own checkpointing (not "
+        "cpu_checkpointing, DeepSpeed's checkpoint's). auto = on when the device's memory is not the host's (a GPU) "
+        "and tiled_mlp's rule holds (a rank's tokens per sample >= 4 x hidden size); needs enabled=true.")
 
     def __post_init__(self) -> None:
         _positive(self, "every_n_layers")
         if self.cpu_checkpointing and not self.partition_activations:
             raise ValueError("activation_checkpointing.cpu_checkpointing needs partition_activations=true")
+        for name in ("tiled_mlp", "offload_hidden_states"):
+            if getattr(self, name) not in ("auto", True, False):
+                raise ValueError(f"activation_checkpointing.{name}={getattr(self, name)!r}: use auto, true or false")
+        if self.offload_hidden_states is True and not self.enabled:
+            raise ValueError("activation_checkpointing.offload_hidden_states=true keeps the checkpointed hidden states "
+                             "in host memory: set activation_checkpointing.enabled=true too")
+        if self.offload_hidden_states is True and (self.partition_activations or self.cpu_checkpointing):
+            raise ValueError("activation_checkpointing.offload_hidden_states=true checkpoints with transformers' own "
+                             "checkpointing, which DeepSpeed's partition_activations / cpu_checkpointing do not "
+                             "apply to; set those false, or offload_hidden_states=false")
 
 
 @dataclass
@@ -198,8 +247,9 @@ class ParallelConfig:
     sequence: int = doc(1, "Sequence-parallel ranks (DeepSpeed Ulysses / ALST): each sample's sequence split over "
                            "this many ranks; data.seq_len and the attention heads must divide by it. Decoders "
                            "with sdpa attention.")
-    expert: int = doc(1, "Expert-parallel ranks (DeepSpeed AutoEP); refused with the installed transformers: "
-                         "mixture-of-experts models train with ZeRO.")
+    expert: int = doc(1, "Expert-parallel ranks (DeepSpeed AutoEP): each mixture-of-experts block keeps 1/N of its "
+                         "experts per rank, the dense weights stay data-parallel over every rank; Hugging Face "
+                         "models AutoEP has a preset for (Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3...), ZeRO 0-3.")
 
     def __post_init__(self) -> None:
         _positive(self, "tensor", "sequence", "expert")
@@ -371,17 +421,26 @@ def check_combinations(run: RunConfig) -> None:
     """Cross-section rules DeepSpeed would otherwise report deep inside initialize() (`bigtrain.config.rules`)."""
     check_layout(Layout(run.zero.stage, run.offload.optimizer, run.offload.param, run.pipeline.stages), RUN_KEYS)
     problems = optimizer_problems(run.optimizer.name, run.precision, run.zero.stage)
+    problems += muon_problems(run.optimizer.name, run.schedule.kind, run.zero.plus_plus(), run.zero.stage,
+                              run.optimizer.grad_clip)
     if problems:
         raise ValueError(problems[0])
-    problems = parallel_problems(run.pipeline.stages, run.parallel.tensor, run.parallel.sequence,
-                                 run.parallel.expert)
-    problems += lora_problems(run.lora.r, run.pipeline.stages, run.parallel.tensor)
+    # the sizes' combinations; the world is not known yet (checked with it: `Topology.check`)
+    problems = Topology.of_run(run.parallel, run.pipeline.stages, world=0).combination_problems()
+    problems += lora_problems(run.lora.r, run.pipeline.stages, run.parallel.tensor, expert=run.parallel.expert)
     if problems:
         raise ValueError("\n".join(problems))
     if run.parallel.sequence > 1 and run.data.seq_len % run.parallel.sequence:
         raise ValueError(f"data.seq_len={run.data.seq_len} is not divisible by parallel.sequence="
                          f"{run.parallel.sequence}: each sequence-parallel rank takes an equal slice; choose a "
                          f"multiple of {run.parallel.sequence}")
+    if run.activation_checkpointing.offload_hidden_states is True and run.pipeline.stages > 1:
+        raise ValueError(f"activation_checkpointing.offload_hidden_states=true with pipeline.stages="
+                         f"{run.pipeline.stages}: bigtrain offloads the hidden states of plain modules only; set it "
+                         "to auto or false, or pipeline.stages=1")
+    if run.activation_checkpointing.tiled_mlp is True and run.pipeline.stages > 1:
+        raise ValueError(f"activation_checkpointing.tiled_mlp=true with pipeline.stages={run.pipeline.stages}: bigtrain "
+                         "tiles the MLPs of plain modules only; set tiled_mlp to auto or false, or pipeline.stages=1")
     if run.data.packing and run.pipeline.stages > 1:
         raise ValueError(f"data.packing=true with pipeline.stages={run.pipeline.stages}: pipeline stages number the "
                          "positions themselves, so packed examples would attend to each other; set data.packing=false "

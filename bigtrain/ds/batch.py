@@ -7,10 +7,10 @@ import itertools
 from dataclasses import dataclass
 from typing import Mapping
 
-from bigtrain.config import rules
 from bigtrain.config.run_config import RunConfig
 from bigtrain.ds.keys import BATCH_FIELDS, BATCH_KEYS
 from bigtrain.ds.lint import LintError, holds_nowhere
+from bigtrain.parallel.topology import Topology
 
 
 DEFAULT_MICRO_BATCH = 4
@@ -119,8 +119,7 @@ def user_batch(said: dict, run: RunConfig, world_size: int | None, sources: Mapp
         raise LintError(['batch sizes that are "auto" or missing need the world size; pass --world-size N'])
     if not all(isinstance(v, int) and not isinstance(v, bool) for v, _ in known.values()):
         return None  # a mistyped batch size: the lint names it
-    dp = rules.data_parallel_size(world_size, run.pipeline.stages, tensor=run.parallel.tensor,
-                                  sequence=run.parallel.sequence)
+    dp = Topology.of_run(run.parallel, run.pipeline.stages, world_size).check().data
     given = {m: v for m, (v, strength) in known.items() if sources.get(f"batch.{m}") == "--set"}
     if len(given) == 3 and given["global_batch"] != given["micro_batch"] * given["grad_accum"] * dp:
         shown = ", ".join(f"batch.{m}={v}" for m, v in given.items())

@@ -1,12 +1,12 @@
 """Run config + world size -> the DeepSpeed config dict. Pure: no I/O, no device queries."""
 from __future__ import annotations
 
-from bigtrain.config.rules import data_parallel_size
 from bigtrain.config.run_config import (ActivationCheckpointConfig, OffloadConfig, OptimizerConfig, RunConfig,
                                         ScheduleConfig, ZeroConfig)
 from bigtrain.ds.batch import BatchTriple, solve_batch
-from bigtrain.ds.keys import (BATCH_FIELDS, OPTIMIZER_TYPES, SCHEDULER_TYPES, ZERO_COMMON, ZERO_STAGE_1_2,
-                              ZERO_STAGE_3)
+from bigtrain.ds.keys import (BATCH_FIELDS, MUON_FIELDS, OPTIMIZER_TYPES, SCHEDULER_TYPES, ZERO_COMMON,
+                              ZERO_PLUS_PLUS, ZERO_STAGE_1_2, ZERO_STAGE_3)
+from bigtrain.parallel.topology import Topology
 
 
 def build_ds_config(run: RunConfig, world_size: int) -> dict:
@@ -31,10 +31,14 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
                          "single_submit": False, "overlap_events": True}
     if run.optimizer.name in ("sgd", "lamb") and run.zero.stage >= 1:  # not on DeepSpeed's ZeRO-tested list
         config["zero_allow_untested_optimizer"] = True
+    if run.optimizer.name == "muon" and run.zero.stage == 3:  # DeepSpeed's ZeRO-3 refuses Muon with reduce_scatter
+        config["zero_optimization"]["reduce_scatter"] = False
     if run.parallel.tensor > 1:  # DeepSpeed's AutoTP splits the layers inside deepspeed.initialize
         config["tensor_parallel"] = {"autotp_size": run.parallel.tensor}
     if run.parallel.sequence > 1:  # Ulysses: the engine gets its process groups (bigtrain.parallel.split)
         config["sequence_parallel_size"] = run.parallel.sequence
+    if run.parallel.expert > 1:  # AutoEP: DeepSpeed's engine swaps the MoE blocks (bigtrain.parallel.experts)
+        config["expert_parallel"] = {"enabled": True, "autoep_size": run.parallel.expert}
     if run.pipeline.stages > 1:
         config["pipeline"] = {
             "stages": run.pipeline.stages,
@@ -46,8 +50,7 @@ def build_ds_config(run: RunConfig, world_size: int) -> dict:
 
 
 def batch_triple(run: RunConfig, world_size: int) -> BatchTriple:
-    dp = data_parallel_size(world_size, run.pipeline.stages, tensor=run.parallel.tensor,
-                            sequence=run.parallel.sequence)
+    dp = Topology.of_run(run.parallel, run.pipeline.stages, world_size).check().data
     micro = None if run.batch.micro_batch == "auto" else run.batch.micro_batch  # the job probes it (train.autobatch)
     return solve_batch(run.batch.global_batch, micro, run.batch.grad_accum, dp)
 
@@ -56,7 +59,9 @@ def optimizer_section(opt: OptimizerConfig) -> dict:
     params: dict = {"lr": opt.lr, "weight_decay": opt.weight_decay}
     if opt.name != "sgd":
         params.update(betas=list(opt.betas), eps=opt.eps)
-    if opt.torch_adam is not None and opt.name in ("adam", "adamw"):
+    if opt.name == "muon":  # DeepSpeed's Muon: lr/betas/eps are its Adam half's
+        params.update({key: getattr(opt, field.split(".")[1]) for field, key in MUON_FIELDS.items()})
+    if opt.torch_adam is not None and opt.name in ("adam", "adamw", "muon"):
         params["torch_adam"] = opt.torch_adam
     return {"type": OPTIMIZER_TYPES[opt.name], "params": params}
 
@@ -96,6 +101,8 @@ def zero_section(zero: ZeroConfig, offload: OffloadConfig) -> dict:
         return section
     for field, key in {**ZERO_COMMON, **(ZERO_STAGE_3 if zero.stage == 3 else ZERO_STAGE_1_2)}.items():
         section[key] = getattr(zero, field.removeprefix("zero."))
+    if zero.stage == 3:  # ZeRO++: only what is set
+        section.update({ZERO_PLUS_PLUS[field]: value for field, value in zero.plus_plus().items()})
     if offload.optimizer != "none":
         section["offload_optimizer"] = _offload(offload.optimizer, offload, buffer_count=4)
     if offload.param != "none":

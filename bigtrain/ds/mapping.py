@@ -14,7 +14,7 @@ from typing import Any
 
 from bigtrain.config.load import from_dict, set_dotted_value, to_dict
 from bigtrain.config.run_config import RunConfig
-from bigtrain.ds.keys import BATCH_FIELDS, OPTIMIZER_TYPES, PARALLEL_KEYS, SCHEDULE_KINDS, ZERO_KEYS
+from bigtrain.ds.keys import BATCH_FIELDS, MUON_FIELDS, OPTIMIZER_TYPES, PARALLEL_KEYS, SCHEDULE_KINDS, ZERO_KEYS
 Z, OPT, SCHED = "zero_optimization", "optimizer", "scheduler"
 
 LINKS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -31,6 +31,7 @@ LINKS: dict[str, tuple[tuple[str, ...], ...]] = {
     "optimizer.eps": ((OPT, "params", "eps"),),
     "optimizer.weight_decay": ((OPT, "params", "weight_decay"),),
     "optimizer.torch_adam": ((OPT, "params", "torch_adam"),),
+    **{field: ((OPT, "params", key),) for field, key in MUON_FIELDS.items()},
     "optimizer.grad_clip": (("gradient_clipping",),),
     "schedule.kind": ((SCHED,),),
     "schedule.warmup_steps": ((SCHED, "params", "warmup_num_steps"),),
@@ -252,6 +253,9 @@ def _optimizer_stated(config: dict) -> dict[str, Any]:
     params = section.get("params")
     for key in ("lr", "betas", "eps", "weight_decay", "torch_adam"):
         _take(out, f"optimizer.{key}", params, key)
+    if name == "muon":
+        for field, key in MUON_FIELDS.items():
+            _take(out, field, params, key)
     return out
 
 

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from bigtrain.config import rules
 from bigtrain.config.run_config import RunConfig
 from bigtrain.ds.auto import resolve_auto
 from bigtrain.ds.batch import CONFIG, MEMBERS, SET, fit_batch, triple_world, user_batch, with_triple
@@ -46,6 +45,7 @@ from bigtrain.ds.lint import warnings as lint_warnings
 from bigtrain.ds.mapping import (BATCH_FIELDS, LINKS, MISSING, absorb, field_value, get_path, json_key, set_path,
                                  stated, with_fields, with_json_fields)
 from bigtrain.ds.runtime import fit_to_device
+from bigtrain.parallel.topology import Topology
 
 FILLED = ("zero_optimization", "optimizer", "scheduler", "gradient_clipping")
 
@@ -152,8 +152,7 @@ def _generated(run: RunConfig, world_size: int | None, sources: dict, resume_bat
     """No JSON: the run config decides everything."""
     if world_size is None:
         raise LintError(["a generated DeepSpeed config needs the world size; pass --world-size N"])
-    dp = rules.data_parallel_size(world_size, run.pipeline.stages, tensor=run.parallel.tensor,
-                                  sequence=run.parallel.sequence)
+    dp = Topology.of_run(run.parallel, run.pipeline.stages, world_size).check().data
     # micro_batch=auto: the job probes it (train.autobatch); until then the triple derives one from the rest
     known = {m: (getattr(run.batch, m), SET if sources.get(f"batch.{m}") == "--set" else CONFIG)
              for m in MEMBERS if getattr(run.batch, m) not in (None, "auto")}

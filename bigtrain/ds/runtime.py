@@ -35,7 +35,7 @@ def fit_to_device(ds_config: dict, run: RunConfig, out_dir: str | None, device_n
     params = optimizer.setdefault("params", {}) if optimizer else {}
     zero = config.get("zero_optimization") or {}
     offloaded = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
-    is_adam = str(optimizer.get("type", "")).lower() in ("adam", "adamw")
+    is_adam = str(optimizer.get("type", "")).lower() in ("adam", "adamw", "muon")  # muon: its Adam half
     if is_adam and "torch_adam" not in params:
         wanted = run.optimizer.torch_adam
         if wanted is None:

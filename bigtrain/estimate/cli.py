@@ -7,9 +7,10 @@
 
 The model and the batch are read from the run config, as `bigtrain train` reads them (`--config`, `--set
 section.field=VALUE`, and the same shorthand flags: --model, --size); --seq-len, --micro-batch, --precision,
---tensor, --sequence, --lora-r and --pretrained are shorthands for data.seq_len, batch.micro_batch, precision,
-parallel.tensor, parallel.sequence, lora.r and model.pretrained. The machine (--num-gpus, --num-nodes,
---gpu-mem, --cpu-mem, --headroom) is the estimate's own.
+--tensor, --sequence, --expert, --lora-r and --pretrained are shorthands for data.seq_len, batch.micro_batch,
+precision, parallel.tensor, parallel.sequence, parallel.expert, lora.r and model.pretrained. The machine (--num-gpus,
+--num-nodes, --gpu-mem, --cpu-mem, --headroom) and the levers it tabulates (--optimizer, --tiled-mlp,
+--offload-hidden-states) are the estimate's own.
 
 The model's shape comes from `bigtrain.models.build` and `bigtrain.estimate.shape` (parameters counted on the meta
 device, activations from the memory model's formula or counted from a meta-device forward); the table, the rules a
@@ -58,13 +59,13 @@ def format_table(rows: list[MemoryEstimate], gpu_mem: float, cpu_mem: float | No
     return "\n".join(lines)
 
 
-def run_settings(best: Setup, model_overrides: dict[str, Any]) -> str:
+def run_settings(best: Setup, model_overrides: dict[str, Any], tiled_setting: str = "auto") -> str:
     """The run-config overrides that select `best` (and the model the estimate was for)."""
     where = {"seq_len": "data.seq_len", "pretrained": "model.pretrained"}
     sets = [f"{where.get(k, 'model.overrides.' + k)}={v}" for k, v in model_overrides.items()]
     sets += [f"zero.stage={best.zero_stage}", f"precision={best.precision}", f"batch.micro_batch={best.micro_batch}"]
-    sets += [f"parallel.{name}={size}" for name, size in (("tensor", best.tensor), ("sequence", best.sequence))
-             if size > 1]
+    sets += [f"parallel.{name}={size}" for name, size in (("tensor", best.tensor), ("sequence", best.sequence),
+                                                          ("expert", best.expert)) if size > 1]
     if best.offload_optimizer != "none":
         sets.append(f"offload.optimizer={best.offload_optimizer}")
     if best.offload_param != "none":
@@ -73,28 +74,36 @@ def run_settings(best: Setup, model_overrides: dict[str, Any]) -> str:
         sets.append("activation_checkpointing.enabled=true")
     if best.lora_r:
         sets.append(f"lora.r={best.lora_r}")
+    if best.muon:
+        sets.append("optimizer.name=muon")
+    if tiled_setting != "auto":
+        sets.append(f"activation_checkpointing.tiled_mlp={tiled_setting}")
+    if best.offload_hidden_states and best.checkpointing:
+        sets.append("activation_checkpointing.offload_hidden_states=true")
     return " ".join(f"--set {s}" for s in sets)
 
 
-def check_split_sizes(spec: ModelSpec, tensor: int, sequence: int) -> None:
+def check_split_sizes(spec: ModelSpec, tensor: int, sequence: int, expert: int = 1) -> None:
     """The rules `bigtrain train` holds these sizes to (the run config's, then the model's), so that no estimate
     recommends what training refuses: ValueError with train's own line."""
     from bigtrain.config.load import load_run_config
-    from bigtrain.parallel.split import Topology, check_split
-    sets = [f"model.family={spec.family}", f"parallel.tensor={tensor}", f"parallel.sequence={sequence}"]
+    from bigtrain.parallel.split_rules import check_split
+    from bigtrain.parallel.topology import Topology
+    sets = [f"model.family={spec.family}", f"parallel.tensor={tensor}", f"parallel.sequence={sequence}",
+            f"parallel.expert={expert}"]
     sets += [f"data.seq_len={spec.seq_len}"] if spec.seq_len else []
     sets += [f"model.pretrained={spec.source_dir}"] if spec.source_dir else []
     load_run_config(None, sets)
-    check_split(spec, Topology(tensor * sequence, tensor=tensor, sequence=sequence))
+    check_split(spec, Topology(tensor * sequence * expert, tensor=tensor, sequence=sequence, expert=expert))
 
 
 # The estimate's shorthand flags: argparse dest -> the run-config field it sets.
 ESTIMATE_FLAGS = {"pretrained": "model.pretrained", "seq_len": "data.seq_len", "micro_batch": "batch.micro_batch",
                   "precision": "precision", "tensor": "parallel.tensor", "sequence": "parallel.sequence",
-                  "lora_r": "lora.r"}
+                  "expert": "parallel.expert", "lora_r": "lora.r"}
 # The run-config fields the estimate reads; the rest (zero.*, offload.*, ...) it tabulates for every setup.
 READS = {"model.family", "model.size", "model.overrides", "model.pretrained", "data.seq_len", "data.image_size",
-         "precision", "batch.micro_batch", "parallel.tensor", "parallel.sequence", "lora.r"}
+         "precision", "batch.micro_batch", "parallel.tensor", "parallel.sequence", "parallel.expert", "lora.r"}
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,7 @@ class Request:
     tensor: int
     sequence: int
     lora_r: int
+    expert: int = 1
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
@@ -143,7 +153,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
     if ignored:
         print(f"note: not read by the estimate, which tabulates every setup: {', '.join(ignored)}", file=sys.stderr)
     return Request(model.family, model.size, overrides, "bf16" if run.precision == "auto" else run.precision,
-                   micro or 1, run.parallel.tensor, run.parallel.sequence, run.lora.r)
+                   micro or 1, run.parallel.tensor, run.parallel.sequence, run.lora.r, run.parallel.expert)
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -159,11 +169,11 @@ def run_estimate(args: argparse.Namespace) -> int:
         from bigtrain.config.run_config import LoraConfig
         from bigtrain.parallel.lora import check_lora
         check_lora(spec, LoraConfig(r=req.lora_r))
-    check_split_sizes(spec, req.tensor, req.sequence)
+    check_split_sizes(spec, req.tensor, req.sequence, req.expert)
     shape = shape_from_spec(spec, req.precision)
-    base = Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=req.precision,
-                 micro_batch=req.micro_batch, tensor=req.tensor, sequence=req.sequence, lora_r=req.lora_r)
-    rows = [estimate(shape, s) for s in all_setups(base)]
+    base = base_setup(args, req, spec, shape)
+    # Muon at ZeRO-0 trains another curve under the default clipping and training refuses it (config.rules)
+    rows = [estimate(shape, s) for s in all_setups(base) if not (s.muon and s.zero_stage == 0)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
     print(f"{req.family} {req.size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
           f"({args.num_gpus} per node x {args.num_nodes} nodes), {req.precision}, micro-batch {req.micro_batch}{seq}"
@@ -187,8 +197,23 @@ def run_estimate(args: argparse.Namespace) -> int:
         return 1
     print(f"recommended: {best.setup.label} ({_gib(best.device_peak)} GiB of {_gib(gpu_mem)} GiB per GPU"
           + (f", {_gib(best.host_per_node)} GiB CPU per node" if best.host else "") + ")")
-    print(f"  bigtrain train --model {req.family} --size {req.size} {run_settings(best.setup, req.overrides)}")
+    print(f"  bigtrain train --model {req.family} --size {req.size} "
+          f"{run_settings(best.setup, req.overrides, args.tiled_mlp)}")
     return 0
+
+
+def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: ModelShape) -> Setup:
+    """The request's setup on the machine of the flags, with the ALST levers resolved by training's own rules
+    (`bigtrain.config.rules`)."""
+    from bigtrain.config.rules import offload_hidden_states_wanted, tiled_mlp_wanted
+    from bigtrain.estimate.shape import spec_hidden
+    tokens, hidden = (spec.seq_len or 0) // req.sequence, spec_hidden(spec)
+    tiled = shape.mlp_layers > 0 and tiled_mlp_wanted(_tri_state(args.tiled_mlp), tokens, hidden)
+    offload = shape.mlp_layers > 0 and offload_hidden_states_wanted(_tri_state(args.offload_hidden_states),
+                                                                    "accelerator", True, tokens, hidden)
+    return Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=req.precision,
+                 micro_batch=req.micro_batch, tensor=req.tensor, sequence=req.sequence, expert=req.expert,
+                 lora_r=req.lora_r, tiled_mlp=tiled, offload_hidden_states=offload, muon=args.optimizer == "muon")
 
 
 def sequence_split_that_fits(shape: ModelShape, base: Setup, gpu_mem: float, cpu_mem: float | None,
@@ -245,12 +270,26 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="tensor-parallel ranks per layer (parallel.tensor; default 1)")
     p.add_argument("--sequence", type=_positive_int, default=None,
                    help="sequence-parallel ranks per sample (parallel.sequence; default 1)")
+    p.add_argument("--expert", type=_positive_int, default=None,
+                   help="expert-parallel ranks (parallel.expert, DeepSpeed AutoEP; default 1)")
+    p.add_argument("--tiled-mlp", choices=("auto", "true", "false"), default="auto",
+                   help="ALST's tiled MLP (activation_checkpointing.tiled_mlp): auto = on when the tokens per rank "
+                        "reach 4 x the hidden size, as training decides (default auto)")
+    p.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",
+                   help="optimizer.name: muon keeps one fp32 momentum per matrix it trains, Adam two moments")
+    p.add_argument("--offload-hidden-states", choices=("auto", "true", "false"), default="auto",
+                   help="ALST: checkpointed hidden states in host memory (activation_checkpointing."
+                        "offload_hidden_states), counted in the +ckpt setups; auto as training decides on a GPU")
     p.add_argument("--lora-r", "--lora_r", dest="lora_r", type=_non_negative_int, default=None,
                    help="LoRA rank (lora.r): adapters on every linear layer of the decoder train, the base is frozen, "
                         "so gradients and optimizer states are the adapters' only (default 0: every weight trains)")
     p.add_argument("--headroom", type=float, default=0.1,
                    help="fraction of --gpu-mem kept free for the CUDA context and fragmentation (default 0.1)")
     p.set_defaults(func=run_estimate)
+
+
+def _tri_state(text: str) -> bool | str:
+    return {"true": True, "false": False}.get(text, text)
 
 
 def _non_negative_int(text: str) -> int:

@@ -35,8 +35,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from bigtrain.config.rules import Layout, check_layout, layout_problems
+from bigtrain.config.rules import (Layout, check_layout, layout_problems, offload_hidden_states_wanted,
+                                   tiled_mlp_wanted)
 from bigtrain.config.run_config import RunConfig, ZeroConfig
+from bigtrain.parallel.topology import Topology
 
 _ZERO = ZeroConfig()  # bucket defaults come from the run config, the one place settings live
 PRECISIONS = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -122,6 +124,12 @@ class ModelShape:
     measured: dict[int, ActivationCount] = field(default_factory=dict)  # bytes/value -> count, when measured
     linear_dims: tuple[tuple[int, int], ...] = ()  # (in, out) of each linear layer LoRA adapts (not the head)
     tensor_whole_params: int = 0  # parameters tensor parallelism keeps whole on every rank (embeddings, norms)
+    # ALST's tiled MLP: bytes per sample that each of `mlp_layers` MLPs no longer keeps for backward (bytes/value ->
+    # bytes), counted on the meta device with and without the tiling (bigtrain.estimate.shape)
+    tiled_mlp_saving: dict[int, float] = field(default_factory=dict)
+    mlp_layers: int = 0
+    expert_params: int = 0  # parameters of a mixture of experts' experts (what expert parallelism spreads)
+    muon_params: int = 0  # parameters DeepSpeed's Muon would train (the rest: its Adam half)
 
     def persistent_params(self, threshold: int, lora_r: int = 0) -> int:
         """Elements ZeRO-3 keeps whole on every rank: tensors of at most `threshold` elements (adapters included)."""
@@ -150,13 +158,21 @@ def transformer_activations(shape: ModelShape, bytes_per_value: int) -> Activati
                            block_inputs=shape.n_layer * s * h * e, transient=transient)
 
 
-def activations_per_sample(shape: ModelShape, bytes_per_value: int) -> ActivationCount:
-    """A measured count when the shape carries one for this precision, else the transformer formula."""
+def activations_per_sample(shape: ModelShape, bytes_per_value: int, tiled_mlp: bool = False) -> ActivationCount:
+    """A measured count when the shape carries one for this precision, else the transformer formula; with
+    `tiled_mlp`, less what the MLPs' intermediates held (each block, and the one recomputed at a time)."""
     if bytes_per_value in shape.measured:
-        return shape.measured[bytes_per_value]
-    if shape.n_layer and shape.hidden:
-        return transformer_activations(shape, bytes_per_value)
-    raise ValueError(f"no activation model for {shape.family}: measure it (bigtrain.estimate.shape.measure_activations)")
+        count = shape.measured[bytes_per_value]
+    elif shape.n_layer and shape.hidden:
+        count = transformer_activations(shape, bytes_per_value)
+    else:
+        raise ValueError(f"no activation model for {shape.family}: measure it "
+                         "(bigtrain.estimate.shape.measure_activations)")
+    saving = shape.tiled_mlp_saving.get(bytes_per_value, 0.0) if tiled_mlp else 0.0
+    if not saving or not shape.mlp_layers:
+        return count
+    return replace(count, blocks=max(0.0, count.blocks - shape.mlp_layers * saving),
+                   largest_block=max(0.0, count.largest_block - saving))
 
 
 @dataclass(frozen=True)
@@ -179,6 +195,10 @@ class Setup:
     tensor: int = 1  # tensor-parallel ranks per layer (AutoTP)
     sequence: int = 1  # sequence-parallel ranks per sample (Ulysses)
     lora_r: int = 0  # LoRA rank (lora.r): > 0 trains adapters only, on a frozen base
+    tiled_mlp: bool = False  # ALST's tiled MLP (activation_checkpointing.tiled_mlp, resolved)
+    expert: int = 1  # expert-parallel ranks (AutoEP): each keeps 1/expert of the experts
+    offload_hidden_states: bool = False  # ALST: checkpointed block inputs in host memory (with checkpointing)
+    muon: bool = False  # optimizer.name=muon: one fp32 momentum per Muon-trained parameter instead of Adam's two
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -190,9 +210,7 @@ class Setup:
         if min(self.world_size, self.gpus_per_node, self.micro_batch, self.grad_accum, self.tensor, self.sequence) < 1:
             raise ValueError("world size, GPUs per node, micro batch, gradient accumulation and the tensor / "
                              "sequence sizes must be >= 1")
-        if self.world_size % (self.tensor * self.sequence):
-            raise ValueError(f"world size {self.world_size} is not divisible by tensor {self.tensor} x sequence "
-                             f"{self.sequence}")
+        self.topology.check()
         for name in ("offload_optimizer", "offload_param"):
             if getattr(self, name) not in ("none", "cpu", "nvme"):
                 raise ValueError(f"{name}={getattr(self, name)!r}: use none, cpu or nvme")
@@ -202,26 +220,41 @@ class Setup:
     def label(self) -> str:
         off = [f"opt-{self.offload_optimizer}"] if self.offload_optimizer != "none" else []
         off += [f"param-{self.offload_param}"] if self.offload_param != "none" else []
-        split = (f"+tp{self.tensor}" if self.tensor > 1 else "") + (f"+sp{self.sequence}" if self.sequence > 1 else "")
+        split = "".join(f"+{short}{size}" for short, size in (("tp", self.tensor), ("sp", self.sequence),
+                                                               ("ep", self.expert)) if size > 1)
         return (f"zero{self.zero_stage}" + "".join(f"+{o}" for o in off) + ("+ckpt" if self.checkpointing else "")
+                + ("+tiled" if self.tiled_mlp else "")
+                + ("+offload-hs" if self.offload_hidden_states and self.checkpointing else "")
                 + split)
+
+    @property
+    def topology(self) -> Topology:
+        return Topology(self.world_size, tensor=self.tensor, sequence=self.sequence, expert=self.expert)
 
     @property
     def zero_ranks(self) -> int:
         """The ranks ZeRO partitions over: data x sequence (a tensor group's ranks hold other shards)."""
-        return self.world_size // self.tensor
+        return self.topology.zero_ranks
 
 
-def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int) -> Setup:
-    """The Setup a run config trains with at `world_size` ranks (pipeline stages not modelled)."""
+def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: int = 0) -> Setup:
+    """The Setup a run config trains with at `world_size` ranks (pipeline stages not modelled); `hidden` (the
+    model's width) resolves activation_checkpointing.tiled_mlp=auto as the engine does."""
     from bigtrain.ds.generate import batch_triple
     triple = batch_triple(run, world_size)
     z = run.zero
     # The estimate is for accelerator memory, where `precision: auto` means bf16 (bigtrain.distributed.device).
     precision = "bf16" if run.precision == "auto" else run.precision
-    split = run.parallel.tensor * run.parallel.sequence
+    split = Topology.of_run(run.parallel, 1, world_size).model_split
     return Setup(world_size=triple.dp_size * split, gpus_per_node=gpus_per_node, zero_stage=z.stage,
-                 tensor=run.parallel.tensor, sequence=run.parallel.sequence, lora_r=run.lora.r,
+                 tensor=run.parallel.tensor, sequence=run.parallel.sequence, expert=run.parallel.expert,
+                 muon=run.optimizer.name == "muon",
+                 lora_r=run.lora.r,
+                 tiled_mlp=run.pipeline.stages == 1 and tiled_mlp_wanted(
+                     run.activation_checkpointing.tiled_mlp, run.data.seq_len // run.parallel.sequence, hidden),
+                 offload_hidden_states=run.pipeline.stages == 1 and offload_hidden_states_wanted(
+                     run.activation_checkpointing.offload_hidden_states, "accelerator",
+                     run.activation_checkpointing.enabled, run.data.seq_len // run.parallel.sequence, hidden),
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
                  checkpointing=run.activation_checkpointing.enabled, micro_batch=triple.micro_batch,
                  grad_accum=triple.grad_accum, reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
@@ -275,23 +308,29 @@ def tensor_share(count: float, tensor: int, whole: float = 0.0) -> float:
 
 
 def model_state_terms(psi: float, setup: Setup, persistent: float = 0.0,
-                      trained: float | None = None, whole: float = 0.0) -> dict[str, float]:
+                      trained: float | None = None, whole: float = 0.0, experts: float = 0.0,
+                      muon: float = 0.0) -> dict[str, float]:
     """params / grads / optimizer bytes per rank on the device and on host / NVMe (ZeRO formulas). `psi`: every
     parameter; `trained`: those with gradients and optimizer states (LoRA's adapters; default all); `whole`: those
-    a tensor-parallel group keeps whole on each rank (the rest is split over its ranks)."""
+    a tensor-parallel group keeps whole on each rank (the rest is split over its ranks); `experts`: a mixture of
+    experts' experts, of which an expert-parallel rank holds 1/setup.expert (ZeRO partitions the dense weights over
+    every rank and the experts over their replicas, so a partitioned term is the same 1/n of all of them)."""
     n, stage, p = setup.zero_ranks, setup.zero_stage, PRECISIONS[setup.precision]
     trained = tensor_share(psi if trained is None else trained, setup.tensor, 0.0 if trained else whole)
     psi, persistent = tensor_share(psi, setup.tensor, whole), persistent / setup.tensor
+    held = experts * (1 - 1 / setup.expert)  # the other ranks' experts: never on this one
     mixed = p == 2
     k = (4 if (mixed or stage >= 1) else 0) + 8  # fp32 master copy + Adam's two fp32 moments
-    params = p * psi if stage < 3 else p * psi / n + p * persistent  # persistent: partitioned and whole
-    grads = p * trained if stage < 2 else p * trained / n
-    optimizer = k * trained if stage == 0 else k * trained / n
+    params = p * (psi - held) if stage < 3 else p * psi / n + p * persistent  # persistent: partitioned and whole
+    grads = p * (trained - held) if stage < 2 else p * trained / n
+    optimizer = k * (trained - held) if stage == 0 else k * trained / n
+    momentum_only = 4 * tensor_share(muon, setup.tensor)  # Muon keeps one fp32 momentum where Adam keeps two
+    optimizer -= momentum_only if stage == 0 else momentum_only / n
     offloaded = 0.0
     if setup.offload_optimizer != "none":
         # The host keeps master + moments and an fp32 gradient partition; stage 1/2 also a 16-bit
         # copy of its parameter partition. Stage >= 2 sends gradients out of the device bucket by bucket.
-        offloaded = (k + 4) * trained / n + (p * trained / n if stage < 3 else 0.0)
+        offloaded = ((k + 4) * trained - momentum_only) / n + (p * trained / n if stage < 3 else 0.0)
         optimizer = 0.0
         grads = grads if stage == 1 else 0.0
     if setup.offload_param != "none":
@@ -311,7 +350,8 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
     psi, trained = shape.num_params + adapters, (adapters or None)
     persistent = shape.persistent_params(setup.param_persistence_threshold, setup.lora_r) if stage == 3 else 0
     whole = 0 if adapters else shape.tensor_whole_params  # LoRA never runs with tensor splits
-    terms = model_state_terms(psi, setup, persistent, trained, whole)
+    terms = model_state_terms(psi, setup, persistent, trained, whole, shape.expert_params if setup.expert > 1 else 0,
+                              shape.muon_params if setup.muon and not adapters else 0)
     trained = trained or psi
     buffers = 0.0
     if stage in (1, 2):  # contiguous gradient buckets, double-buffered when overlapping communication
@@ -327,10 +367,17 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
         transient = 4 * tensor_share(trained, setup.tensor, whole) / (1 if stage == 0 else setup.zero_ranks)
         if setup.offload_optimizer != "none":
             transient = 0.0  # made on the host, inside the offloaded partition counted there
-    acts = split_activations(activations_per_sample(shape, p), setup).total(setup.micro_batch, setup.checkpointing)
+    count = split_activations(activations_per_sample(shape, p, setup.tiled_mlp), setup)
+    layers = shape.n_layer or shape.mlp_layers
+    offloaded = 0.0
+    if setup.offload_hidden_states and setup.checkpointing and layers:
+        # DeepSpeed's offload keeps the last block's input on the device (keep_last_count=1), the rest on the host
+        offloaded = setup.micro_batch * count.block_inputs * (1 - 1 / layers)
+        count = replace(count, block_inputs=count.block_inputs / layers)
+    acts = count.total(setup.micro_batch, setup.checkpointing)
     return MemoryEstimate(setup=setup, params=terms["params"], grads=terms["grads"], optimizer=terms["optimizer"],
                           buffers=buffers, live_params=live, step_transient=transient, activations=acts,
-                          host=terms["host"], nvme=terms["nvme"])
+                          host=terms["host"] + offloaded, nvme=terms["nvme"])
 
 
 def split_activations(count: ActivationCount, setup: Setup) -> ActivationCount:

@@ -69,6 +69,23 @@ def tensor_whole_params(module: torch.nn.Module) -> int:
     return whole
 
 
+def expert_params(module: torch.nn.Module) -> int:
+    """Parameters of a mixture of experts' experts (transformers names them `...experts...`): what expert
+    parallelism spreads over its ranks."""
+    return sum(p.numel() for name, p in module.named_parameters() if ".experts." in f".{name}")
+
+
+def muon_params(module: torch.nn.Module) -> int:
+    """Parameters DeepSpeed's Muon trains (the rest go to its Adam half): tagged by DeepSpeed's own rule
+    (`deepspeed.set_optimizer_flags`: matrices outside the embeddings and the head), on the meta module."""
+    from types import SimpleNamespace
+
+    from deepspeed import set_optimizer_flags
+    from deepspeed.runtime.config import MUON_OPTIMIZER
+    set_optimizer_flags(SimpleNamespace(optimizer_name=MUON_OPTIMIZER, optimizer_params={}), module)
+    return sum(p.numel() for p in module.parameters() if getattr(p, "use_muon", False))
+
+
 def _sample_batch(spec: ModelSpec, device: str) -> dict:
     import torch
     with torch.device(device):
@@ -104,6 +121,23 @@ def _no_packed_sequence_probe(device: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _plain_grouped_mm(device: str) -> Iterator[None]:
+    """transformers' mixtures of experts call torch's grouped matmul, whose meta kernel takes bf16 only (fp32 runs on
+    a CPU through transformers' own fallback): on the meta device the fallback, which saves the same tensors."""
+    if device != "meta":
+        yield
+        return
+    from unittest import mock
+    try:
+        import transformers.integrations.moe as moe
+    except ImportError:
+        yield
+        return
+    with mock.patch.object(moe, "_can_use_grouped_mm", lambda *args, **kwargs: False):
+        yield
+
+
+@contextlib.contextmanager
 def _fused_sdpa() -> Iterator[None]:
     """On the meta device torch's sdpa runs its math kernel, which saves the [s, s] attention probabilities; the
     fused kernels training runs (flash and memory-efficient on GPUs, flash on CPUs) save the inputs, the output
@@ -131,7 +165,29 @@ def _fused_sdpa() -> Iterator[None]:
         yield
 
 
-def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta") -> ActivationCount:
+def spec_hidden(spec: ModelSpec) -> int:
+    """The model's hidden width (0 for a model without one)."""
+    config = getattr(spec.config, "get_text_config", lambda: spec.config)()
+    return int(getattr(config, "hidden_size", 0) or 0)
+
+
+def tiled_mlp_saving(spec: ModelSpec, dtype: torch.dtype) -> tuple[float, int]:
+    """(bytes per sample one MLP no longer keeps for backward under ALST's tiled MLP, how many MLPs): the blocks'
+    saved tensors counted on the meta device with and without DeepSpeed's TiledMLP (bigtrain.parallel.tiling)."""
+    hidden = spec_hidden(spec)
+    if spec.modality != "text" or not spec.seq_len or not hidden:
+        return 0.0, 0
+    from bigtrain.parallel.tiling import mlp_modules
+    count = len(mlp_modules(_meta_module(spec)))
+    if not count:  # nothing to tile (a mixture of experts' blocks are not MLPs here)
+        return 0.0, 0
+    plain = measure_activations(spec, dtype)
+    tiled = measure_activations(spec, dtype, tile=hidden)
+    return max(0.0, plain.blocks - tiled.blocks) / count, count
+
+
+def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta",
+                        tile: int = 0) -> ActivationCount:
     """Bytes saved for backward by one sample, counted from the saved tensors of a forward on `device`.
 
     Parameters are not activations and are left out; every storage counts once. Blocks are
@@ -144,6 +200,9 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
     else:
         module = spec.build()
     module = module.to(dtype).train()
+    if tile:  # ALST's tiled MLP, as the engine applies it
+        from bigtrain.parallel.tiling import apply_tiled_mlp
+        apply_tiled_mlp(module, tile)
     places = spec.checkpoint_blocks(module) if spec.checkpoint_blocks else []
     blocks = [getattr(parent, name) for parent, name in places]
     param_keys = {p.untyped_storage()._cdata for p in module.parameters()}
@@ -173,7 +232,8 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
         batch["pixel_values"] = batch["pixel_values"].to(dtype)
     inputs, labels = spec.batch_to_inputs(batch)
     fused = _fused_sdpa() if device == "meta" else contextlib.nullcontext()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _no_packed_sequence_probe(device), fused:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _no_packed_sequence_probe(device), fused, \
+            _plain_grouped_mm(device):
         spec.loss(module(**inputs) if isinstance(inputs, dict) else module(inputs), labels)
     for h in hooks:
         h.remove()
@@ -190,12 +250,16 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape
     numel, numels, largest = parameter_layout(meta)
     assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec {spec.num_params}"
     common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest,
-                  linear_dims=linear_dims(meta), tensor_whole_params=tensor_whole_params(meta))
-    analytic = estimate_shape(spec)  # the family's closed form, where it has one
-    if analytic is not None:
-        return ModelShape(**common, **analytic)
+                  linear_dims=linear_dims(meta), tensor_whole_params=tensor_whole_params(meta),
+                  expert_params=expert_params(meta), muon_params=muon_params(meta))
     import torch
     dtypes = {4: torch.float32, 2: torch.bfloat16}
     sizes = [PRECISIONS[precision]] if precision else sorted(set(PRECISIONS.values()))
+    savings = {e: tiled_mlp_saving(spec, dtypes[e]) for e in sizes}
+    common.update(tiled_mlp_saving={e: saved for e, (saved, _) in savings.items()},
+                  mlp_layers=max((n for _, n in savings.values()), default=0))
+    analytic = estimate_shape(spec)  # the family's closed form, where it has one
+    if analytic is not None:
+        return ModelShape(**common, **analytic)
     measured = {e: measure_activations(spec, dtypes[e]) for e in sizes}
     return ModelShape(**common, measured=measured)

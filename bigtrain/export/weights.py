@@ -47,6 +47,8 @@ def detect_layout(tag_dir: Path) -> str:
         return "pipeline"
     if any(tag_dir.glob("*mp_rank_01_model_states.pt")):
         return "tensor"
+    if _autoep(tag_dir):
+        return "experts"
     if (tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt").is_file():
         return "zero3"
     if (tag_dir / "mp_rank_00_model_states.pt").is_file():
@@ -72,6 +74,8 @@ def consolidate(tag_dir: Path, spec: ModelSpec, pipeline_stages: int) -> Consoli
                 return _plain(tag_dir)
             if layout == "tensor":
                 return _tensor_parallel(tag_dir)
+            if layout == "experts":
+                return _expert_parallel(tag_dir, spec)
             return _zero(tag_dir, layout)
     except BaseException:
         sys.stderr.write(printed.getvalue())
@@ -96,6 +100,50 @@ def _tensor_parallel(tag_dir: Path) -> Consolidated:
         tensors[param_dir.name] = saved[PARAM] if isinstance(saved, dict) else saved
     return Consolidated(tensors, "tensor", [f"fp32 master weights, tensor-parallel shards merged by DeepSpeed's "
                                             f"ds_to_universal ({universal})"])
+
+
+def _autoep(tag_dir: Path) -> bool:
+    """Whether DeepSpeed's AutoEP trained the checkpoint (`bigtrain.parallel.experts`): bigtrain.json's DeepSpeed
+    config enables expert_parallel with more than one rank per expert group."""
+    marker = tag_dir / "bigtrain.json"
+    if not marker.is_file():
+        return False
+    import json
+
+    from bigtrain.parallel.topology import Topology
+    ds_config = json.loads(marker.read_text()).get("ds_config") or {}
+    return Topology.of(ds_config, 1).expert > 1
+
+
+def _expert_parallel(tag_dir: Path, spec: ModelSpec) -> Consolidated:
+    """Whole experts under transformers' names: DeepSpeed's universal conversion merges every rank's experts (and
+    the ZeRO partitions) into fp32 tensors under AutoEP's names, which `to_transformers_names` maps back."""
+    import copy
+
+    from deepspeed.checkpoint.constants import PARAM
+
+    from bigtrain.checkpoint.universal import convert_to_universal
+    from bigtrain.parallel.experts import to_transformers_names
+    if not any(tag_dir.glob("*optim_states.pt")):
+        raise ValueError(f"{tag_dir}: an expert-parallel ZeRO-0 checkpoint keeps no optimizer partitions for "
+                         "DeepSpeed's universal conversion, which merges the experts; train with zero.stage 1-3 to "
+                         "export expert-parallel runs")
+    universal, _ = convert_to_universal(tag_dir.parent, tag_dir.name)
+    tensors = {}
+    for param_dir in sorted(p for p in (universal / "zero").iterdir() if (p / "fp32.pt").is_file()):
+        saved = load_torch_file(param_dir / "fp32.pt")
+        tensors[param_dir.name] = saved[PARAM] if isinstance(saved, dict) else saved
+    zero3 = tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    if zero3.is_file():  # ZeRO-3's universal tensors stay flat; the dense ones' shapes are in its model states
+        for group in load_torch_file(zero3, map_location="cpu", mmap=True).get("param_shapes") or []:
+            for name, shape in group.items():
+                if name in tensors and tensors[name].dim() == 1 and len(shape) > 1:
+                    tensors[name] = tensors[name].view(tuple(shape))
+    with torch.device("meta"):
+        shapes = {n: tuple(p.shape) for n, p in spec.hf_class(copy.deepcopy(spec.config)).named_parameters()}
+    return Consolidated(to_transformers_names(tensors, spec.config, shapes), "experts",
+                        [f"fp32 master weights, every rank's experts merged by DeepSpeed's ds_to_universal "
+                         f"({universal}) and named as transformers names them"])
 
 
 def _zero(tag_dir: Path, layout: str) -> Consolidated:

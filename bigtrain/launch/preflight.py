@@ -76,7 +76,8 @@ def batch_report(run: RunConfig, world: int, ds_path: str | None, device: Device
     """The lines describing the resolved batch triple, and the resolved run config (raises LintError).
     Resolved exactly as the runner resolves it (`bigtrain.ds.resolve.resolve`)."""
     from bigtrain.ds.resolve import resolve
-    from bigtrain.parallel.split import Topology, check_split_layout
+    from bigtrain.parallel.split_rules import check_split_layout
+    from bigtrain.parallel.topology import Topology
     resolved = resolve(run, ds_path, world, device, sources=sources)
     ds = resolved.ds_config
     check_split_layout(run, Topology.of(ds, world))  # a family that cannot split so, LoRA with TP, ...
@@ -105,12 +106,13 @@ def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int |
     """(lines, problems): the estimated peak per rank on `device_name` ranks, and a problem if it does not
     fit `gpu_mem`."""
     from bigtrain.estimate.memory_model import estimate, fits, setup_from_run
-    from bigtrain.estimate.shape import shape_from_spec
+    from bigtrain.estimate.shape import shape_from_spec, spec_hidden
     from bigtrain.models import build
     if run.model.pretrained:
         return ["memory: not estimated for a pretrained model directory (use `bigtrain estimate`)"], []
     spec = build(run.model.family, run.model.size, **estimate_overrides(run, device_name))
-    est = estimate(shape_from_spec(spec, run.precision), setup_from_run(run, world, gpus_per_node))
+    shape = shape_from_spec(spec, run.precision)
+    est = estimate(shape, setup_from_run(run, world, gpus_per_node, shape.hidden or spec_hidden(spec)))
     gib = 2**30
     lines = [f"memory per rank (estimate, {est.setup.label}, {run.precision}, micro-batch {est.setup.micro_batch}): "
              f"{est.device_peak / gib:.2f} GiB on the device (model states {est.model_states / gib:.2f}, "

@@ -175,4 +175,4 @@ def data_overrides(family: Family, size: str, facts: DataFacts, pretrained: str 
 
 
 FAMILY = Family(name="hf", settings_cls=HFSettings, sizes={}, make=make_spec, modality=modality,
-                derive=data_overrides, parallel=frozenset({"zero", "pipeline", "tensor", "sequence"}))
+                derive=data_overrides, parallel=frozenset({"zero", "pipeline", "tensor", "sequence", "expert"}))

@@ -18,9 +18,10 @@ from bigtrain.config.run_config import LoraConfig
 from bigtrain.ds.runtime import resolve_compile
 from bigtrain.models.spec import ModelSpec
 from bigtrain.objectives import Objective
-from bigtrain.parallel import apply_activation_checkpointing, build_module, to_pipeline_module
+from bigtrain.parallel import build_module, to_pipeline_module
 from bigtrain.parallel.lora import LoraCounts, apply_lora, check_lora
 from bigtrain.parallel.split import ModelSplit, Topology
+from bigtrain.parallel.tiling import apply_checkpointing, apply_tiling
 from bigtrain.train import fast_path
 from bigtrain.train.reference import Reference, build_reference
 
@@ -37,6 +38,8 @@ class EngineOptions:
     lora: LoraConfig | None = None  # the run's lora section: r > 0 trains adapters on a frozen base
     packed: bool = False  # data.packing: several examples per row (sequence parallelism then keeps them apart)
     token_weighted: bool = False  # chat/instruction data: a step's loss is the mean over all its trained tokens
+    tiled_mlp: bool | str = False  # activation_checkpointing.tiled_mlp: True | False | "auto" (parallel.tiling)
+    offload_hidden_states: bool | str = False  # activation_checkpointing.offload_hidden_states (the same module)
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Assembled:
     scheduler: Any
     split: ModelSplit | None  # None for pipeline stages
     lora: LoraCounts | None
+    tiled_mlps: int  # MLPs computed in sequence tiles (ALST's TiledMLP)
     loss_in_forward: bool  # the module computes its loss itself: `module(inputs, loss_labels=labels)`
     fast_path: dict
     reference: Reference | None
@@ -57,7 +61,7 @@ def assemble(spec: ModelSpec, ds_config: dict, options: EngineOptions, objective
     pipeline = options.pipeline_stages > 1
     zero3 = ds_config.get("zero_optimization", {}).get("stage", 0) == 3
     check_lora(spec, options.lora, options.pipeline_stages)  # before a large model is built
-    lora, split = None, None
+    lora, split, tiled_mlps = None, None, 0
     if pipeline:
         model = to_pipeline_module(
             spec, options.pipeline_stages, partition_method=options.partition_method,
@@ -72,9 +76,10 @@ def assemble(spec: ModelSpec, ds_config: dict, options: EngineOptions, objective
         # the adapters first: the optimizer below gets only what still trains
         lora = apply_lora(model, spec, options.lora, options.seed, options.activation_checkpointing)
         split.attach(model, spec, ds_config["train_micro_batch_size_per_gpu"], packed=options.packed)
-        if options.activation_checkpointing:
-            apply_activation_checkpointing(spec, model, every_n=options.checkpoint_every_n_layers,
-                                           ds_config=ds_config)
+        tiled_mlps = apply_tiling(model, spec, options.tiled_mlp, split.topology.sequence)
+        if options.activation_checkpointing:  # with ALST's offload of the hidden states where it resolves on
+            apply_checkpointing(spec, model, options.checkpoint_every_n_layers, ds_config,
+                                options.offload_hidden_states, split.topology.sequence)
     compile_mode, loss_impl = _fast_path(spec, None if pipeline else model, ds_config, options, split, objective)
     loss_in_forward = not pipeline and (compile_mode != "off" or loss_impl == "chunked")
     if loss_in_forward:
@@ -87,7 +92,7 @@ def assemble(spec: ModelSpec, ds_config: dict, options: EngineOptions, objective
     fast_path.compile_engine(ds, compile_mode)
     reference = build_reference(objective.reference, spec, ds_config, options.seed) \
         if objective.uses_reference else None
-    return Assembled(ds, optimizer, scheduler, split, lora, loss_in_forward,
+    return Assembled(ds, optimizer, scheduler, split, lora, tiled_mlps, loss_in_forward,
                      {"compile": compile_mode, "loss_impl": loss_impl}, reference)
 
 

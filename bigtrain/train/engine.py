@@ -37,6 +37,7 @@ class Engine:
         parts = assemble(spec, ds_config, options, self.objective)
         self.ds, self.optimizer, self.scheduler = parts.ds, parts.optimizer, parts.scheduler
         self.split, self.lora, self.reference = parts.split, parts.lora, parts.reference
+        self.tiled_mlps = parts.tiled_mlps
         self.loss_in_forward, self.fast_path = parts.loss_in_forward, parts.fast_path
         start_schedule(self.scheduler)
         self.device = get_accelerator().current_device_name()

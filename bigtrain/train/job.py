@@ -33,7 +33,8 @@ from bigtrain.eval.during_training import TaskEvaluator
 from bigtrain.metrics.logs import attach_log_file
 from bigtrain.metrics.plot import write_loss_plot
 from bigtrain.models.registry import slow_vocab_hint
-from bigtrain.parallel.split import Topology, check_split_layout
+from bigtrain.parallel.split_rules import check_split_layout
+from bigtrain.parallel.topology import Topology
 from bigtrain.parallel.lora import check_same_lora, training_flops
 from bigtrain.train import autobatch
 from bigtrain.train.engine import Engine, EngineOptions, start_schedule
@@ -232,7 +233,8 @@ def engine_options(run: RunConfig, token_weighted: bool = False) -> EngineOption
         activation_checkpointing=run.activation_checkpointing.enabled,
         checkpoint_every_n_layers=run.activation_checkpointing.every_n_layers, seed=run.train.seed,
         compile=run.train.compile, loss_impl=run.train.loss_impl, lora=run.lora, packed=run.data.packing,
-        token_weighted=token_weighted)
+        token_weighted=token_weighted, tiled_mlp=run.activation_checkpointing.tiled_mlp,
+        offload_hidden_states=run.activation_checkpointing.offload_hidden_states)
 
 
 def probe_micro_batch(spec: models.ModelSpec, config: JobConfig, resolved: Resolved, options: EngineOptions,

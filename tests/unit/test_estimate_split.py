@@ -55,7 +55,7 @@ def test_estimate_refuses_the_splits_training_refuses(args, named, capsys):
 
 
 def test_a_world_that_does_not_split_is_refused():
-    with pytest.raises(ValueError, match="not divisible by tensor 4"):
+    with pytest.raises(ValueError, match="not divisible by parallel.tensor=4"):
         Setup(world_size=6, tensor=4)
 
 

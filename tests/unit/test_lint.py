@@ -87,8 +87,17 @@ MISTAKES = [
     (with_(fp16={"enabled": True}), ("fp16.enabled=true", "bf16.enabled=true")),
     (with_(train_micro_batch_size_per_gpu=0), ("train_micro_batch_size_per_gpu=0", "positive integer")),
     (with_(bf16=True), ("bf16=true", '{"enabled": true}')),  # DeepSpeed: TypeError
-    (with_(tensor_parallel={"autotp_size": 2}), ("tensor_parallel.autotp_size=2", "multiple of 2", "1 rank(s)")),
 ]
+
+
+def test_a_split_is_judged_at_the_world_given_or_at_the_ranks_it_is_written_for():
+    """autotp_size 2 needs 2 ranks: refused at 1 rank, accepted with no world size (as a complete batch triple is
+    checked at the data-parallel size it was written for)."""
+    config = with_(tensor_parallel={"autotp_size": 2})
+    errs, _ = lines(config, world_size=1)
+    assert naming(errs, "tensor_parallel.autotp_size=2", "multiple of 2", "1 rank(s)"), errs
+    assert lines(config)[0] == []
+    assert lines(config, world_size=4)[0] == []  # its triple is written for 2 data-parallel ranks
 
 
 @pytest.mark.parametrize("config, needles", MISTAKES, ids=[m[1][0] for m in MISTAKES])

@@ -94,7 +94,7 @@ def test_sequence_parallel_attention_keeps_packed_examples_apart():
     sdpa gives each example alone, and plain causal sdpa where nothing is packed."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from bigtrain.parallel.split import document_sdpa
+    from bigtrain.parallel.sequence import document_sdpa
 
     module = torch.nn.Module()
     module.is_causal = True

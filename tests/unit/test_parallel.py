@@ -16,7 +16,7 @@ from bigtrain.parallel.pipeline import layer_specs
 @pytest.mark.parametrize("args, message", [
     ((4, 3, 10), "world size 4 is not divisible by pipeline.stages=3"),
     ((4, 4, 3), "pipeline.stages=4 exceeds the model's 3 pipeline layers"),
-    ((0, 1, 3), "must both be >= 1"),
+    ((0, 1, 3), "must be >= 1"),
 ])
 def test_check_topology_rejects_impossible_layouts(args, message):
     with pytest.raises(ValueError, match=message):

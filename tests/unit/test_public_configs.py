@@ -19,6 +19,7 @@ from bigtrain.cli import main
 from bigtrain.ds.lint import schema
 from bigtrain.ds.lint import DeviceCaps, LintError, errors, lint_problems, read_ds_json
 from bigtrain.ds.resolve import triple_world
+from bigtrain.parallel.topology import Topology
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "public_ds_configs"
@@ -69,7 +70,8 @@ def test_every_config_deepspeed_accepts_passes_the_whole_lint_command(capsys):
     for entry in MANIFEST["files"]:
         if entry["verdict"] != "accept":
             continue
-        world = triple_world(read_ds_json(DATA / entry["file"]))
+        config = read_ds_json(DATA / entry["file"])
+        world = triple_world(config) * Topology.of(config, 1).model_split  # the ranks it is written for
         code = main(["lint", str(DATA / entry["file"]), "--world-size", str(world), "--device", "cuda"])
         out, err = capsys.readouterr()
         assert "Traceback" not in err
@@ -147,3 +149,32 @@ def test_keys_read_outside_the_parser_are_still_in_deepspeed():
     source = (root / "__init__.py").read_text() + (root / "runtime" / "pipe" / "engine.py").read_text()
     for key in schema.OUTSIDE_PARSER:
         assert f"'{key[-1]}'" in source or f'"{key[-1]}"' in source, key
+
+
+AUTOTP = str(DATA / "llamafactory__examples__deepspeed__ds_z2_autotp_config.json")
+
+
+@pytest.mark.parametrize("named, code, said", [
+    ([], 0, "note: no model named: the split (tensor=2) is judged as DeepSpeed judges the JSON; --model FAMILY"),
+    (["--model", "gpt2"], 2, "bigtrain lint: parallel.tensor=2: the gpt2 family does not support tensor parallelism"),
+    (["--set", "model.family=gpt2"], 2, "the gpt2 family does not support tensor parallelism"),
+    (["--model", "llama"], 0, None),
+])
+def test_lint_holds_a_split_to_the_family_it_is_told_about(capsys, named, code, said):
+    """LLaMA-Factory's AutoTP config, which DeepSpeed accepts at 2 ranks: the run config's default family (GPT-2)
+    is nobody's choice, so only a family named on the command line (or in --config) refuses it."""
+    assert main(["lint", AUTOTP, "--world-size", "2", "--device", "cuda", *named]) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if said:
+        assert said in err, err
+    assert ("no model named" in err) == (not named), err
+
+
+def test_a_run_config_that_names_a_family_applies_its_rules(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  family: gpt2\n")
+    assert main(["lint", AUTOTP, "--world-size", "2", "--device", "cuda", "--config", str(config)]) == 2
+    assert "the gpt2 family does not support tensor parallelism" in capsys.readouterr().err
+    config.write_text("zero:\n  stage: 2\n")  # a run config that names no family: the JSON judged alone
+    assert main(["lint", AUTOTP, "--world-size", "2", "--device", "cuda", "--config", str(config)]) == 0

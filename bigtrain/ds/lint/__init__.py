@@ -7,6 +7,7 @@ the rest of `ds/`, so the lint cannot come to depend on what it judges.
 `judge`    the one pass (`lint_problems`): keys, values and types against what DeepSpeed reads,
            a user's JSON read with every duplicate key named (`read_ds_json`)
 `checks`   what `deepspeed.initialize` checks beyond the keys: batch triple, layout, device, parallelism
+`levers`   ZeRO++, Muon against ZeRO, expert parallelism (DeepSpeed 0.17-0.19)
 `optim`    the optimizer and scheduler DeepSpeed would build, checked without training
 `schema`   what DeepSpeed reads, asked of the installed DeepSpeed at run time
 """

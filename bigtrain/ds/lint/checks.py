@@ -10,10 +10,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from bigtrain.config.rules import DS_KEYS, DS_PARALLEL, Layout, divisibility_problem, layout_problems
-from bigtrain.config.rules import parallel_problems as split_problems
-from bigtrain.ds.keys import split_sizes
+from bigtrain.config.rules import DS_KEYS, Layout, layout_problems
 from bigtrain.ds.lint import schema
+from bigtrain.parallel.topology import DS_AXES, Topology
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -98,12 +97,13 @@ def batch_problems(config: dict, world_size: int | None, pipeline_stages: int | 
         return [nowhere]
     stages = pipeline_stages_of(config, pipeline_stages)
     if world_size is not None:
-        problem = divisibility_problem(world_size, stages)
+        problem = Topology(world_size, stages).divisibility_problem(DS_AXES)
         if problem:
             return [Problem("pipeline.stages", problem)]
-        if world_size % (stages * model_split(config)):
+        topology = topology_of(config, world_size, stages)
+        if topology.divisibility_problem(DS_AXES):
             return []  # the split does not divide the world: parallel_problems says so, and no batch holds there
-        dp = world_size // (stages * model_split(config))
+        dp = topology.data
     elif None not in (total, micro, accum):
         return []  # it holds at the data-parallel size it was written for
     else:
@@ -191,25 +191,32 @@ def layout_lint(config: dict, pipeline_stages: int | None) -> list[Problem]:
     return problems
 
 
-def model_split(config: dict) -> int:
-    """Ranks that share one batch: a tensor-parallel group sees the same samples, a sequence-parallel one
-    splits each sample; the data-parallel size is the world over this (and over the pipeline stages)."""
-    tensor, sequence, _ = split_sizes(config)
-    return tensor * sequence
+def topology_of(config: dict, world_size: int, pipeline_stages: int | None = None) -> Topology:
+    """The split `config` asks for at `world_size` ranks (`pipeline_stages` given on the command line wins)."""
+    topology = Topology.of(config, world_size)
+    if pipeline_stages is None:
+        return topology
+    from dataclasses import replace
+    return replace(topology, pipeline=pipeline_stages)
 
 
 def parallel_problems(config: dict, world_size: int | None) -> list[Problem]:
     """Tensor / sequence / expert parallel sizes: combinations DeepSpeed cannot run, and sizes that do not divide
-    the world (one rank without --world-size)."""
-    tensor, sequence, expert = split_sizes(config)
-    stages = pipeline_stages_of(config, None)
-    problems = [Problem("", line) for line in split_problems(stages, tensor, sequence, expert, DS_PARALLEL)]
-    world = world_size or 1
-    said = f"{world} rank(s)" + ("" if world_size else " (no world size given; pass --world-size)")
-    for key, size in (("tensor_parallel.autotp_size", tensor), ("sequence_parallel_size", sequence)):
-        if size > 1 and world % size:
-            problems.append(Problem(key, f"={size} needs a multiple of {size} ranks; checked for {said}"))
-    return problems
+    the world. Without a world size, the sizes are judged at the ranks they are written for (as a complete batch
+    triple is): a file with autotp_size 2 is meant for a multiple of 2 ranks."""
+    topology = topology_of(config, world_size or 1)
+    problems = [Problem("", line) for line in topology.combination_problems(DS_AXES)]
+    if world_size is None:
+        return problems
+    for key, size in ((DS_AXES.tensor, topology.tensor), (DS_AXES.sequence, topology.sequence),
+                      (DS_AXES.expert, topology.expert)):
+        if size > 1 and world_size % size:
+            problems.append(Problem(key, f"={size} needs a multiple of {size} ranks; checked for {world_size} "
+                                         "rank(s)"))
+    if not any(p.path for p in problems) and topology.divisibility_problem(DS_AXES):
+        problems.append(Problem("", topology.divisibility_problem(DS_AXES)))
+    from bigtrain.ds.lint.levers import autoep_problems
+    return problems or autoep_problems(config, world_size or topology.replica * topology.expert)
 
 
 def _enabled(config: dict, key: str) -> bool:
@@ -250,7 +257,7 @@ def parser_problems(config: dict, world_size: int | None, pipeline_stages: int |
     """DeepSpeed's own config parser as the last gate (HF "auto" stand-ins in place)."""
     body = _without_hf_auto(config)
     if world_size is not None:
-        dp = max(1, world_size // (pipeline_stages_of(config, pipeline_stages) * model_split(config)))
+        dp = max(1, world_size // topology_of(config, world_size, pipeline_stages_of(config, pipeline_stages)).replica)
     else:
         total, micro, accum = (body.get(k) for k in BATCH_KEYS)
         dp = total // (micro * accum) if all(is_int(v) and v > 0 for v in (total, micro, accum)) \

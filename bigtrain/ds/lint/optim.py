@@ -55,6 +55,23 @@ def optimizer_problems(config: dict, device: DeviceCaps) -> list[Problem]:
     if not isinstance(cls, str):
         problems += _params_problems(cls, lowered, params)
         problems += _untested_with_zero(config, cls, name)
+    elif lowered == "muon":
+        problems += muon_params_problems(params)
+    return problems
+
+
+def muon_params_problems(params: dict) -> list[Problem]:
+    """DeepSpeed's Muon picks the keys each half takes (`DeepSpeedEngine._MUON_HALF_KEYS` / `_ADAM_HALF_KEYS`,
+    `muon_lr` / `adam_lr`) and silently drops the rest, so a misspelt one would train at the defaults."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.zero.muon.original_muon import NS_METHODS
+    accepted = sorted({*DeepSpeedEngine._MUON_HALF_KEYS, *DeepSpeedEngine._ADAM_HALF_KEYS, "muon_lr", "adam_lr",
+                       "per_head_muon", "foreach", *schema.ADAM_POPPED})
+    problems = [_param_line("optimizer.params", key, accepted, "Muon") for key in params if key not in accepted]
+    method = params.get("ns_method", "gram")
+    if method not in NS_METHODS:
+        problems.append(Problem("optimizer.params.ns_method", f"={show(method)}: DeepSpeed's Muon takes one of "
+                                                              f"{', '.join(sorted(NS_METHODS))}"))
     return problems
 
 

@@ -1,0 +1,133 @@
+"""ALST's memory tiling beside Ulysses, applied to a plain module from outside: DeepSpeed's `TiledMLP` computes each
+position-wise MLP over tiles of the sequence and recomputes each tile's forward in the backward pass, so a layer
+keeps only its input for backward instead of the MLP's intermediate activations (gate, up, their product: several
+times the hidden width per token). Every token's MLP is independent of the others, so the result is the plain
+computation's, tile by tile.
+
+The MLPs are found by what they are, not by family: the modules transformers (and bigtrain's families built on it)
+name `...MLP` (LlamaMLP, Qwen2MLP, MistralMLP, GPT2MLP, ...), whose forward takes the hidden states alone; mixtures of
+experts (`...SparseMoeBlock`) are not MLPs here. A tile is `hidden_size` tokens, ALST's choice. Every rank of a run
+computes the same number of tiles (bigtrain's rows are data.seq_len tokens, a sequence-parallel rank's slice the same
+length on every rank), which ZeRO-3's per-tile parameter gathers need.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from bigtrain.config.rules import tiled_mlp_wanted
+
+def mlp_modules(model: nn.Module) -> list[nn.Module]:
+    """The position-wise MLP blocks of `model` (outermost only)."""
+    found: list[nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        if type(module).__name__.endswith("MLP") and any(True for _ in module.parameters()):
+            found.append(module)
+            inside.update(id(m) for m in module.modules())
+    return found
+
+
+def apply_tiled_mlp(model: nn.Module, tile: int) -> int:
+    """Compute every MLP of `model` with DeepSpeed's TiledMLP over tiles of `tile` tokens while training; returns
+    how many MLPs were tiled. Outside training (eval, no grad) the MLP runs as it was."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+    if tile < 1:
+        raise ValueError(f"tiled MLP: tile={tile} tokens, must be >= 1")
+    modules = mlp_modules(model)
+    for module in modules:
+        if getattr(module, "_bigtrain_tiled", False):
+            continue
+        plain = module.forward
+        params = [p for p in module.parameters()]
+
+        def tiled(x: torch.Tensor, *args: Any, _plain: Any = plain, _module: nn.Module = module,
+                  _params: list = params, **kwargs: Any) -> torch.Tensor:
+            if args or kwargs or not (_module.training and torch.is_grad_enabled()) or x.dim() < 2:
+                return _plain(x, *args, **kwargs)
+            shards = max(1, math.ceil(x.shape[-2] / tile))
+            return TiledMLP.apply(lambda _self, part: _plain(part.contiguous()), _module, x, shards, _params)
+
+        module.forward = tiled
+        module._bigtrain_tiled = True
+    return len(modules)
+
+
+def hidden_size(spec: Any) -> int | None:
+    """The model's hidden width (transformers' `hidden_size`, GPT-2's `n_embd` through its alias)."""
+    config = getattr(spec.config, "get_text_config", lambda: spec.config)()
+    return getattr(config, "hidden_size", None)
+
+
+def apply_tiling(model: nn.Module, spec: Any, setting: bool | str, sequence: int = 1) -> int:
+    """`activation_checkpointing.tiled_mlp` for this job: the MLPs tiled (0 when off or when the model has none)."""
+    hidden = hidden_size(spec)
+    tokens = spec.seq_len // sequence if spec.seq_len else None
+    if not tiled_mlp_wanted(setting, tokens, hidden) or not hidden:
+        return 0
+    count = apply_tiled_mlp(model, hidden)
+    if count and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+        logging.getLogger("bigtrain").info("tiled MLP (activation_checkpointing.tiled_mlp=%s): %d MLPs over tiles of "
+                                           "%d tokens (DeepSpeed's TiledMLP)", setting, count, hidden)
+    if count == 0 and setting is True:
+        raise ValueError(f"activation_checkpointing.tiled_mlp=true: {spec.family} has no MLP blocks to tile (modules "
+                         "named ...MLP); set it to auto or false")
+    return count
+
+
+def apply_checkpointing(spec: Any, model: nn.Module, every_n: int, ds_config: dict, offload: bool | str,
+                        sequence: int = 1) -> int:
+    """Activation checkpointing for the engine, with ALST's offload of the checkpointed hidden states when
+    `activation_checkpointing.offload_hidden_states` resolves on: transformers' own (non-reentrant) checkpointing,
+    inside DeepSpeed's `CheckpointHiddenStatesOffload` around every forward (it marks each checkpointed layer's
+    input and keeps it in host memory until backward); else DeepSpeed's checkpoint (`apply_activation_checkpointing`).
+    Returns how many blocks are checkpointed."""
+    from deepspeed.accelerator import get_accelerator
+
+    from bigtrain.config.rules import offload_hidden_states_wanted
+    from bigtrain.parallel.checkpointing import apply_activation_checkpointing
+    device = get_accelerator().device_name()
+    tokens = spec.seq_len // sequence if spec.seq_len else None
+    if not offload_hidden_states_wanted(offload, device, True, tokens, hidden_size(spec)):
+        return apply_activation_checkpointing(spec, model, every_n=every_n, ds_config=ds_config)
+    if spec.enable_native_checkpointing is None or not _checkpointing_layers(model):
+        if offload is True:
+            raise ValueError(f"activation_checkpointing.offload_hidden_states=true: {spec.family} has no transformers "
+                             "checkpointing layers to offload the inputs of; set it to auto or false")
+        return apply_activation_checkpointing(spec, model, every_n=every_n, ds_config=ds_config)
+    blocks = apply_activation_checkpointing(spec, model, every_n=every_n, method="native")
+    install_hidden_state_offload(model, pinned=device != "cpu")
+    return blocks
+
+
+def _checkpointing_layers(model: nn.Module) -> bool:
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return False
+    return any(isinstance(m, GradientCheckpointingLayer) for m in model.modules())
+
+
+def install_hidden_state_offload(model: nn.Module, pinned: bool = True) -> Any:
+    """Run `model`'s training forwards inside DeepSpeed's offloading context manager (its saved-tensor hooks pack
+    during the forward; backward unpacks through them). Returns the manager (its `stats` count what it moved)."""
+    from deepspeed.runtime.activation_checkpointing.offload_activations import (
+        get_checkpoint_hidden_states_offloading_ctx_manager)
+    manager = get_checkpoint_hidden_states_offloading_ctx_manager(use_pin_memory=pinned, use_streams=pinned)
+    plain = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not (model.training and torch.is_grad_enabled()):
+            return plain(*args, **kwargs)
+        with manager:
+            return plain(*args, **kwargs)
+
+    model.forward = forward
+    model._bigtrain_offload = manager
+    return manager
