@@ -63,7 +63,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     resolved = resolve_ds_file(args.file, run, world, args.pipeline_stages, device=device, fit_world=True,
                                sources=field_sources(args.config, overrides))  # the runner's precedence
     from bigtrain.parallel.split_rules import check_split_layout
-    from bigtrain.parallel.topology import Topology
+    from bigtrain.config.topology import Topology
     named = "model.family" in field_sources(args.config, overrides)  # else the default family is nobody's choice
     split_note = check_split_layout(resolved.run, Topology.of(resolved.ds_config, world), family_given=named)
     # the lint's warnings, the precedence lines, filled sections, batch fitting

@@ -23,7 +23,7 @@ from bigtrain.checkpoint.safe_load import refuse_unsafe_files
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 from bigtrain.checkpoint.universal import SUFFIX, convert_collectively
 from bigtrain.distributed.world import World
-from bigtrain.parallel.topology import Topology
+from bigtrain.config.topology import Topology
 
 log = logging.getLogger("bigtrain")
 

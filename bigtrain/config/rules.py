@@ -6,7 +6,7 @@ silently does something else). The run config's validation, the DeepSpeed-JSON l
 cases, the memory estimator and the pipeline builder all ask these functions, each naming the keys in
 its own vocabulary (`RUN_KEYS` for run-config fields, `DS_KEYS` for DeepSpeed JSON keys), so the rule
 and its wording exist once. The split sizes' own rules (divisibility, which axes combine) are the
-topology's (`bigtrain.parallel.topology.Topology`).
+topology's (`bigtrain.config.topology.Topology`).
 
 Pure: no DeepSpeed import, no I/O.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bigtrain.parallel.topology import RUN_AXES, Axes
+from bigtrain.config.topology import RUN_AXES, Axes
 
 ONE_BIT_OPTIMIZERS = ("onebitadam", "zerooneadam", "onebitlamb")
 PARTITION_METHODS = ("parameters", "uniform")  # or "type:REGEX"

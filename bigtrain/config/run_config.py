@@ -12,7 +12,7 @@ from bigtrain.config.fields import doc
 from bigtrain.models.names import canonical, default_size
 from bigtrain.config.rules import (RUN_KEYS, Layout, check_layout, lora_problems, muon_problems, optimizer_problems,
                                    partition_problem, zero_plus_plus_problem)
-from bigtrain.parallel.topology import Topology
+from bigtrain.config.topology import Topology
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]

@@ -10,7 +10,7 @@ from typing import Mapping
 from bigtrain.config.run_config import RunConfig
 from bigtrain.ds.keys import BATCH_FIELDS, BATCH_KEYS
 from bigtrain.ds.lint import LintError, holds_nowhere
-from bigtrain.parallel.topology import Topology
+from bigtrain.config.topology import Topology
 
 
 DEFAULT_MICRO_BATCH = 4

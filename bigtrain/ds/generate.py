@@ -6,7 +6,7 @@ from bigtrain.config.run_config import (ActivationCheckpointConfig, OffloadConfi
 from bigtrain.ds.batch import BatchTriple, solve_batch
 from bigtrain.ds.keys import (BATCH_FIELDS, MUON_FIELDS, OPTIMIZER_TYPES, SCHEDULER_TYPES, ZERO_COMMON,
                               ZERO_PLUS_PLUS, ZERO_STAGE_1_2, ZERO_STAGE_3)
-from bigtrain.parallel.topology import Topology
+from bigtrain.config.topology import Topology
 
 
 def build_ds_config(run: RunConfig, world_size: int) -> dict:

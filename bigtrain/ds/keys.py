@@ -28,17 +28,6 @@ PARALLEL_KEYS = {"parallel.tensor": ("tensor_parallel", "autotp_size"), "paralle
 
 
 
-def split_sizes(config: dict) -> tuple[int, int, int]:
-    """(tensor, sequence, expert) parallel sizes a DeepSpeed dict asks for, 1 where it asks for none (or for a
-    value that is not a positive integer: the lint names that)."""
-    tensor = config.get("tensor_parallel")
-    expert = config.get("expert_parallel")
-    sizes = (tensor.get("autotp_size", 1) if isinstance(tensor, dict) else 1, config.get("sequence_parallel_size", 1),
-             expert.get("autoep_size", 1) if isinstance(expert, dict) and expert.get("enabled") else 1)
-    return tuple(s if isinstance(s, int) and not isinstance(s, bool) and s >= 1 else 1  # type: ignore[return-value]
-                 for s in sizes)
-
-
 # optimizer.name -> DeepSpeed's optimizer type; schedule.kind <-> DeepSpeed's scheduler type
 OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "lamb": "Lamb", "muon": "Muon"}
 MUON_FIELDS = {"optimizer.muon_lr": "muon_lr", "optimizer.momentum": "momentum"}  # in optimizer.params

@@ -45,7 +45,7 @@ from bigtrain.ds.lint import warnings as lint_warnings
 from bigtrain.ds.mapping import (BATCH_FIELDS, LINKS, MISSING, absorb, field_value, get_path, json_key, set_path,
                                  stated, with_fields, with_json_fields)
 from bigtrain.ds.runtime import fit_to_device
-from bigtrain.parallel.topology import Topology
+from bigtrain.config.topology import Topology
 
 FILLED = ("zero_optimization", "optimizer", "scheduler", "gradient_clipping")
 

@@ -88,7 +88,7 @@ def check_split_sizes(spec: ModelSpec, tensor: int, sequence: int, expert: int =
     recommends what training refuses: ValueError with train's own line."""
     from bigtrain.config.load import load_run_config
     from bigtrain.parallel.split_rules import check_split
-    from bigtrain.parallel.topology import Topology
+    from bigtrain.config.topology import Topology
     sets = [f"model.family={spec.family}", f"parallel.tensor={tensor}", f"parallel.sequence={sequence}",
             f"parallel.expert={expert}"]
     sets += [f"data.seq_len={spec.seq_len}"] if spec.seq_len else []

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from bigtrain.config.rules import (Layout, check_layout, layout_problems, offload_hidden_states_wanted,
                                    tiled_mlp_wanted)
 from bigtrain.config.run_config import RunConfig, ZeroConfig
-from bigtrain.parallel.topology import Topology
+from bigtrain.config.topology import Topology
 
 _ZERO = ZeroConfig()  # bucket defaults come from the run config, the one place settings live
 PRECISIONS = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -110,7 +110,7 @@ def _autoep(tag_dir: Path) -> bool:
         return False
     import json
 
-    from bigtrain.parallel.topology import Topology
+    from bigtrain.config.topology import Topology
     ds_config = json.loads(marker.read_text()).get("ds_config") or {}
     return Topology.of(ds_config, 1).expert > 1
 

@@ -77,7 +77,7 @@ def batch_report(run: RunConfig, world: int, ds_path: str | None, device: Device
     Resolved exactly as the runner resolves it (`bigtrain.ds.resolve.resolve`)."""
     from bigtrain.ds.resolve import resolve
     from bigtrain.parallel.split_rules import check_split_layout
-    from bigtrain.parallel.topology import Topology
+    from bigtrain.config.topology import Topology
     resolved = resolve(run, ds_path, world, device, sources=sources)
     ds = resolved.ds_config
     check_split_layout(run, Topology.of(ds, world))  # a family that cannot split so, LoRA with TP, ...

@@ -1,16 +1,15 @@
 """The only package that turns model specs into DeepSpeed objects: pipeline modules, activation checkpointing
-from outside the model, ZeRO-3 construction, tensor / sequence / expert splits, and the topology they share.
+from outside the model, ZeRO-3 construction, tensor / sequence / expert splits (the sizes they share are
+`bigtrain.config.topology`'s).
 
-Names are imported on first use: `bigtrain.parallel.topology` is pure and the run config reads it, so importing
-this package must not import DeepSpeed."""
+Names are imported on first use, so importing this package does not import DeepSpeed."""
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
 _WHERE = {"apply_activation_checkpointing": "checkpointing", "build_module": "zero_init",
-          "check_topology": "topology", "load_pipeline_state": "pipeline", "to_pipeline_module": "pipeline",
-          "Topology": "topology"}
+          "load_pipeline_state": "pipeline", "to_pipeline_module": "pipeline"}
 
 __all__ = sorted(_WHERE)
 

@@ -14,7 +14,7 @@ from torch import nn
 from bigtrain.config.rules import partition_problem
 from bigtrain.models.pipeline_form import build_layer, first_tied_layers, pipeline_state_from_module
 from bigtrain.models.spec import LayerDef, ModelSpec
-from bigtrain.parallel.topology import check_topology
+from bigtrain.config.topology import check_topology
 
 
 class _PlainStart:

@@ -20,7 +20,7 @@ import torch
 from bigtrain.models.spec import ModelSpec
 from bigtrain.parallel.sequence import attach_ulysses, restore_attention, sequence_loss, shard_sequence
 from bigtrain.parallel.split_rules import check_split, kv_heads_line
-from bigtrain.parallel.topology import Topology
+from bigtrain.config.topology import Topology
 
 
 class ModelSplit:

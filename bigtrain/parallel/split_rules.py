@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from bigtrain.models.spec import ModelSpec
-from bigtrain.parallel.topology import Topology
+from bigtrain.config.topology import Topology
 
 
 def check_split_layout(run: Any, topology: Topology, family_given: bool = True) -> str | None:

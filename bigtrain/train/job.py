@@ -34,7 +34,7 @@ from bigtrain.metrics.logs import attach_log_file
 from bigtrain.metrics.plot import write_loss_plot
 from bigtrain.models.registry import slow_vocab_hint
 from bigtrain.parallel.split_rules import check_split_layout
-from bigtrain.parallel.topology import Topology
+from bigtrain.config.topology import Topology
 from bigtrain.parallel.lora import check_same_lora, training_flops
 from bigtrain.train import autobatch
 from bigtrain.train.engine import Engine, EngineOptions, start_schedule

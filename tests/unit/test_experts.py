@@ -29,7 +29,7 @@ def test_a_model_autoep_has_no_preset_for_is_one_line():
     assert "the model's 6 experts do not divide over 4 ranks" in expert_problem(MixtralConfig(num_local_experts=6), 4)
     with pytest.raises(ValueError, match="the llama family does not support expert parallelism"):
         from bigtrain.parallel.split_rules import check_family_modes
-        from bigtrain.parallel.topology import Topology
+        from bigtrain.config.topology import Topology
         check_family_modes("llama", Topology(2, expert=2))
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from bigtrain.models import build
-from bigtrain.parallel import apply_activation_checkpointing, check_topology, to_pipeline_module
+from bigtrain.config.topology import check_topology
+from bigtrain.parallel import apply_activation_checkpointing, to_pipeline_module
 from bigtrain.parallel.pipeline import layer_specs
 
 

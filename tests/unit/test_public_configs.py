@@ -19,7 +19,7 @@ from bigtrain.cli import main
 from bigtrain.ds.lint import schema
 from bigtrain.ds.lint import DeviceCaps, LintError, errors, lint_problems, read_ds_json
 from bigtrain.ds.resolve import triple_world
-from bigtrain.parallel.topology import Topology
+from bigtrain.config.topology import Topology
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "public_ds_configs"

@@ -10,7 +10,7 @@ import torch
 
 from bigtrain.config.load import load_run_config
 from bigtrain.parallel.split_rules import check_split_layout
-from bigtrain.parallel.topology import Topology
+from bigtrain.config.topology import Topology
 
 
 @pytest.mark.parametrize("sets, topology, expected", [
@@ -73,7 +73,7 @@ def test_a_tensor_group_larger_than_the_key_value_heads_is_said_on_the_console()
     no attention shard of their own."""
     from bigtrain.models import build
     from bigtrain.parallel.split_rules import kv_heads_line
-    from bigtrain.parallel.topology import Topology
+    from bigtrain.config.topology import Topology
     from messages import naming
     spec = build("llama", "custom", n_layer=2, n_embd=64, n_head=4, n_kv_head=2, intermediate_size=160,
                  vocab_size=256, seq_len=32)

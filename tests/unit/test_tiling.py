@@ -82,9 +82,9 @@ def test_a_run_trains_alike_tiled_or_not(one_rank_group, tmp_path, monkeypatch):
     """The engine applies the tiling (activation_checkpointing.tiled_mlp=true): 3 steps' losses as untiled."""
     from launch import TINY
 
-    import bigtrain.train.engine as engine
+    import bigtrain.train.assemble as engine  # where the engine is assembled (tiling included)
     from bigtrain.distributed.world import World
-    from bigtrain.run import build_parser, run_config_from_args
+    from bigtrain.config.flags import build_run_parser as build_parser, run_config_from_args
     from bigtrain.train.job import train
     tiled_counts = []
 
@@ -142,7 +142,7 @@ def test_a_run_offloading_hidden_states_trains_alike(one_rank_group, tmp_path, m
 
     import bigtrain.parallel.tiling as tiling
     from bigtrain.distributed.world import World
-    from bigtrain.run import build_parser, run_config_from_args
+    from bigtrain.config.flags import build_run_parser as build_parser, run_config_from_args
     from bigtrain.train.job import train
     managers = []
 

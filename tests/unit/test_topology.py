@@ -1,4 +1,4 @@
-"""One topology (bigtrain.parallel.topology): its sizes, and the same rule worded for the run config, the
+"""One topology (bigtrain.config.topology): its sizes, and the same rule worded for the run config, the
 DeepSpeed-JSON lint and the estimator."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from bigtrain.config.load import load_run_config
 from bigtrain.ds.lint import DeviceCaps, errors, lint_problems
-from bigtrain.parallel.topology import DS_AXES, Topology
+from bigtrain.config.topology import DS_AXES, Topology
 
 CPU = DeviceCaps("cpu", fp16=False, bf16=True, local=False)
 

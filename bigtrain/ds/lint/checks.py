@@ -12,7 +12,7 @@ from typing import Any
 
 from bigtrain.config.rules import DS_KEYS, Layout, layout_problems
 from bigtrain.ds.lint import schema
-from bigtrain.parallel.topology import DS_AXES, Topology
+from bigtrain.config.topology import DS_AXES, Topology
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -202,7 +202,7 @@ def topology_of(config: dict, world_size: int, pipeline_stages: int | None = Non
 
 def parallel_problems(config: dict, world_size: int | None) -> list[Problem]:
     """Tensor / sequence / expert parallel sizes: combinations DeepSpeed cannot run, and sizes that do not divide
-    the world. Without a world size, the sizes are judged at the ranks they are written for (as a complete batch
+    the world (AutoEP's own validation follows where these hold: `levers.split_problems`). Without a world size, the sizes are judged at the ranks they are written for (as a complete batch
     triple is): a file with autotp_size 2 is meant for a multiple of 2 ranks."""
     topology = topology_of(config, world_size or 1)
     problems = [Problem("", line) for line in topology.combination_problems(DS_AXES)]
@@ -215,8 +215,7 @@ def parallel_problems(config: dict, world_size: int | None) -> list[Problem]:
                                          "rank(s)"))
     if not any(p.path for p in problems) and topology.divisibility_problem(DS_AXES):
         problems.append(Problem("", topology.divisibility_problem(DS_AXES)))
-    from bigtrain.ds.lint.levers import autoep_problems
-    return problems or autoep_problems(config, world_size or topology.replica * topology.expert)
+    return problems
 
 
 def _enabled(config: dict, key: str) -> bool:

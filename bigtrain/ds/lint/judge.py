@@ -20,8 +20,8 @@ from typing import Any
 
 from bigtrain.ds.lint import schema
 from bigtrain.ds.lint.checks import (BATCH_KEYS, DeviceCaps, Problem, batch_problems, device_problems, first_line,
-                                     layout_lint, parallel_problems, parser_problems)
-from bigtrain.ds.lint.levers import muon_zero_problems, zero_plus_plus_problems
+                                     layout_lint, parser_problems)
+from bigtrain.ds.lint.levers import muon_zero_problems, split_problems, zero_plus_plus_problems
 from bigtrain.ds.lint.optim import FOREIGN_PARAMS, optimizer_problems, scheduler_problems
 
 # Names other tools (HF TrainingArguments, Megatron, Lightning, Apex) use for a DeepSpeed setting.
@@ -76,7 +76,7 @@ def lint_problems(config: Any, device: DeviceCaps, world_size: int | None = None
         return [Problem("", f"the top level must be a JSON object, got {type(config).__name__}")]
     problems = key_problems(config)
     problems += batch_problems(config, world_size, pipeline_stages)
-    problems += layout_lint(config, pipeline_stages) + parallel_problems(config, world_size)
+    problems += layout_lint(config, pipeline_stages) + split_problems(config, world_size)
     problems += device_problems(config, device) + zero_plus_plus_problems(config, world_size, device)
     problems += optimizer_problems(config, device) + muon_zero_problems(config)
     problems += scheduler_problems(config)
@@ -328,7 +328,7 @@ def semantic_problems(config: dict, world_size: int | None, pipeline_stages: int
                       device: DeviceCaps) -> list[str]:
     """Error lines about batch, layout, device, optimizer and scheduler."""
     problems = batch_problems(config, world_size, pipeline_stages) + layout_lint(config, pipeline_stages)
-    problems += parallel_problems(config, world_size) + zero_plus_plus_problems(config, world_size, device)
+    problems += split_problems(config, world_size) + zero_plus_plus_problems(config, world_size, device)
     problems += device_problems(config, device) + optimizer_problems(config, device) + scheduler_problems(config)
     problems += muon_zero_problems(config)
     return [str(p) for p in errors(problems)]

@@ -3,7 +3,8 @@ expert parallelism (AutoEP, validated by DeepSpeed's own `validate_autoep_config
 `checks`; `judge.lint_problems` runs them in the same pass."""
 from __future__ import annotations
 
-from bigtrain.ds.lint.checks import (DeviceCaps, Problem, first_line, is_int, offload_device, show, topology_of,
+from bigtrain.ds.lint.checks import (DeviceCaps, Problem, first_line, is_int, offload_device, parallel_problems, show,
+                                     topology_of,
                                      zero_section)
 
 
@@ -112,3 +113,8 @@ def autoep_problems(config: dict, world: int) -> list[Problem]:
     return problems
 
 
+def split_problems(config: dict, world_size: int | None) -> list[Problem]:
+    """The split's sizes (`checks.parallel_problems`), then, where they hold, DeepSpeed's AutoEP validation."""
+    problems = parallel_problems(config, world_size)
+    topology = topology_of(config, world_size or 1)
+    return problems or autoep_problems(config, world_size or topology.replica * topology.expert)

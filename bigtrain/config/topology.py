@@ -81,8 +81,7 @@ class Topology:
 
     @classmethod
     def of(cls, ds_config: dict, world: int) -> "Topology":
-        """The split a resolved DeepSpeed dict asks for (`bigtrain.ds.keys` spells its keys)."""
-        from bigtrain.ds.keys import split_sizes
+        """The split a resolved DeepSpeed dict asks for."""
         tensor, sequence, expert = split_sizes(ds_config)
         pipeline = ds_config.get("pipeline") if isinstance(ds_config.get("pipeline"), dict) else {}
         stages = pipeline.get("stages", 1)
@@ -173,3 +172,14 @@ def check_topology(world_size: int, pipeline_stages: int, num_layers: int) -> in
         raise ValueError(f"pipeline.stages={pipeline_stages} exceeds the model's {num_layers} pipeline layers: "
                          f"use at most {num_layers} stages or a deeper model")
     return topology.data
+
+
+def split_sizes(config: dict) -> tuple[int, int, int]:
+    """(tensor, sequence, expert) parallel sizes a DeepSpeed dict asks for, 1 where it asks for none (or for a
+    value that is not a positive integer: the lint names that)."""
+    tensor = config.get("tensor_parallel")
+    expert = config.get("expert_parallel")
+    sizes = (tensor.get("autotp_size", 1) if isinstance(tensor, dict) else 1, config.get("sequence_parallel_size", 1),
+             expert.get("autoep_size", 1) if isinstance(expert, dict) and expert.get("enabled") else 1)
+    return tuple(s if isinstance(s, int) and not isinstance(s, bool) and s >= 1 else 1  # type: ignore[return-value]
+                 for s in sizes)
