@@ -53,7 +53,7 @@ def format_table(rows: list[MemoryEstimate], gpu_mem: float, cpu_mem: float | No
     for e in rows:
         extra = e.buffers + e.live_params + e.step_transient
         ok = "yes" if fits(e, gpu_mem, cpu_mem, headroom) else "no"
-        lines.append(f"{e.setup.label:<32}{_gib(e.params):>8}{_gib(e.grads):>8}{_gib(e.optimizer):>8}{_gib(extra):>9}"
+        lines.append(f"{e.setup.label:<32}{_gib(e.params + e.reference):>8}{_gib(e.grads):>8}{_gib(e.optimizer):>8}{_gib(extra):>9}"
                      f"{_gib(e.activations):>8}{_gib(e.device_peak):>10}{_gib(e.host_per_node):>10}"
                      f"{_gib(e.nvme * e.setup.gpus_per_node):>11}  {ok}")
     return "\n".join(lines)
@@ -103,7 +103,8 @@ ESTIMATE_FLAGS = {"pretrained": "model.pretrained", "seq_len": "data.seq_len", "
                   "expert": "parallel.expert", "lora_r": "lora.r"}
 # The run-config fields the estimate reads; the rest (zero.*, offload.*, ...) it tabulates for every setup.
 READS = {"model.family", "model.size", "model.overrides", "model.pretrained", "data.seq_len", "data.image_size",
-         "precision", "batch.micro_batch", "parallel.tensor", "parallel.sequence", "parallel.expert", "lora.r"}
+         "precision", "batch.micro_batch", "parallel.tensor", "parallel.sequence", "parallel.expert", "lora.r",
+         "objective.kind", "objective.reference"}
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,8 @@ class Request:
     sequence: int
     lora_r: int
     expert: int = 1
+    objective: str = "lm"  # objective.kind: a pair objective doubles the rows a sample puts through the model
+    reference: str = "none"  # the objective's reference, resolved as training resolves it
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
@@ -152,8 +155,11 @@ def request_from_args(args: argparse.Namespace) -> Request:
     ignored = sorted(set(given) - READS)
     if ignored:
         print(f"note: not read by the estimate, which tabulates every setup: {', '.join(ignored)}", file=sys.stderr)
+    from bigtrain.objectives import build_objective
+    objective = build_objective(run.objective, lora=run.lora.r > 0)
     return Request(model.family, model.size, overrides, "bf16" if run.precision == "auto" else run.precision,
-                   micro or 1, run.parallel.tensor, run.parallel.sequence, run.lora.r, run.parallel.expert)
+                   micro or 1, run.parallel.tensor, run.parallel.sequence, run.lora.r, run.parallel.expert,
+                   objective.kind, objective.reference)
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -178,8 +184,13 @@ def run_estimate(args: argparse.Namespace) -> int:
     print(f"{req.family} {req.size}: {shape.num_params / 1e6:,.1f}M parameters, {base.world_size} ranks "
           f"({args.num_gpus} per node x {args.num_nodes} nodes), {req.precision}, micro-batch {req.micro_batch}{seq}"
           + (f", LoRA r={req.lora_r}: {sum(shape.adapter_numels(req.lora_r)) / 1e6:,.2f}M adapter parameters train"
-             if req.lora_r else ""))
+             if req.lora_r else "")
+          + (f"; objective {req.objective}: two rows a sample" + (f", reference {req.reference}" if req.reference
+                                                                   != "none" else "") if req.objective != "lm" else ""))
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
+    if base.reference == "copy":
+        print("params include the frozen reference model (objective.reference=copy): its weights, partitioned like "
+              "the policy's at ZeRO-3; with LoRA, objective.reference=adapters_off (the default) holds no copy")
     print("GiB. GPU/rank = params + optim + the larger of acts (end of forward) and grads + buffers (end of "
           "backward); buffers: gradient buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"
           f"fits: GPU/rank <= {100 * (1 - args.headroom):.0f}% of --gpu-mem"
@@ -197,8 +208,9 @@ def run_estimate(args: argparse.Namespace) -> int:
         return 1
     print(f"recommended: {best.setup.label} ({_gib(best.device_peak)} GiB of {_gib(gpu_mem)} GiB per GPU"
           + (f", {_gib(best.host_per_node)} GiB CPU per node" if best.host else "") + ")")
+    objective = f" --set objective.kind={req.objective}" if req.objective != "lm" else ""
     print(f"  bigtrain train --model {req.family} --size {req.size} "
-          f"{run_settings(best.setup, req.overrides, args.tiled_mlp)}")
+          f"{run_settings(best.setup, req.overrides, args.tiled_mlp)}{objective}")
     return 0
 
 
@@ -213,7 +225,8 @@ def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: M
                                                                     "accelerator", True, tokens, hidden)
     return Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=req.precision,
                  micro_batch=req.micro_batch, tensor=req.tensor, sequence=req.sequence, expert=req.expert,
-                 lora_r=req.lora_r, tiled_mlp=tiled, offload_hidden_states=offload, muon=args.optimizer == "muon")
+                 lora_r=req.lora_r, tiled_mlp=tiled, offload_hidden_states=offload, muon=args.optimizer == "muon",
+                 pairs=req.objective != "lm", reference=req.reference)
 
 
 def sequence_split_that_fits(shape: ModelShape, base: Setup, gpu_mem: float, cpu_mem: float | None,

@@ -199,6 +199,8 @@ class Setup:
     expert: int = 1  # expert-parallel ranks (AutoEP): each keeps 1/expert of the experts
     offload_hidden_states: bool = False  # ALST: checkpointed block inputs in host memory (with checkpointing)
     muon: bool = False  # optimizer.name=muon: one fp32 momentum per Muon-trained parameter instead of Adam's two
+    pairs: bool = False  # a sample is two rows: a preference pair, or a KTO answer beside its KL counterpart
+    reference: str = "none"  # a preference objective's reference: copy = a frozen second model; none / adapters_off
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -225,7 +227,7 @@ class Setup:
         return (f"zero{self.zero_stage}" + "".join(f"+{o}" for o in off) + ("+ckpt" if self.checkpointing else "")
                 + ("+tiled" if self.tiled_mlp else "")
                 + ("+offload-hs" if self.offload_hidden_states and self.checkpointing else "")
-                + split)
+                + split + ("+ref" if self.reference == "copy" else ""))
 
     @property
     def topology(self) -> Topology:
@@ -275,6 +277,7 @@ class MemoryEstimate:
     activations: float
     host: float  # offloaded states per rank
     nvme: float
+    reference: float = 0.0  # a frozen reference model's weights on the device (objective.reference=copy)
 
     @property
     def model_states(self) -> float:
@@ -292,7 +295,8 @@ class MemoryEstimate:
         """Peak bytes on the device: the larger of the end of the forward (all activations) and the
         end of backward / the step (all gradients, buckets, the fp32 step gradient). Backward frees
         activations as it makes gradients, so the two are not added."""
-        always = self.params + self.optimizer + self.live_params + (self.buffers if self.setup.zero_stage == 3 else 0.0)
+        always = (self.params + self.reference + self.optimizer + self.live_params
+                  + (self.buffers if self.setup.zero_stage == 3 else 0.0))
         forward = self.activations + self.grads_in_forward
         step = self.grads + self.step_transient + (self.buffers if self.setup.zero_stage in (1, 2) else 0.0)
         return always + max(forward, step)
@@ -369,15 +373,33 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
             transient = 0.0  # made on the host, inside the offloaded partition counted there
     count = split_activations(activations_per_sample(shape, p, setup.tiled_mlp), setup)
     layers = shape.n_layer or shape.mlp_layers
+    rows = setup.micro_batch * (2 if setup.pairs else 1)  # a pair's two answers go through the model together
     offloaded = 0.0
     if setup.offload_hidden_states and setup.checkpointing and layers:
         # DeepSpeed's offload keeps the last block's input on the device (keep_last_count=1), the rest on the host
-        offloaded = setup.micro_batch * count.block_inputs * (1 - 1 / layers)
+        offloaded = rows * count.block_inputs * (1 - 1 / layers)
         count = replace(count, block_inputs=count.block_inputs / layers)
-    acts = count.total(setup.micro_batch, setup.checkpointing)
+    acts = count.total(rows, setup.checkpointing)
+    ref_device, ref_host = reference_terms(shape.num_params, setup, persistent)
     return MemoryEstimate(setup=setup, params=terms["params"], grads=terms["grads"], optimizer=terms["optimizer"],
                           buffers=buffers, live_params=live, step_transient=transient, activations=acts,
-                          host=terms["host"] + offloaded, nvme=terms["nvme"])
+                          host=terms["host"] + offloaded + ref_host, nvme=terms["nvme"], reference=ref_device)
+
+
+def reference_terms(num_params: float, setup: Setup, persistent: float = 0.0) -> tuple[float, float]:
+    """(device, host) bytes per rank of a frozen reference model (objective.reference=copy, bigtrain.train.reference):
+    its weights in the training precision, no gradients or optimizer states; partitioned like the policy's under
+    ZeRO-3 (on the host where the policy's parameters are offloaded), whole on each rank below. The policy's own
+    adapters off (adapters_off) or no reference: nothing."""
+    if setup.reference != "copy":
+        return 0.0, 0.0
+    p = PRECISIONS[setup.precision]
+    if setup.zero_stage < 3:
+        return p * num_params, 0.0
+    share = p * num_params / setup.zero_ranks
+    if setup.offload_param == "cpu":
+        return p * persistent, share
+    return share + p * persistent, 0.0
 
 
 def split_activations(count: ActivationCount, setup: Setup) -> ActivationCount:

@@ -192,7 +192,9 @@ class Reporter:
     def summary(self, result: Any, **extra: Any) -> dict:
         """Collective (gathers every rank's memory). Rates are medians over steps after a 2-step warm-up."""
         samples_per_s = self.meter.samples_per_s()
-        per_rank = {"peak_memory": peak_memory(), "model_state": memory_report(self.engine.ds)}
+        reference = getattr(getattr(self.engine, "reference", None), "ds", None)  # a frozen copy (objective.reference)
+        per_rank = {"peak_memory": peak_memory(), "model_state": memory_report(self.engine.ds),
+                    "reference": memory_report(reference)["model_state_bytes"] if reference is not None else None}
         gathered: list[Any] = [None] * self.world.size
         torch.distributed.all_gather_object(gathered, per_rank)
         self.bar.close()
@@ -206,6 +208,8 @@ class Reporter:
             "peak_tflops_per_rank": self.peak_tflops, "world_size": self.world.size,
             "peak_memory_per_rank": [g["peak_memory"] for g in gathered],
             "model_state_bytes_per_rank": [g["model_state"]["model_state_bytes"] for g in gathered],
+            **({"reference_state_bytes_per_rank": [g["reference"] for g in gathered]}
+               if gathered[0]["reference"] is not None else {}),
             "model": {"family": self.spec.family, "size": self.spec.size, "num_params": self.spec.num_params,
                       "flops_per_sample": self.spec.flops_per_sample, "tokens_per_sample": self.spec.tokens_per_sample},
             # the run's seconds over every process that trained it; the rates above are this process's steps

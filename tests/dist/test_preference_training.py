@@ -171,3 +171,19 @@ def test_a_reward_model_exports_as_a_sequence_classifier_that_ranks_the_pairs_as
     assert float((chosen - rejected).mean()) == pytest.approx(ran["rewards/margins"][-1][1], rel=1e-4)
     reward_losses = summary(runs / "reward_ref")["losses"]
     assert reward_losses[-1] < reward_losses[0]
+
+
+@pytest.mark.parametrize("name, stage", [("z1", 1), ("z3", 3)])
+def test_the_frozen_copys_memory_is_what_the_estimate_counts(runs, name, stage):
+    """The reference engine's weights per rank, counted from its tensors after the run, against `bigtrain estimate`'s
+    term for objective.reference=copy (whole on each rank at ZeRO-1, half of it on each of 2 ranks at ZeRO-3)."""
+    from bigtrain.estimate.memory_model import Setup, estimate
+    from bigtrain.estimate.shape import shape_from_spec
+    from bigtrain.models import build
+    measured = max(summary(runs / name)["reference_state_bytes_per_rank"])
+    spec = build("hf", "custom", pretrained=(runs / "base.txt").read_text(), seq_len=48)
+    setup = Setup(world_size=2, zero_stage=stage, precision="fp32", micro_batch=4, pairs=True, reference="copy")
+    estimated = estimate(shape_from_spec(spec, "fp32"), setup).reference
+    print(f"reference copy at ZeRO-{stage} on 2 ranks: measured {measured} B per rank, estimated {estimated:.0f} B")
+    assert measured == pytest.approx(estimated, rel=0.01)
+    assert summary(runs / "lora_off").get("reference_state_bytes_per_rank") is None  # adapters off: no copy

@@ -257,3 +257,23 @@ def test_kto_is_its_formula_with_the_kl_estimate():
     same, _ = kto_loss(ObjectiveConfig(kind="kto"), torch.tensor(logps), torch.tensor(logps), torch.tensor(good),
                        torch.tensor(0.0))
     assert float(same) == pytest.approx(0.5)
+
+
+def test_the_estimate_counts_a_frozen_reference_and_a_pairs_two_rows():
+    """objective.reference=copy adds the copy's weights (partitioned at ZeRO-3, whole below), adapters_off nothing;
+    a pair doubles the activations (both answers go through the model)."""
+    from dataclasses import replace
+
+    from bigtrain.estimate.memory_model import Setup, estimate
+    from bigtrain.estimate.shape import shape_from_spec
+    from bigtrain.models import build
+    shape = shape_from_spec(build("llama", "tiny", vocab_size=VOCAB, seq_len=SEQ), "fp32")
+    for stage, share in ((1, 1), (3, 2)):
+        plain = Setup(world_size=2, zero_stage=stage, precision="fp32", micro_batch=2)
+        lm, dpo = estimate(shape, plain), estimate(shape, replace(plain, pairs=True, reference="copy"))
+        persistent = shape.persistent_params(plain.param_persistence_threshold) if stage == 3 else 0
+        assert dpo.reference == pytest.approx(4 * shape.num_params / share + 4 * persistent)
+        assert dpo.activations == pytest.approx(2 * lm.activations) and dpo.params == lm.params
+        assert dpo.device_peak > lm.device_peak + dpo.reference - 1
+        off = estimate(shape, replace(plain, pairs=True, reference="adapters_off"))
+        assert off.reference == 0
