@@ -107,9 +107,10 @@ def _chunk(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tar
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         bias: torch.Tensor | None = None, chunk_rows: int | None = None) -> torch.Tensor:
-    """Mean cross-entropy of `hidden @ weight.T + bias` ([rows, hidden] x [vocab, hidden]) against
-    `targets` ([rows], -100 ignored), without a [rows, vocab] tensor larger than one chunk."""
+                         bias: torch.Tensor | None = None, chunk_rows: int | None = None,
+                         reduction: str = "mean") -> torch.Tensor:
+    """Mean (or, `reduction="sum"`, summed) cross-entropy of `hidden @ weight.T + bias` ([rows, hidden] x [vocab,
+    hidden]) against `targets` ([rows], -100 ignored), without a [rows, vocab] tensor larger than one chunk."""
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1] or weight.dim() != 2 \
             or weight.shape[1] != hidden.shape[1]:
         raise ValueError(f"linear_cross_entropy: expected hidden [rows, h], weight [vocab, h], targets [rows]; got "
@@ -118,19 +119,23 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     if rows < 1:
         raise ValueError(f"linear_cross_entropy: chunk_rows={chunk_rows} must be >= 1")
     targets = targets.to(hidden.device)
-    scale = 1.0 / (targets != IGNORE_INDEX).sum().float()  # a device tensor: no host sync
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"linear_cross_entropy: reduction={reduction!r}: mean or sum")
+    count = (targets != IGNORE_INDEX).sum().float()
+    scale = 1.0 / count if reduction == "mean" else torch.ones_like(count)  # a device tensor: no host sync
     need_grads = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden, weight, bias))
     return _LinearCrossEntropy.apply(hidden.contiguous(), weight, bias, targets, scale, rows, need_grads)
 
 
 def causal_lm_chunked_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                           bias: torch.Tensor | None = None, chunk_rows: int | None = None) -> torch.Tensor:
+                           bias: torch.Tensor | None = None, chunk_rows: int | None = None,
+                           reduction: str = "mean") -> torch.Tensor:
     """`losses.causal_lm_loss(hidden @ weight.T + bias, labels)` from the last hidden states [B, T, h]:
     targets as `losses.lm_targets` makes them (packed seq_len + 1 blocks, or labels equal to the inputs)."""
     from bigtrain.models.losses import lm_targets
     targets = lm_targets(labels, hidden.shape[-2])
-    return linear_cross_entropy(hidden.flatten(0, -2), weight, targets.reshape(-1), bias, chunk_rows)
+    return linear_cross_entropy(hidden.flatten(0, -2), weight, targets.reshape(-1), bias, chunk_rows, reduction)
 
 
 # -- which modules it applies to -----------------------------------------------------------------
@@ -153,10 +158,10 @@ def unsupported_reason(module: nn.Module) -> str | None:
 
 
 def causal_lm_hidden_loss(module: nn.Module, args: tuple, kwargs: dict, labels: torch.Tensor,
-                          chunk_rows: int | None = None) -> torch.Tensor:
+                          chunk_rows: int | None = None, reduction: str = "mean") -> torch.Tensor:
     """The module's next-token loss on the inputs its forward takes (`args`, `kwargs`): the base model's
     last hidden states, then the output head applied chunk by chunk."""
     output = module.base_model(*args, **kwargs)
     hidden = output[0] if isinstance(output, (tuple, list)) else output.last_hidden_state
     head = module.get_output_embeddings()
-    return causal_lm_chunked_loss(hidden, head.weight, labels, head.bias, chunk_rows)
+    return causal_lm_chunked_loss(hidden, head.weight, labels, head.bias, chunk_rows, reduction)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from bigtrain.models.losses import target_count
 from bigtrain.models.spec import call_module, output_logits
@@ -28,7 +29,12 @@ class ModelLoss(Objective):
         inputs, labels = item
         metrics: Metrics = {}
         split = engine.split
-        if split is not None and split.sequence_parallel:
+        if split is not None and split.sequence_parallel and engine.loss_in_forward:
+            # the chunked loss over this rank's slice: no [tokens, vocabulary] logits (ALST's tiled logits)
+            inputs, targets = split.shard(inputs, labels)
+            labels_before = F.pad(targets, (1, 0), value=-100)  # lm_targets of these are `targets` themselves
+            loss = split.share(engine.forward_with_loss(inputs, labels_before, reduction="sum"), targets, scale)
+        elif split is not None and split.sequence_parallel:
             inputs, targets = split.shard(inputs, labels)
             output = call_module(engine.ds, inputs)
             loss = split.loss(output_logits(output), targets, scale)

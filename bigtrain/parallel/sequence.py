@@ -64,6 +64,12 @@ def sequence_loss(logits: torch.Tensor, targets: torch.Tensor, size: int, group:
     With `scale` (a token-weighted step, `bigtrain.objectives.causal_lm.token_scale`): this rank's summed loss times it. (A token-
     weighted all_reduce, not the tutorial's all_gather, which breaks in backward on gloo when SP < world.)"""
     summed = F.cross_entropy(logits.float().flatten(0, -2), targets.reshape(-1), ignore_index=-100, reduction="sum")
+    return sequence_share(summed, targets, size, group, scale)
+
+
+def sequence_share(summed: torch.Tensor, targets: torch.Tensor, size: int, group: Any,
+                   scale: torch.Tensor | None = None) -> torch.Tensor:
+    """This rank's summed token loss as its share of the group's mean (`sequence_loss`)."""
     if scale is not None:
         return summed * scale.to(summed.dtype)
     tokens = (targets != -100).sum().to(torch.float64).reshape(1)

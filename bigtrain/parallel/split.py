@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from bigtrain.models.spec import ModelSpec
-from bigtrain.parallel.sequence import attach_ulysses, restore_attention, sequence_loss, shard_sequence
+from bigtrain.parallel.sequence import attach_ulysses, restore_attention, sequence_loss, sequence_share, shard_sequence
 from bigtrain.parallel.split_rules import check_split, kv_heads_line
 from bigtrain.config.topology import Topology
 
@@ -71,6 +71,10 @@ class ModelSplit:
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """The sequence group's loss share (`bigtrain.parallel.sequence.sequence_loss`)."""
         return sequence_loss(logits, targets, self.topology.sequence, self.mpu.get_sequence_parallel_group(), scale)
+
+    def share(self, summed: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's summed token loss (the chunked loss's) as its share of the group's loss."""
+        return sequence_share(summed, targets, self.topology.sequence, self.mpu.get_sequence_parallel_group(), scale)
 
 
 def reset_groups() -> None:

@@ -111,13 +111,19 @@ def _fast_path(spec: ModelSpec, model: torch.nn.Module | None, ds_config: dict, 
         return "off", "plain"
     compile_mode = resolve_compile(options.compile, device_name, options.pipeline_stages, stage)
     loss_impl = "plain" if model is None else fast_path.resolve_loss_impl(options.loss_impl, device_name, spec, model)
-    if split is not None and split.topology.model_split > 1:
-        # The split model's head and loss are DeepSpeed's and bigtrain.parallel's: neither lever has been
-        # proven equal to one process there.
+    if split is not None and split.topology.tensor > 1:
+        # AutoTP's head and loss are DeepSpeed's: neither lever has been proven equal to one process there.
         if explicit:
-            raise ValueError(f"{', '.join(explicit)} with tensor or sequence parallelism: not supported; set "
-                             "it to auto (or false / plain)")
+            raise ValueError(f"{', '.join(explicit)} with tensor parallelism: not supported; set it to auto (or "
+                             "false / plain)")
         return "off", "plain"
+    if split is not None and split.topology.sequence > 1:
+        # Ulysses' all-to-all runs outside a compiled graph; the chunked loss runs on each rank's slice (proven
+        # equal to one process: tests/dist/test_parallel_modes.py)
+        if options.compile not in ("auto", False):
+            raise ValueError(f"train.compile={options.compile} with sequence parallelism: not supported; set it to "
+                             "auto (or false)")
+        return "off", loss_impl
     return compile_mode, loss_impl
 
 

@@ -116,9 +116,9 @@ class Engine:
         self.step_metrics = {name: value / self.grad_accum for name, value in sums.items()}
         return total / self.grad_accum
 
-    def forward_with_loss(self, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
+    def forward_with_loss(self, inputs: Any, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         """The loss computed inside the module's forward (compiled or chunked: `bigtrain.train.fast_path`)."""
-        return fast_path.call_with_loss(self.ds, inputs, labels)
+        return fast_path.call_with_loss(self.ds, inputs, labels, reduction)
 
     def reference_logps(self, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
         """The frozen reference's summed log-probability of each row's answer (objective.reference)."""

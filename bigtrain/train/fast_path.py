@@ -62,7 +62,8 @@ def loss_function(spec: ModelSpec, impl: str) -> LossFn:
         from bigtrain.models.chunked_loss import causal_lm_hidden_loss
 
         def chunked(module: nn.Module, args: tuple, kwargs: dict, labels: torch.Tensor) -> torch.Tensor:
-            return causal_lm_hidden_loss(module, args, kwargs, labels)
+            reduction = kwargs.pop("loss_reduction", "mean")  # sum: a sequence-parallel rank's share
+            return causal_lm_hidden_loss(module, args, kwargs, labels, reduction=reduction)
         return chunked
 
     def plain(module: nn.Module, args: tuple, kwargs: dict, labels: torch.Tensor) -> torch.Tensor:
@@ -115,11 +116,13 @@ def keep_zero3_hooks_eager(module: nn.Module) -> int:
     return wrapped
 
 
-def call_with_loss(ds_engine: Any, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
-    """The loss of `inputs` computed inside the (DeepSpeed-wrapped) module's forward."""
+def call_with_loss(ds_engine: Any, inputs: Any, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The loss of `inputs` computed inside the (DeepSpeed-wrapped) module's forward (`reduction="sum"`: the summed
+    token losses, which only the chunked loss gives)."""
+    extra = {"loss_reduction": "sum"} if reduction == "sum" else {}
     if isinstance(inputs, dict):
-        return ds_engine(**inputs, loss_labels=labels)
-    return ds_engine(inputs, loss_labels=labels)
+        return ds_engine(**inputs, loss_labels=labels, **extra)
+    return ds_engine(inputs, loss_labels=labels, **extra)
 
 
 def register_head_for_zero3(ds_engine: Any, module: nn.Module) -> None:

@@ -48,6 +48,9 @@ def runs(tmp_path_factory) -> Path:
                 num_ranks=1, name="refs")
     two = [job(f"tp2_z{s}", LLAMA, *B4, *zero(s), "--set", "parallel.tensor=2") for s in range(4)]
     two += [job(f"sp2_z{s}", LLAMA, *B4, *zero(s), "--set", "parallel.sequence=2") for s in range(4)]
+    # ALST's tiled logits: the chunked loss on each rank's slice of the sequence
+    two += [job(f"sp2_z{s}_chunked", LLAMA, *B4, *zero(s), "--set", "parallel.sequence=2",
+                "--set", "train.loss_impl=chunked") for s in (1, 3)]
     two += [job(f"{m}_z3", moe_args(moe[m]), *zero(3)) for m in ("mixtral", "qwen2_moe", "qwen3_moe")]
     two += [job("tp2_stop", LLAMA, *B4, *zero(1), "--set", "parallel.tensor=2", "--stop-after", "2"),
             job("tp2_again", LLAMA, *B4, *zero(1), "--set", "parallel.tensor=2", "--resume", copy_from="tp2_stop"),
@@ -72,6 +75,7 @@ def worst(reference: list[float], losses: list[float], steps: int = STEPS) -> fl
 
 @pytest.mark.parametrize("name, reference", [
     *[(f"tp2_z{s}", "ref_b4") for s in range(4)], *[(f"sp2_z{s}", "ref_b4") for s in range(4)],
+    ("sp2_z1_chunked", "ref_b4"), ("sp2_z3_chunked", "ref_b4"),
     ("tp2_dp2", "ref_b8"), ("sp2_dp2", "ref_b8"), ("mixtral_z3", "ref_mixtral"), ("qwen2_moe_z3", "ref_qwen2_moe"),
     ("qwen3_moe_z3", "ref_qwen3_moe"), ("tp2_to_1", "ref_b4"), ("tp2_again", "tp2_z1"), ("sp2_again", "sp2_z3")])
 def test_a_split_model_trains_like_one_process(runs, name, reference):

@@ -233,3 +233,25 @@ def test_micro_batch_probe_keeps_the_global_batch_and_survives_out_of_memory(mon
     built.clear()
     search = autobatch.probe_micro_batch(Engine, batches_of, per_rank=64, budget_bytes=10**9)
     assert search.best == 40 and len(built) >= 2
+
+
+def test_the_summed_chunked_loss_is_the_mean_times_the_targets_with_its_gradients():
+    """reduction="sum" (a sequence-parallel rank's share, bigtrain.objectives.causal_lm): the summed token losses,
+    and gradients that are the mean's times the count."""
+    torch.manual_seed(0)
+    h, w = torch.randn(20, 8, requires_grad=True), torch.randn(11, 8, requires_grad=True)
+    targets = torch.randint(0, 11, (20,))
+    targets[::3] = -100
+    count = int((targets != -100).sum())
+    summed = linear_cross_entropy(h, w, targets, chunk_rows=7, reduction="sum")
+    summed.backward()
+    dh, dw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    plain = torch.nn.functional.cross_entropy(h @ w.T, targets, ignore_index=-100, reduction="sum")
+    plain.backward()
+    assert float(summed) == pytest.approx(float(plain), rel=1e-5)
+    assert torch.allclose(dh, h.grad, atol=1e-5) and torch.allclose(dw, w.grad, atol=1e-5)
+    mean = linear_cross_entropy(h.detach(), w.detach(), targets, chunk_rows=7)
+    assert float(summed) == pytest.approx(float(mean) * count, rel=1e-5)
+    with pytest.raises(ValueError, match="mean or sum"):
+        linear_cross_entropy(h, w, targets, reduction="none")
