@@ -292,11 +292,12 @@ class ObjectiveConfig:
     simpo_gamma: float = doc(0.5, "simpo: the target reward margin gamma.")
     desirable_weight: float = doc(1.0, "kto: the weight of the desirable answers' losses.")
     undesirable_weight: float = doc(1.0, "kto: the weight of the undesirable answers' losses.")
-    reference: Literal["auto", "adapters_off", "copy", "none"] = doc(
+    reference: Literal["auto", "adapters_off", "copy", "precomputed", "none"] = doc(
         "auto", "The frozen reference dpo, ipo and kto compare with: adapters_off = the policy with its LoRA adapters "
         "switched off (no second copy; needs lora.r > 0); copy = a frozen second model partitioned like the "
-        "policy; auto = adapters_off with LoRA, else copy; none for objectives without one (orpo, simpo, reward, "
-        "lm).")
+        "policy; precomputed = (dpo, ipo) the reference's log-probabilities computed once before training by such a "
+        "copy, which is then freed, kept beside the prepared data and reused by later runs and resumes; auto = "
+        "adapters_off with LoRA, else copy; none for objectives without one (orpo, simpo, reward, lm).")
 
     def __post_init__(self) -> None:
         if not self.beta > 0:
@@ -311,7 +312,11 @@ class ObjectiveConfig:
         if needs and self.reference == "none":
             raise ValueError(f"objective.kind={self.kind} compares with a reference model: set objective.reference "
                              "to auto, adapters_off or copy (orpo and simpo need none)")
-        if not needs and self.reference in ("adapters_off", "copy"):
+        if self.kind == "kto" and self.reference == "precomputed":
+            raise ValueError("objective.reference=precomputed with objective.kind=kto: kto's KL rows pair each answer "
+                             "with another of its batch, so their log-probabilities cannot be computed before "
+                             "training; use objective.reference=copy or adapters_off (or auto)")
+        if not needs and self.reference in ("adapters_off", "copy", "precomputed"):
             raise ValueError(f"objective.reference={self.reference}: objective.kind={self.kind} uses no reference "
                              "model; leave objective.reference=auto")
 

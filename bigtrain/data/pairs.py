@@ -23,33 +23,55 @@ from bigtrain.data.prepare.store import PreparedCorpus
 IGNORE = -100
 
 
+class AnswerRows:
+    """The examples of one prepared preference corpus, each alone in a row of seq_len tokens: `take(examples)` =
+    {"input_ids": [n, L], "labels": [n, L]}, labels -100 but on the answer's tokens. What a pair's two rows are
+    made of, and what a reference's log-probabilities are computed over once (objective.reference=precomputed)."""
+
+    def __init__(self, corpus: PreparedCorpus, seq_len: int, starts: np.ndarray, lengths: np.ndarray):
+        self.corpus, self.seq_len = corpus, seq_len
+        self.starts, self.lengths = starts, lengths
+        self.pad_id = corpus.eos_id
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def take(self, examples: Sequence[int]) -> Batch:
+        ids = np.full((len(examples), self.seq_len), self.pad_id, dtype=np.int64)
+        labels = np.full((len(examples), self.seq_len), IGNORE, dtype=np.int64)
+        for row, example in enumerate(examples):
+            start, length = int(self.starts[example]), int(self.lengths[example])
+            tokens = self.corpus.tokens(start, start + length).astype(np.int64)
+            ids[row, :length] = tokens
+            labels[row, :length] = np.where(self.corpus.mask(start, start + length) > 0, tokens, IGNORE)
+            labels[row, 0] = IGNORE
+        return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
+
+
 class PairRows:
-    """Pairs of one prepared preference corpus; `pairs[i]` = (chosen example, rejected example)."""
+    """Pairs of one prepared preference corpus; `pairs[i]` = (chosen example, rejected example). With a
+    `reference` table (the reference model's log-probability of each example's answer, bigtrain.train.
+    reference_logps) a batch also carries "reference_logps": [n, 2]."""
 
     def __init__(self, corpus: PreparedCorpus, seq_len: int, starts: np.ndarray, lengths: np.ndarray,
-                 pairs: np.ndarray):
-        self.corpus, self.seq_len = corpus, seq_len
-        self.starts, self.lengths, self.pairs = starts, lengths, pairs
-        self.pad_id = corpus.eos_id
+                 pairs: np.ndarray, reference: np.ndarray | None = None):
+        self.examples = AnswerRows(corpus, seq_len, starts, lengths)
+        self.corpus, self.seq_len, self.pairs, self.reference = corpus, seq_len, pairs, reference
 
     def __len__(self) -> int:
         return len(self.pairs)
 
     def take(self, indices: Sequence[int]) -> Batch:
-        n = len(indices)
-        ids = np.full((n, 2, self.seq_len), self.pad_id, dtype=np.int64)
-        labels = np.full((n, 2, self.seq_len), IGNORE, dtype=np.int64)
-        for b, index in enumerate(indices):
-            for side, example in enumerate(self.pairs[int(index)]):
-                start, length = int(self.starts[example]), int(self.lengths[example])
-                tokens = self.corpus.tokens(start, start + length).astype(np.int64)
-                ids[b, side, :length] = tokens
-                labels[b, side, :length] = np.where(self.corpus.mask(start, start + length) > 0, tokens, IGNORE)
-                labels[b, side, 0] = IGNORE
-        return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
+        chosen_rejected = self.pairs[np.asarray(indices, dtype=np.int64)]  # [n, 2] example numbers
+        rows = self.examples.take(chosen_rejected.reshape(-1).tolist())
+        batch = {key: value.view(len(indices), 2, -1) for key, value in rows.items()}
+        if self.reference is not None:
+            batch["reference_logps"] = torch.from_numpy(self.reference[chosen_rejected])
+        return batch
 
     def subset(self, rows: np.ndarray) -> "PairRows":
-        return PairRows(self.corpus, self.seq_len, self.starts, self.lengths, self.pairs[rows])
+        e = self.examples
+        return PairRows(self.corpus, self.seq_len, e.starts, e.lengths, self.pairs[rows], self.reference)
 
 
 class PairCorpus:

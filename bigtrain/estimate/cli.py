@@ -190,7 +190,11 @@ def run_estimate(args: argparse.Namespace) -> int:
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
     if base.reference == "copy":
         print("params include the frozen reference model (objective.reference=copy): its weights, partitioned like "
-              "the policy's at ZeRO-3; with LoRA, objective.reference=adapters_off (the default) holds no copy")
+              "the policy's at ZeRO-3; with LoRA, objective.reference=adapters_off (the default) holds no copy; "
+              "objective.reference=precomputed holds none while training")
+    if base.reference == "precomputed":
+        print("objective.reference=precomputed: a frozen copy computes the reference's log-probabilities before "
+              "training (forward passes only) and is freed; training holds no reference model")
     print("GiB. GPU/rank = params + optim + the larger of acts (end of forward) and grads + buffers (end of "
           "backward); buffers: gradient buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"
           f"fits: GPU/rank <= {100 * (1 - args.headroom):.0f}% of --gpu-mem"
@@ -209,6 +213,8 @@ def run_estimate(args: argparse.Namespace) -> int:
     print(f"recommended: {best.setup.label} ({_gib(best.device_peak)} GiB of {_gib(gpu_mem)} GiB per GPU"
           + (f", {_gib(best.host_per_node)} GiB CPU per node" if best.host else "") + ")")
     objective = f" --set objective.kind={req.objective}" if req.objective != "lm" else ""
+    if req.reference == "precomputed":  # the one reference the default does not choose
+        objective += " --set objective.reference=precomputed"
     print(f"  bigtrain train --model {req.family} --size {req.size} "
           f"{run_settings(best.setup, req.overrides, args.tiled_mlp)}{objective}")
     return 0

@@ -16,7 +16,7 @@ class Objective:
     kind = "lm"
     pairs = False  # reads preference pairs (bigtrain.data.pairs), not single examples
     uses_reference = False  # compares with a frozen reference model (objective.reference)
-    reference = "none"  # resolved by build_objective: none | adapters_off | copy
+    reference = "none"  # resolved by build_objective: none | adapters_off | copy | precomputed
     metric_names: tuple[str, ...] = ()
 
     def inputs(self, engine: Any, batch: dict) -> Any:

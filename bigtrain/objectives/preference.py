@@ -39,18 +39,26 @@ class PreferenceLoss(Objective):
         self.uses_reference = cfg.kind in ("dpo", "ipo")
 
     def inputs(self, engine: Any, batch: dict) -> Any:
-        inputs, labels = engine.spec.batch_to_inputs(flat_pairs(batch))
-        return engine.to_device(inputs), labels.to(engine.device)
+        """(inputs, labels, the reference's log-probabilities of the rows when the data carries them
+        (objective.reference=precomputed), else None)."""
+        table = batch.get("reference_logps")
+        rows = flat_pairs({k: v for k, v in batch.items() if k != "reference_logps"})
+        inputs, labels = engine.spec.batch_to_inputs(rows)
+        ref = None if table is None else table.transpose(0, 1).reshape(-1).to(engine.device)  # like flat_pairs
+        return engine.to_device(inputs), labels.to(engine.device), ref
 
     def micro_loss(self, engine: Any, item: Any, step: Any) -> tuple[torch.Tensor, Metrics]:
-        inputs, labels = item
+        inputs, labels, ref = item
         logps, counts = answer_logps(output_logits(call_module(engine.ds, inputs)), labels)
-        ref = engine.reference_logps(inputs, labels) if self.uses_reference else None
+        if ref is None and self.uses_reference:
+            ref = engine.reference_logps(inputs, labels)
         return pair_loss(self.cfg, logps, counts, ref)
 
     def flops_factor(self) -> float:
-        """Both answers train (2 rows); a reference adds their forward passes (a third of training's FLOPs each)."""
-        return 2.0 * (1 + 1 / 3) if self.uses_reference else 2.0
+        """Both answers train (2 rows); a reference model adds their forward passes (a third of training's FLOPs
+        each), a precomputed one none."""
+        live = self.uses_reference and self.reference != "precomputed"
+        return 2.0 * (1 + 1 / 3) if live else 2.0
 
 
 def answer_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -91,7 +91,7 @@ def assemble(spec: ModelSpec, ds_config: dict, options: EngineOptions, objective
         fast_path.register_head_for_zero3(ds, model)
     fast_path.compile_engine(ds, compile_mode)
     reference = build_reference(objective.reference, spec, ds_config, options.seed) \
-        if objective.uses_reference else None
+        if objective.reference in ("adapters_off", "copy") else None  # precomputed: the data carries its numbers
     return Assembled(ds, optimizer, scheduler, split, lora, tiled_mlps, loss_in_forward,
                      {"compile": compile_mode, "loss_impl": loss_impl}, reference)
 

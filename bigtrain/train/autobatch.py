@@ -118,7 +118,11 @@ class _Prober:
         return peak <= self.budget
 
     def close(self) -> None:
+        deepspeed_engine = getattr(self.engine, "ds", None)
         self.engine = None
+        if deepspeed_engine is not None:
+            from bigtrain.ds.release import release_engine
+            release_engine(deepspeed_engine)
         _free(self.acc)
 
 

@@ -41,7 +41,7 @@ class Engine:
         self.loss_in_forward, self.fast_path = parts.loss_in_forward, parts.fast_path
         start_schedule(self.scheduler)
         self.device = get_accelerator().current_device_name()
-        self.float_dtype = _float_dtype(ds_config)
+        self.float_dtype = float_dtype_of(ds_config)
 
     # -- topology -------------------------------------------------------------------------------
 
@@ -227,7 +227,7 @@ def start_schedule(scheduler: Any) -> None:
     scheduler.step(0 if iteration < 0 else iteration)
 
 
-def _float_dtype(ds_config: dict) -> torch.dtype:
+def float_dtype_of(ds_config: dict) -> torch.dtype:
     if (ds_config.get("bf16") or ds_config.get("bfloat16") or {}).get("enabled"):  # "bfloat16": DeepSpeed's old name
         return torch.bfloat16
     if ds_config.get("fp16", {}).get("enabled"):

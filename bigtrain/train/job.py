@@ -41,6 +41,7 @@ from bigtrain.train.engine import Engine, EngineOptions, start_schedule
 from bigtrain.train.inputs import TrainingData, build_training_data, model_overrides
 from bigtrain.train.loop import Diverged, LoopResult, LoopSettings, train_loop
 from bigtrain.train.process import end_of_run_bound_s
+from bigtrain.train.reference_logps import attach_reference_logps
 from bigtrain.train.report import Reporter, write_summary
 
 log = logging.getLogger("bigtrain")
@@ -91,6 +92,9 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         if micro is not None or (plan and plan.universal):
             resolved = config.resolve(micro_batch=micro, load_universal=bool(plan and plan.universal))
         objective = objectives.build_objective(run.objective, lora=run.lora.r > 0)
+        if objective.reference == "precomputed":  # before the policy: the copy that computes them is freed first
+            data.bundle.stats["reference_logps"] = attach_reference_logps(
+                data.bundle, spec, resolved.ds_config, options.seed, model_build, world)
         engine = Engine(spec, resolved.ds_config, options, objective)
         data.set_data_parallel(engine.dp_rank, engine.dp_size)
         saved = resume_from(engine, plan, world, data, run.train.seed, trust_checkpoint) if plan else None

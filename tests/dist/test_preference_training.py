@@ -4,6 +4,8 @@ conversational {prompt, chosen, rejected} records (the chosen answers start with
 - DPO on 2 ranks at ZeRO 0-3 gives the losses of one process (micro 4 x accumulation 2 = micro 4 x 2 ranks), its
   first loss ln 2; with LoRA the base with its adapters off gives the losses of a frozen copy of the base;
 - a stop and resume continues the uninterrupted curve exactly;
+- the reference's log-probabilities computed once before training (objective.reference=precomputed) give the frozen
+  copy's losses, and a resume reads them back;
 - the policy exports as a Hugging Face directory, and a reward model as a sequence classifier: both reload with
   transformers and score the held-out pairs as the run's last evaluation did.
 """
@@ -30,6 +32,7 @@ COMMON = ["--set", "precision=fp32", "--set", "logging.progress_bar=false", "--s
           "--set", "optimizer.lr=1e-2", "--set", "schedule.kind=constant", "--set", "schedule.warmup_steps=1"]
 DPO = ["--set", "objective.kind=dpo"]
 LORA = ["--set", "lora.r=8"]
+PRECOMPUTED = ["--set", "objective.reference=precomputed"]
 TWO_RANK = {"z0": ["--set", "zero.stage=0"], "z1": ["--set", "zero.stage=1"], "z2": ["--set", "zero.stage=2"],
             "z3": ["--set", "zero.stage=3"]}
 
@@ -57,6 +60,8 @@ def runs(tmp_path_factory) -> Path:
             job("lora_copy", *DPO, *LORA, "--set", "zero.stage=3", "--set", "objective.reference=copy"),
             job("stop", *DPO, "--set", "zero.stage=3", "--stop-after", "2"),
             job("resumed", *DPO, "--set", "zero.stage=3", "--resume", copy_from="stop"),
+            job("pre_stop", *DPO, *PRECOMPUTED, "--set", "zero.stage=3", "--stop-after", "2"),
+            job("pre_resumed", *DPO, *PRECOMPUTED, "--set", "zero.stage=3", "--resume", copy_from="pre_stop"),
             job("orpo_on_chats", "--set", "objective.kind=orpo", expect_error=True, data="chats")]
     for j in two:  # the chat records, not pairs: a preference objective refuses them
         if j.pop("data", None):
@@ -97,6 +102,21 @@ def test_the_lora_base_with_adapters_off_is_the_same_reference_as_a_frozen_copy(
 
 def test_a_stopped_dpo_run_resumes_on_the_uninterrupted_curve(runs):
     assert summary(runs / "resumed")["losses"] == summary(runs / "z3")["losses"]
+
+
+def test_precomputed_reference_logps_give_the_frozen_copys_losses_and_are_read_again_on_resume(runs):
+    """objective.reference=precomputed: the copy's numbers computed once on 2 ranks at ZeRO-3 (then freed: no copy
+    held while training), kept beside the prepared data and read back by the resume instead of computed again."""
+    copy, stopped, resumed = summary(runs / "z3"), summary(runs / "pre_stop"), summary(runs / "pre_resumed")
+    assert worst(copy["losses"], resumed["losses"]) <= 1e-5
+    assert stopped["losses"] == resumed["losses"][:2] and resumed["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert "reference_state_bytes_per_rank" not in stopped and "reference_state_bytes_per_rank" in copy
+    first, again = stopped["data"]["reference_logps"], resumed["data"]["reference_logps"]
+    assert first["computed_s"] > 0 and again["computed_s"] is None and first["files"] == [
+        f.replace("pre_resumed", "pre_stop") for f in again["files"]]
+    (table,) = map(Path, again["files"])
+    assert table.parent.parent.parent.name == "data_cache" and table.with_suffix(".json").is_file()
+    assert "read from" in (runs / "pre_resumed" / "logs" / "rank0.log").read_text()
 
 
 def test_kto_starts_at_one_half_and_learns_which_answers_are_desirable(runs):

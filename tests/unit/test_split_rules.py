@@ -63,9 +63,9 @@ def test_an_export_by_tag_checks_the_digests(tmp_path):
 
 
 def test_deepspeeds_old_bfloat16_name_is_bf16():
-    from bigtrain.train.engine import _float_dtype
-    assert _float_dtype({"bfloat16": {"enabled": True}}) == torch.bfloat16
-    assert _float_dtype({"bf16": {"enabled": False}}) == torch.float32
+    from bigtrain.train.engine import float_dtype_of
+    assert float_dtype_of({"bfloat16": {"enabled": True}}) == torch.bfloat16
+    assert float_dtype_of({"bf16": {"enabled": False}}) == torch.float32
 
 
 def test_a_tensor_group_larger_than_the_key_value_heads_is_said_on_the_console():
