@@ -31,7 +31,7 @@ def evaluate(lm: Any, tasks: TaskSet, num_fewshot: int | None = None, limit: flo
 
     lm.requests_seen.clear()
     started, cpu = time.perf_counter(), time.process_time()
-    with quiet_lm_eval(), contextlib.nullcontext() if progress else _no_task_bars():
+    with quiet_lm_eval(), _bootstrap_in_process(), contextlib.nullcontext() if progress else _no_task_bars():
         results = simple_evaluate(model=lm, tasks=list(tasks.names), task_manager=tasks.manager,
                                   num_fewshot=num_fewshot, limit=limit, bootstrap_iters=bootstrap_iters,
                                   log_samples=False)
@@ -43,6 +43,23 @@ def evaluate(lm: Any, tasks: TaskSet, num_fewshot: int | None = None, limit: flo
     results["bigtrain"] = {"seconds": seconds, "cpu_s": cpu, "requests": dict(lm.requests_seen),
                            "requests_per_s": sum(lm.requests_seen.values()) / seconds if seconds > 0 else None}
     return results
+
+
+@contextlib.contextmanager
+def _bootstrap_in_process() -> Iterator[None]:
+    """lm-eval's bootstrapped standard errors (perplexities, F1, ...) run in a `multiprocessing.Pool` forked from
+    this process, whose torch, gloo and DeepSpeed threads may hold locks at that moment: a forked worker can wait on
+    one forever (a CI run hung so, in the pool's queue lock). Its `DISABLE_MULTIPROC` switch runs the same draws in
+    one loop, seeded chunk by chunk as the pool's workers are: the same numbers."""
+    before = os.environ.get("DISABLE_MULTIPROC")
+    os.environ["DISABLE_MULTIPROC"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DISABLE_MULTIPROC", None)
+        else:
+            os.environ["DISABLE_MULTIPROC"] = before
 
 
 @contextlib.contextmanager

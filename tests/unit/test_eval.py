@@ -7,6 +7,7 @@ The tests that run lm-eval skip without it (`pip install 'bigtrain[eval]'`; scri
 from __future__ import annotations
 
 import json
+import os
 import random
 from importlib.metadata import PackageNotFoundError
 from pathlib import Path
@@ -263,3 +264,27 @@ def test_the_runs_random_state_survives_an_evaluation() -> None:
         random.seed(0), np.random.seed(1234), torch.manual_seed(1234)
         torch.rand(3)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_lm_evals_bootstrap_runs_in_this_process_not_a_forked_pool(monkeypatch) -> None:
+    """lm-eval bootstraps standard errors in a Pool forked from a process full of torch / gloo threads, where a
+    worker can wait on an inherited lock forever (a CI run hung so); `evaluate` switches it to its one-loop path
+    for the call (the same seeds, so the same numbers: tests/dist/test_eval_runs.py compares with `lm_eval`'s
+    own command, which uses the pool) and leaves the environment as it was."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from bigtrain.eval.runner import evaluate
+    seen = []
+
+    def simple_evaluate(**kwargs):
+        seen.append(os.environ.get("DISABLE_MULTIPROC"))
+        return None
+    monkeypatch.setattr(lm_eval, "simple_evaluate", simple_evaluate)
+    monkeypatch.delenv("DISABLE_MULTIPROC", raising=False)
+
+    class Model:
+        requests_seen: dict = {}
+
+    class Tasks:
+        names, manager = ("a_task",), None
+    assert evaluate(Model(), Tasks()) is None
+    assert seen == ["1"] and "DISABLE_MULTIPROC" not in os.environ
