@@ -104,7 +104,7 @@ ESTIMATE_FLAGS = {"pretrained": "model.pretrained", "seq_len": "data.seq_len", "
 # The run-config fields the estimate reads; the rest (zero.*, offload.*, ...) it tabulates for every setup.
 READS = {"model.family", "model.size", "model.overrides", "model.pretrained", "data.seq_len", "data.image_size",
          "precision", "batch.micro_batch", "parallel.tensor", "parallel.sequence", "parallel.expert", "lora.r",
-         "objective.kind", "objective.reference"}
+         "objective.kind", "objective.reference", "train.loss_impl"}
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,7 @@ class Request:
     expert: int = 1
     objective: str = "lm"  # objective.kind: a pair objective doubles the rows a sample puts through the model
     reference: str = "none"  # the objective's reference, resolved as training resolves it
+    loss_impl: str = "auto"  # train.loss_impl: auto and chunked compute the loss over chunks of the logits on a GPU
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
@@ -159,7 +160,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
     objective = build_objective(run.objective, lora=run.lora.r > 0)
     return Request(model.family, model.size, overrides, "bf16" if run.precision == "auto" else run.precision,
                    micro or 1, run.parallel.tensor, run.parallel.sequence, run.lora.r, run.parallel.expert,
-                   objective.kind, objective.reference)
+                   objective.kind, objective.reference, run.train.loss_impl)
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -192,6 +193,9 @@ def run_estimate(args: argparse.Namespace) -> int:
         print("params include the frozen reference model (objective.reference=copy): its weights, partitioned like "
               "the policy's at ZeRO-3; with LoRA, objective.reference=adapters_off (the default) holds no copy; "
               "objective.reference=precomputed holds none while training")
+    if shape.vocab:
+        print("loss: " + ("over chunks of the logits (train.loss_impl=auto on a GPU; plain keeps them whole)"
+                          if base.chunked_loss else "the plain cross-entropy over the whole logits"))
     if base.reference == "precomputed":
         print("objective.reference=precomputed: a frozen copy computes the reference's log-probabilities before "
               "training (forward passes only) and is freed; training holds no reference model")
@@ -224,7 +228,7 @@ def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: M
     """The request's setup on the machine of the flags, with the ALST levers resolved by training's own rules
     (`bigtrain.config.rules`)."""
     from bigtrain.config.rules import offload_hidden_states_wanted, tiled_mlp_wanted
-    from bigtrain.estimate.shape import spec_hidden
+    from bigtrain.estimate.shape import chunked_loss_applies, spec_hidden
     tokens, hidden = (spec.seq_len or 0) // req.sequence, spec_hidden(spec)
     tiled = shape.mlp_layers > 0 and tiled_mlp_wanted(_tri_state(args.tiled_mlp), tokens, hidden)
     offload = shape.mlp_layers > 0 and offload_hidden_states_wanted(_tri_state(args.offload_hidden_states),
@@ -232,7 +236,8 @@ def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: M
     return Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=req.precision,
                  micro_batch=req.micro_batch, tensor=req.tensor, sequence=req.sequence, expert=req.expert,
                  lora_r=req.lora_r, tiled_mlp=tiled, offload_hidden_states=offload, muon=args.optimizer == "muon",
-                 pairs=req.objective != "lm", reference=req.reference)
+                 pairs=req.objective != "lm", reference=req.reference,
+                 chunked_loss=chunked_loss_applies(spec, req.loss_impl, req.objective, req.tensor))
 
 
 def sequence_split_that_fits(shape: ModelShape, base: Setup, gpu_mem: float, cpu_mem: float | None,

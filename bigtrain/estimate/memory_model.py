@@ -140,8 +140,10 @@ class ModelShape:
         return tuple(n for i, o in self.linear_dims for n in (lora_r * i, o * lora_r)) if lora_r else ()
 
 
-def transformer_activations(shape: ModelShape, bytes_per_value: int) -> ActivationCount:
-    """Korthikanti-style activation bytes for one sample of a transformer `shape`."""
+def transformer_activations(shape: ModelShape, bytes_per_value: int, chunked_loss: bool = False) -> ActivationCount:
+    """Korthikanti-style activation bytes for one sample of a transformer `shape`; with `chunked_loss` (the loss over
+    chunks of the logits, bigtrain.models.chunked_loss) no logits per sample, but the gradient of the head's input
+    it computes in forward (the rest it holds once per micro-batch: `chunked_loss_bytes`)."""
     if shape.profile not in PROFILES:
         raise ValueError(f"unknown activation profile {shape.profile!r}; use one of {', '.join(PROFILES)}")
     p, e = PROFILES[shape.profile], bytes_per_value
@@ -151,20 +153,23 @@ def transformer_activations(shape: ModelShape, bytes_per_value: int) -> Activati
     layer = s * h * (p.hidden * e + masks * p.hidden_masks) + a * s * s * (p.scores * e + masks * p.score_masks)
     outside = 2 * s * h * e  # final norm input and head input (pooler input for a classifier)
     transient = 0.0
-    if shape.vocab:
+    if shape.vocab and chunked_loss:
+        outside += s * h * e  # d loss / d hidden, made in forward and kept for backward
+    elif shape.vocab:
         outside += s * shape.vocab * 4  # the loss keeps fp32 log-probabilities over the vocabulary
         transient = s * shape.vocab * 8  # their gradient and the logits' gradient, both fp32, at backward start
     return ActivationCount(outside=outside, blocks=shape.n_layer * layer, largest_block=layer,
                            block_inputs=shape.n_layer * s * h * e, transient=transient)
 
 
-def activations_per_sample(shape: ModelShape, bytes_per_value: int, tiled_mlp: bool = False) -> ActivationCount:
+def activations_per_sample(shape: ModelShape, bytes_per_value: int, tiled_mlp: bool = False,
+                           chunked_loss: bool = False) -> ActivationCount:
     """A measured count when the shape carries one for this precision, else the transformer formula; with
     `tiled_mlp`, less what the MLPs' intermediates held (each block, and the one recomputed at a time)."""
     if bytes_per_value in shape.measured:
         count = shape.measured[bytes_per_value]
     elif shape.n_layer and shape.hidden:
-        count = transformer_activations(shape, bytes_per_value)
+        count = transformer_activations(shape, bytes_per_value, chunked_loss)
     else:
         raise ValueError(f"no activation model for {shape.family}: measure it "
                          "(bigtrain.estimate.shape.measure_activations)")
@@ -201,6 +206,7 @@ class Setup:
     muon: bool = False  # optimizer.name=muon: one fp32 momentum per Muon-trained parameter instead of Adam's two
     pairs: bool = False  # a sample is two rows: a preference pair, or a KTO answer beside its KL counterpart
     reference: str = "none"  # a preference objective's reference: copy = a frozen second model; none / adapters_off
+    chunked_loss: bool = False  # the loss over chunks of the logits (train.loss_impl, resolved as training does)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -239,9 +245,11 @@ class Setup:
         return self.topology.zero_ranks
 
 
-def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: int = 0) -> Setup:
+def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: int = 0,
+                   chunked_loss: bool = False) -> Setup:
     """The Setup a run config trains with at `world_size` ranks (pipeline stages not modelled); `hidden` (the
-    model's width) resolves activation_checkpointing.tiled_mlp=auto as the engine does."""
+    model's width) resolves activation_checkpointing.tiled_mlp=auto as the engine does; `chunked_loss`: train.loss_impl
+    resolved for the model (bigtrain.estimate.shape.chunked_loss_applies)."""
     from bigtrain.ds.generate import batch_triple
     triple = batch_triple(run, world_size)
     z = run.zero
@@ -258,6 +266,7 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: 
                      run.activation_checkpointing.offload_hidden_states, "accelerator",
                      run.activation_checkpointing.enabled, run.data.seq_len // run.parallel.sequence, hidden),
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
+                 chunked_loss=chunked_loss and run.pipeline.stages == 1,
                  checkpointing=run.activation_checkpointing.enabled, micro_batch=triple.micro_batch,
                  grad_accum=triple.grad_accum, reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
                  prefetch_bucket_size=z.prefetch_bucket_size, param_persistence_threshold=z.param_persistence_threshold)
@@ -371,7 +380,7 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
         transient = 4 * tensor_share(trained, setup.tensor, whole) / (1 if stage == 0 else setup.zero_ranks)
         if setup.offload_optimizer != "none":
             transient = 0.0  # made on the host, inside the offloaded partition counted there
-    count = split_activations(activations_per_sample(shape, p, setup.tiled_mlp), setup)
+    count = split_activations(activations_per_sample(shape, p, setup.tiled_mlp, setup.chunked_loss), setup)
     layers = shape.n_layer or shape.mlp_layers
     rows = setup.micro_batch * (2 if setup.pairs else 1)  # a pair's two answers go through the model together
     offloaded = 0.0
@@ -380,6 +389,9 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
         offloaded = rows * count.block_inputs * (1 - 1 / layers)
         count = replace(count, block_inputs=count.block_inputs / layers)
     acts = count.total(rows, setup.checkpointing)
+    if setup.chunked_loss and shape.vocab:  # each sequence rank's loss is over its slice: rows x seq / u tokens
+        tokens = rows * max(shape.seq_len // setup.sequence, 1)
+        acts += chunked_loss_bytes(shape, p, tokens) + chunked_loss_margin(shape, tokens)
     ref_device, ref_host = reference_terms(shape.num_params, setup, persistent)
     return MemoryEstimate(setup=setup, params=terms["params"], grads=terms["grads"], optimizer=terms["optimizer"],
                           buffers=buffers, live_params=live, step_transient=transient, activations=acts,
@@ -400,6 +412,26 @@ def reference_terms(num_params: float, setup: Setup, persistent: float = 0.0) ->
     if setup.offload_param == "cpu":
         return p * persistent, share
     return share + p * persistent, 0.0
+
+
+def chunked_loss_bytes(shape: ModelShape, bytes_per_value: int, tokens: int) -> float:
+    """What the chunked loss holds once per micro-batch of `tokens` tokens (bigtrain.models.chunked_loss): the head
+    weight's fp32 gradient, made in forward, and one chunk's fp32 logits beside their gradient in the compute dtype
+    (the same tensor in fp32)."""
+    from bigtrain.models.chunked_loss import default_chunk_rows
+    if not shape.vocab or not shape.hidden:
+        return 0.0
+    chunk = min(default_chunk_rows(shape.vocab), tokens)
+    return 4 * shape.vocab * shape.hidden + chunk * shape.vocab * (4 + (bytes_per_value if bytes_per_value < 4 else 0))
+
+
+def chunked_loss_margin(shape: ModelShape, tokens: int) -> float:
+    """What the one GPU measurement of the chunked loss held beyond its counted terms, kept until a profile says
+    where it goes: bigtrain's run of GPT-2 small (bf16, micro-batch 16 x 1024 tokens, ZeRO-1, torch.compile on, one
+    H200, docs/benchmarks_gpu.json) peaked at 10.17 GB, 2.98 GB above this model's other terms, while the plain loss
+    beside it matched them (16.60 GB measured, 16.52 estimated). Counted as the plain loss's fp32 log-probabilities
+    would be (3.30 GB there); on a CPU, eager or compiled, the chunked loss held none of it."""
+    return tokens * shape.vocab * 4.0
 
 
 def split_activations(count: ActivationCount, setup: Setup) -> ActivationCount:

@@ -263,3 +263,14 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape
         return ModelShape(**common, **analytic)
     measured = {e: measure_activations(spec, dtypes[e]) for e in sizes}
     return ModelShape(**common, measured=measured)
+
+
+def chunked_loss_applies(spec: ModelSpec, loss_impl: str, objective: str = "lm", tensor: int = 1,
+                         device_name: str = "cuda") -> bool:
+    """Whether training computes `spec`'s loss over chunks of the logits, train.loss_impl resolved as
+    bigtrain.train.assemble resolves it: chunked where the model allows it, and auto off a CPU; never for a pair
+    objective or with tensor parallelism (both keep the plain loss)."""
+    if loss_impl == "plain" or objective != "lm" or tensor > 1 or (loss_impl == "auto" and device_name == "cpu"):
+        return False
+    from bigtrain.train.fast_path import chunked_unsupported
+    return chunked_unsupported(spec, _meta_module(spec)) is None

@@ -106,13 +106,14 @@ def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int |
     """(lines, problems): the estimated peak per rank on `device_name` ranks, and a problem if it does not
     fit `gpu_mem`."""
     from bigtrain.estimate.memory_model import estimate, fits, setup_from_run
-    from bigtrain.estimate.shape import shape_from_spec, spec_hidden
+    from bigtrain.estimate.shape import chunked_loss_applies, shape_from_spec, spec_hidden
     from bigtrain.models import build
     if run.model.pretrained:
         return ["memory: not estimated for a pretrained model directory (use `bigtrain estimate`)"], []
     spec = build(run.model.family, run.model.size, **estimate_overrides(run, device_name))
     shape = shape_from_spec(spec, run.precision)
-    est = estimate(shape, setup_from_run(run, world, gpus_per_node, shape.hidden or spec_hidden(spec)))
+    chunked = chunked_loss_applies(spec, run.train.loss_impl, run.objective.kind, run.parallel.tensor, device_name)
+    est = estimate(shape, setup_from_run(run, world, gpus_per_node, shape.hidden or spec_hidden(spec), chunked))
     gib = 2**30
     lines = [f"memory per rank (estimate, {est.setup.label}, {run.precision}, micro-batch {est.setup.micro_batch}): "
              f"{est.device_peak / gib:.2f} GiB on the device (model states {est.model_states / gib:.2f}, "
