@@ -133,6 +133,8 @@ def keep_table(path: Path, table: np.ndarray, ident: dict) -> None:
             np.save(f, table)
         os.replace(temporary, path)
         path.with_suffix(".json").write_text(json.dumps(ident, indent=1, default=str) + "\n")
+        for debris in path.parent.glob(f".{path.name}.*.tmp"):  # a killed job's half table: never read
+            debris.unlink(missing_ok=True)
     except OSError as err:
         log.warning("could not keep the reference log-probabilities beside the prepared data (%s); the next run "
                     "computes them again", err)

@@ -54,6 +54,8 @@ def test_the_key_changes_with_what_decides_the_numbers(tmp_path, model_dir):
 def test_a_kept_table_reads_back_and_a_damaged_one_is_computed_again(tmp_path):
     path = tmp_path / "prepared" / "reference_logps" / "k.npy"
     table = np.array([-3.5, -12.25, -7.0], dtype=np.float32)
+    path.parent.mkdir(parents=True)
+    (path.parent / f".{path.name}.999.tmp").write_bytes(b"half a table, from a job killed while writing it")
     keep_table(path, table, {"seq_len": 48})
     assert np.array_equal(read_table(path, 3), table) and path.with_suffix(".json").is_file()
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
