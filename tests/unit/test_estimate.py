@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bigtrain.estimate.activations import transformer_activations
 from bigtrain.estimate.memory_model import (ModelShape, Setup, all_setups, estimate, fits, model_state_terms, parse_memory,
-                               recommend, setup_from_run, speed_rank, transformer_activations)
+                               recommend, setup_from_run, speed_rank)
 from bigtrain.estimate.shape import measure_activations, shape_from_spec
 from bigtrain.models import build
 from messages import naming
@@ -230,7 +231,7 @@ def test_the_chunked_loss_keeps_what_the_estimate_counts(dtype):
     """What the chunked loss saves for backward, counted from its saved tensors on CPU, against the formula: the
     gradient of the head's input per token, and the head weight's fp32 gradient once per micro-batch; none of the
     plain loss's fp32 logits per token."""
-    from bigtrain.estimate.memory_model import chunked_loss_bytes
+    from bigtrain.estimate.activations import chunked_loss_bytes
     from bigtrain.models.chunked_loss import causal_lm_chunked_loss, default_chunk_rows
     rows, seq, h, vocab = 3, 64, 32, 1000
     e = 4 if dtype == torch.float32 else 2
@@ -283,3 +284,4 @@ def test_the_estimate_meets_the_gpu_measurements_of_both_losses():
         estimated = estimate(shape, Setup(world_size=1, zero_stage=1, micro_batch=16, chunked_loss=chunked))
         print(f"{runner}: measured {peak[runner] / 1e9:.2f} GB, estimated {estimated.device_peak / 1e9:.2f} GB")
         assert peak[runner] * 0.98 <= estimated.device_peak <= peak[runner] * 1.05
+

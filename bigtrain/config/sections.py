@@ -1,0 +1,400 @@
+"""The run config's sections, one dataclass each, every field documented in its `doc` metadata
+(`bigtrain.config.run_config.RunConfig` holds them and checks how they combine)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from bigtrain.config.fields import doc
+from bigtrain.models.names import canonical, default_size
+from bigtrain.config.rules import partition_problem, zero_plus_plus_problem
+
+OffloadDevice = Literal["none", "cpu", "nvme"]
+
+
+@dataclass
+class ModelConfig:
+    family: Literal["gpt2", "llama", "hf", "encoder", "transformer", "resnet"] = doc(
+        "gpt2", "Model family; 'hf' is any local Hugging Face directory (model.pretrained), 'transformer' = encoder.")
+    size: str | None = doc(None, "Named size (see `bigtrain models`); 'custom' takes its shape from overrides. "
+                           "Default: mini, or the shape of the model.pretrained directory.")
+    overrides: dict = doc(dict, "Family config overrides, e.g. {n_layer: 4, n_embd: 256}.")
+    pretrained: str | None = doc(None, "Local Hugging Face directory (config.json [+ weights, tokenizer]) to start "
+                                 "from (gpt2, llama, hf); its tokenizer is the default data.tokenizer.")
+
+    def __post_init__(self) -> None:
+        self.family = canonical(self.family)  # "transformer" is the encoder classifier
+        if self.size is None:
+            self.size = default_size(self.family, self.pretrained)
+
+
+@dataclass
+class DataConfig:
+    source: str = doc("builtin", "'builtin', 'synthetic', a file/dir/glob (txt/jsonl/parquet, image folder), 'hf:NAME', "
+                      "a `bigtrain prepare` output, or a mixture 'a/:0.7,b/:0.3'.")
+    tokenizer: str | None = doc(None, "Tokenizer dir or hub name; None trains a byte-level BPE on the corpus.")
+    vocab_size: int = doc(4096, "Vocabulary size of the BPE trained when no tokenizer is given.")
+    seq_len: int = doc(256, "Tokens per sample; packed text blocks hold seq_len + 1 (the last one a target).")
+    val_fraction: float = doc(0.05, "Share of the data held out for validation.")
+    text_field: str = doc("text", "Text column of jsonl/parquet data.")
+    label_field: str = doc("label", "Label column for classification data.")
+    image_size: int = doc(32, "Side of the square images fed to ResNet.")
+    num_classes: int | None = doc(None, "Classes for classification models; None: as many as the labels "
+                                  "need (10 for synthetic and builtin data).")
+    synthetic_samples: int = doc(4096, "Samples in the synthetic dataset.")
+    split: str = doc("train", "Split of an hf: source.")
+    revision: str | None = doc(None, "Revision (branch, tag, commit) of an hf: source; pin it for reproducible data.")
+    streaming: bool = doc(False, "Stream an hf: source through prepare instead of downloading it first.")
+    hash_content: bool = doc(False, "Identify local data by content (reads every byte), not names, sizes, mtimes.")
+    num_proc: int | None = doc(None, "Processes that tokenize an unprepared text source; None: every core.")
+    format: Literal["auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca", "preference",
+                    "preference_instruction"] = doc(
+        "auto", "Records: chat ('messages' of role/content, rendered by the chat template), sharegpt "
+        "('conversations' of from/value, rendered so too), prompt_completion, "
+        "alpaca (instruction/input/output), preference pairs (prompt/chosen/rejected, strings or messages; "
+        "preference_instruction: instruction/input/chosen/rejected) or text; auto recognises them from the first "
+        "record.")
+    chat_template: str | None = doc(None, "Jinja chat template (a file, or the text) for chat records; None: the "
+                                    "tokenizer's own.")
+    train_on_prompt: bool = doc(False, "Chat/instruction data: train on every token, not only the answers.")
+    long_examples: Literal["truncate", "drop"] = doc(
+        "truncate", "Chat/instruction examples longer than seq_len: keep their first seq_len tokens, or drop them.")
+    packing: bool = doc(False, "Chat/instruction data: several examples per sequence, attention kept within each "
+                        "(position ids restart per example).")
+
+    def __post_init__(self) -> None:
+        from bigtrain.data.formats import ExampleOptions
+        ExampleOptions(self.format, self.chat_template, self.train_on_prompt, self.long_examples, self.packing)
+        positive(self, "data", "seq_len", "vocab_size", "image_size", "synthetic_samples")
+        if self.num_proc is not None:
+            positive(self, "data", "num_proc")
+        if self.num_classes is not None:
+            positive(self, "data", "num_classes")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction={self.val_fraction}: must be in (0, 1), e.g. 0.05")
+
+
+@dataclass
+class OptimizerConfig:
+    name: Literal["adamw", "adam", "sgd", "lamb", "muon"] = doc(
+        "adamw", "Optimizer; Lamb needs a GPU (the 1-bit optimizers are not in DeepSpeed 0.19); muon = DeepSpeed's "
+        "Muon: the 2-D hidden weights by Muon (optimizer.muon_lr, optimizer.momentum), embeddings, head, norms and "
+        "biases by Adam (optimizer.lr, betas, eps); ZeRO 0-3.")
+    lr: float = doc(6e-4, "Peak learning rate (with muon: the Adam half's).")
+    muon_lr: float = doc(0.02, "optimizer.name=muon: peak learning rate of the weights Muon trains (the schedule "
+                         "scales it like optimizer.lr).")
+    momentum: float = doc(0.95, "optimizer.name=muon: Muon's momentum.")
+    betas: tuple[float, float] = doc((0.9, 0.95), "Adam betas.")
+    eps: float = doc(1e-8, "Adam epsilon.")
+    weight_decay: float = doc(0.1, "Decoupled weight decay (AdamW).")
+    grad_clip: float = doc(1.0, "Clip the global gradient norm to this (0 disables).")
+    torch_adam: bool | None = doc(None, "Use torch's Adam instead of DeepSpeed's fused/CPU kernel; None = auto.")
+
+    def __post_init__(self) -> None:
+        positive(self, "optimizer", "lr", "eps", "muon_lr")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"optimizer.momentum={self.momentum}: must be in [0, 1), e.g. 0.95")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError("optimizer.grad_clip and optimizer.weight_decay must be >= 0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optimizer.betas={self.betas}: give two values in [0, 1), e.g. [0.9, 0.95]")
+
+
+@dataclass
+class ScheduleConfig:
+    kind: Literal["cosine", "linear", "constant"] = doc("cosine", "LR decay after warm-up.")
+    warmup_steps: int = doc(20, "Linear warm-up steps from min_lr_ratio * lr to lr (>= 1; DeepSpeed's schedulers "
+                                "warm up over at least 2).")
+    min_lr_ratio: float = doc(0.1, "Final (and initial warm-up) LR as a fraction of the peak.")
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 1:  # DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR refuse 0 on every rank
+            raise ValueError(f"schedule.warmup_steps={self.warmup_steps}: must be >= 1 (DeepSpeed's schedulers "
+                             "refuse 0; 1 is the shortest warm-up, which they run over 2 steps)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"schedule.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
+
+
+@dataclass
+class BatchConfig:
+    """Any two of the three may be given; the third is derived against the real data-parallel size."""
+
+    global_batch: int | None = doc(None, "Samples per optimizer step over all ranks (train_batch_size).")
+    micro_batch: Literal["auto"] | int | None = doc(
+        None, "Samples per forward pass per rank (default 4); auto = the largest that fits in device memory, "
+        "found by a short probe, with the global batch kept by accumulation (needs batch.global_batch).")
+    grad_accum: int | None = doc(None, "Micro-batches per optimizer step; the pipeline's micro-batch count.")
+
+    def __post_init__(self) -> None:
+        if self.micro_batch == "auto":
+            if self.global_batch is None or self.grad_accum is not None:
+                raise ValueError("batch.micro_batch=auto keeps the global batch and derives the accumulation: give "
+                                 "batch.global_batch (e.g. --set batch.global_batch=64) and leave batch.grad_accum unset")
+        for name in ("global_batch", "micro_batch", "grad_accum"):
+            value = getattr(self, name)
+            if value is not None and value != "auto" and value <= 0:
+                raise ValueError(f"batch.{name}={value}: must be a positive integer (or unset to derive it)")
+
+
+@dataclass
+class ZeroConfig:
+    stage: int = doc(1, "ZeRO stage 0-3: 1 shards optimizer states, 2 also gradients, 3 also parameters.")
+    overlap_comm: bool = doc(True, "Overlap gradient reduction with the backward pass.")
+    contiguous_gradients: bool = doc(True, "Copy gradients into a contiguous buffer as they are produced.")
+    reduce_bucket_size: int = doc(50_000_000, "Elements reduced at once.")
+    allgather_bucket_size: int = doc(50_000_000, "Elements all-gathered at once (stages 1-2).")
+    prefetch_bucket_size: int = doc(50_000_000, "Stage 3: parameter elements prefetched ahead of use.")
+    param_persistence_threshold: int = doc(100_000, "Stage 3: parameters smaller than this stay unpartitioned.")
+    max_live_parameters: int = doc(1_000_000_000, "Stage 3: most parameter elements resident at once.")
+    max_reuse_distance: int = doc(1_000_000_000, "Stage 3: a parameter used again within this many elements "
+                                  "stays gathered; 0 frees each after use (less memory, more all-gathers).")
+    sub_group_size: int = doc(1_000_000_000, "Stage 3: elements per optimizer step group; DeepSpeed's fp32 "
+                              "gradient buffer grows with it.")
+    hpz_partition_size: int = doc(1, "ZeRO++ hpZ (stage 3): a second copy of the weights partitioned over this "
+                                  "many ranks (a node's), so the backward's all-gathers stay within them; divides "
+                                  "the world. 1 = off.")
+    quantized_weights: bool = doc(False, "ZeRO++ qwZ (stage 3): all-gather the weights in int8 (DeepSpeed's "
+                                  "quantizer kernel: a GPU).")
+    quantized_gradients: bool = doc(False, "ZeRO++ qgZ (stage 3): reduce the gradients quantized, by all-to-all "
+                                    "(DeepSpeed's quantizer kernel: a GPU).")
+    quantized_nontrainable_weights: bool = doc(False, "ZeRO++ (stage 3): keep frozen weights (a LoRA base) in int8 "
+                                               "(DeepSpeed's quantizer kernel: a GPU).")
+
+    def __post_init__(self) -> None:
+        if self.stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero.stage={self.stage}: allowed values are 0, 1, 2, 3")
+        positive(self, "zero", "reduce_bucket_size", "allgather_bucket_size", "sub_group_size", "hpz_partition_size")
+        for name in ("prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "max_reuse_distance"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"zero.{name}={getattr(self, name)}: must be >= 0")
+        problem = zero_plus_plus_problem(self.stage, self.plus_plus())
+        if problem:
+            raise ValueError(problem)
+
+    def plus_plus(self) -> dict[str, object]:
+        """The ZeRO++ fields set away from their defaults (run-config names)."""
+        out: dict[str, object] = {"zero.hpz_partition_size": self.hpz_partition_size} \
+            if self.hpz_partition_size != 1 else {}
+        for name in ("quantized_weights", "quantized_gradients", "quantized_nontrainable_weights"):
+            if getattr(self, name) is True:
+                out[f"zero.{name}"] = True
+        return out
+
+
+@dataclass
+class OffloadConfig:
+    optimizer: OffloadDevice = doc("none", "Where optimizer states live: none (device), cpu, nvme.")
+    param: OffloadDevice = doc("none", "Where parameters live (ZeRO-3 only): none, cpu, nvme.")
+    nvme_path: str = doc("/local_nvme", "Directory on a fast NVMe drive for nvme offload.")
+    pin_memory: bool = doc(True, "Pin offloaded CPU memory for faster transfers.")
+
+
+@dataclass
+class ActivationCheckpointConfig:
+    enabled: bool = doc(False, "Recompute activations in the backward pass to save memory.")
+    every_n_layers: int = doc(1, "Checkpoint every N blocks (pipeline: activation_checkpoint_interval).")
+    partition_activations: bool = doc(False, "Shard checkpointed activations across model-parallel ranks.")
+    cpu_checkpointing: bool = doc(False, "Move checkpointed activations to CPU (needs partition_activations).")
+    tiled_mlp: Literal["auto"] | bool = doc(
+        "auto", "ALST's tiled MLP (DeepSpeed's TiledMLP): each MLP computed over tiles of hidden_size tokens and "
+        "recomputed tile by tile in backward, so a layer keeps its MLP input only; the same result. auto = on when "
+        "a rank's tokens per sample (data.seq_len / parallel.sequence) reach 4 x the hidden size; false = off. "
+        "Independent of activation_checkpointing.enabled; plain modules only (no pipeline).")
+    offload_hidden_states: Literal["auto"] | bool = doc(
+        "auto", "ALST: keep each checkpointed block's input (its hidden states) in host memory until the backward "
+        "pass, with DeepSpeed's offloading context manager around transformers' own checkpointing (not "
+        "cpu_checkpointing, DeepSpeed's checkpoint's). auto = on when the device's memory is not the host's (a GPU) "
+        "and tiled_mlp's rule holds (a rank's tokens per sample >= 4 x hidden size); needs enabled=true.")
+
+    def __post_init__(self) -> None:
+        positive(self, "activation_checkpointing", "every_n_layers")
+        if self.cpu_checkpointing and not self.partition_activations:
+            raise ValueError("activation_checkpointing.cpu_checkpointing needs partition_activations=true")
+        for name in ("tiled_mlp", "offload_hidden_states"):
+            if getattr(self, name) not in ("auto", True, False):
+                raise ValueError(f"activation_checkpointing.{name}={getattr(self, name)!r}: use auto, true or false")
+        if self.offload_hidden_states is True and not self.enabled:
+            raise ValueError("activation_checkpointing.offload_hidden_states=true keeps the checkpointed hidden states "
+                             "in host memory: set activation_checkpointing.enabled=true too")
+        if self.offload_hidden_states is True and (self.partition_activations or self.cpu_checkpointing):
+            raise ValueError("activation_checkpointing.offload_hidden_states=true checkpoints with transformers' own "
+                             "checkpointing, which DeepSpeed's partition_activations / cpu_checkpointing do not "
+                             "apply to; set those false, or offload_hidden_states=false")
+
+
+@dataclass
+class PipelineConfig:
+    stages: int = doc(1, "Pipeline stages (1 = no pipeline). Micro-batches per step = batch.grad_accum.")
+    partition_method: str = doc("parameters", "How layers are split: parameters, uniform or type:REGEX.")
+
+    def __post_init__(self) -> None:
+        positive(self, "pipeline", "stages")
+        problem = partition_problem(self.partition_method)
+        if problem:
+            raise ValueError(problem)
+
+
+@dataclass
+class ParallelConfig:
+    tensor: int = doc(1, "Tensor-parallel ranks per layer (DeepSpeed AutoTP): each weight split over this many ranks, "
+                         "which see the same batch. Llama-family and Hugging Face decoders.")
+    sequence: int = doc(1, "Sequence-parallel ranks (DeepSpeed Ulysses / ALST): each sample's sequence split over "
+                           "this many ranks; data.seq_len and the attention heads must divide by it. Decoders "
+                           "with sdpa attention.")
+    expert: int = doc(1, "Expert-parallel ranks (DeepSpeed AutoEP): each mixture-of-experts block keeps 1/N of its "
+                         "experts per rank, the dense weights stay data-parallel over every rank; Hugging Face "
+                         "models AutoEP has a preset for (Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3...), ZeRO 0-3.")
+
+    def __post_init__(self) -> None:
+        positive(self, "parallel", "tensor", "sequence", "expert")
+
+
+@dataclass
+class LoraConfig:
+    r: int = doc(0, "LoRA rank: 0 trains every weight; N > 0 freezes the base weights and trains rank-N adapters "
+                    "(peft) on lora.targets, so only the adapters have gradients and optimizer states. Decoders "
+                    "(gpt2, llama, hf causal LMs), ZeRO 0-3 and offload.")
+    alpha: float = doc(16.0, "LoRA scale numerator: the adapters' update is scaled by alpha / r.")
+    dropout: float = doc(0.0, "Dropout on the adapters' input, in [0, 1).")
+    targets: str | list[str] = doc("all-linear", "Layers that get adapters: all-linear (every linear layer of the "
+                                   "decoder, not the output head) or a list of module names, e.g. [q_proj, v_proj].")
+
+    def __post_init__(self) -> None:
+        if self.r < 0:
+            raise ValueError(f"lora.r={self.r}: must be >= 0 (0 trains every weight; e.g. 16 trains adapters)")
+        if not self.alpha > 0:
+            raise ValueError(f"lora.alpha={self.alpha}: must be > 0 (the update is scaled by alpha / r; e.g. 16)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout={self.dropout}: must be in [0, 1), e.g. 0.05")
+        if isinstance(self.targets, str) and self.targets != "all-linear":
+            self.targets = [t.strip() for t in self.targets.split(",")]  # --set lora.targets=q_proj,v_proj
+        if isinstance(self.targets, list) and (not self.targets or not all(self.targets)):
+            raise ValueError(f"lora.targets={self.targets}: give all-linear or module names, e.g. [q_proj, v_proj]")
+
+
+@dataclass
+class ObjectiveConfig:
+    kind: Literal["lm", "dpo", "ipo", "orpo", "simpo", "kto", "reward"] = doc(
+        "lm", "What a step minimises (bigtrain.objectives): lm = the model's own loss (next-token cross-entropy, "
+        "a classifier's cross-entropy); dpo, ipo, orpo, simpo = preference objectives on pairs of answers "
+        "({prompt, chosen, rejected} records); kto = unpaired answers marked desirable or not ({prompt, "
+        "completion, label} records); reward = a scalar reward head trained on pairs "
+        "(-log sigmoid(r_chosen - r_rejected)). Hyper-parameters keep TRL's meanings and defaults.")
+    beta: float = doc(0.1, "dpo/ipo: the KL strength beta (ipo's tau); orpo: the odds-ratio weight (lambda); "
+                      "simpo: the reward scale beta.")
+    label_smoothing: float = doc(0.0, "dpo: conservative DPO (cDPO), the assumed share of flipped pairs, in [0, 0.5).")
+    simpo_gamma: float = doc(0.5, "simpo: the target reward margin gamma.")
+    desirable_weight: float = doc(1.0, "kto: the weight of the desirable answers' losses.")
+    undesirable_weight: float = doc(1.0, "kto: the weight of the undesirable answers' losses.")
+    reference: Literal["auto", "adapters_off", "copy", "precomputed", "none"] = doc(
+        "auto", "The frozen reference dpo, ipo and kto compare with: adapters_off = the policy with its LoRA adapters "
+        "switched off (no second copy; needs lora.r > 0); copy = a frozen second model partitioned like the "
+        "policy; precomputed = (dpo, ipo) the reference's log-probabilities computed once before training by such a "
+        "copy, which is then freed, kept beside the prepared data and reused by later runs and resumes; auto = "
+        "adapters_off with LoRA, else copy; none for objectives without one (orpo, simpo, reward, lm).")
+
+    def __post_init__(self) -> None:
+        if not self.beta > 0:
+            raise ValueError(f"objective.beta={self.beta}: must be > 0 (TRL's default is 0.1)")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"objective.label_smoothing={self.label_smoothing}: must be in [0, 0.5) (cDPO's share "
+                             "of flipped pairs; 0 is plain DPO)")
+        for name in ("desirable_weight", "undesirable_weight"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"objective.{name}={getattr(self, name)}: must be > 0 (TRL's default is 1.0)")
+        needs = self.kind in ("dpo", "ipo", "kto")
+        if needs and self.reference == "none":
+            raise ValueError(f"objective.kind={self.kind} compares with a reference model: set objective.reference "
+                             "to auto, adapters_off or copy (orpo and simpo need none)")
+        if self.kind == "kto" and self.reference == "precomputed":
+            raise ValueError("objective.reference=precomputed with objective.kind=kto: kto's KL rows pair each answer "
+                             "with another of its batch, so their log-probabilities cannot be computed before "
+                             "training; use objective.reference=copy or adapters_off (or auto)")
+        if not needs and self.reference in ("adapters_off", "copy", "precomputed"):
+            raise ValueError(f"objective.reference={self.reference}: objective.kind={self.kind} uses no reference "
+                             "model; leave objective.reference=auto")
+
+    @property
+    def layout(self) -> str:
+        """The data it reads: rows (single examples), pairs (chosen and rejected answers) or unpaired (answers
+        marked desirable or not, each beside another prompt's answer for KTO's KL estimate)."""
+        return {"lm": "rows", "kto": "unpaired"}.get(self.kind, "pairs")
+
+    @property
+    def pairs(self) -> bool:
+        """Whether a sample is two rows (a preference pair, or a KTO answer and its KL counterpart)."""
+        return self.layout != "rows"
+
+
+@dataclass
+class LoggingConfig:
+    interval: int = doc(10, "Log every N steps.")
+    tensorboard: bool = doc(False, "Write TensorBoard events to OUT/tensorboard via DeepSpeed's monitor.")
+    csv: bool = doc(True, "Write CSV metrics to OUT/csv via DeepSpeed's monitor.")
+    progress_bar: bool = doc(True, "Show a rank-0 progress bar on a terminal.")
+    wandb: bool = doc(False, "Log to Weights & Biases through DeepSpeed's wandb monitor, with the run config "
+                             "(pip install 'bigtrain[wandb]'); offline under OUT/wandb without credentials.")
+    comet: bool = doc(False, "Log to Comet through DeepSpeed's comet monitor, with the run config "
+                             "(pip install 'bigtrain[comet]'); offline under OUT/comet without COMET_API_KEY.")
+    project: str = doc("bigtrain", "Project name for wandb / comet; the run is named after its output directory.")
+
+    def __post_init__(self) -> None:
+        positive(self, "logging", "interval")
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str | None = doc(None, "Checkpoint directory (default OUT/checkpoints).")
+    interval: int = doc(0, "Save every N steps (0: only at the end and on SIGTERM/SIGINT).")
+    keep_last: int = doc(2, "Keep the newest N checkpoints.")
+    at_end: bool = doc(True, "Save when the run ends (false: benchmarks and throw-away runs, where a 1B model's "
+                       "final save writes ~17 GB; a stop by signal or --stop-after still saves).")
+
+    def __post_init__(self) -> None:
+        if self.interval < 0:
+            raise ValueError(f"checkpoint.interval={self.interval}: must be >= 0")
+        positive(self, "checkpoint", "keep_last")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = doc(200, "Optimizer steps to train.")
+    eval_interval: int = doc(50, "Evaluate every N steps (0: only at the end).")
+    eval_batches: int = doc(8, "Micro-batches per rank in each evaluation.")
+    eval_tasks: str | list[str] | None = doc(None, "lm-evaluation-harness tasks run at every evaluation, e.g. "
+                                             "[hellaswag, arc_easy] or a,b; their scores go to the log line, "
+                                             "summary.json, the monitors and loss.png (the [eval] extra).")
+    eval_limit: float | None = doc(None, "At most N documents per task (a fraction if < 1) at each evaluation "
+                                   "during training; None: all.")
+    eval_include_path: str | None = doc(None, "A folder of your own lm-eval task YAML files for train.eval_tasks.")
+    seed: int = doc(1234, "Seed for weights, data order and dropout.")
+    out_dir: str = doc("runs/latest", "Where checkpoints, logs, exports and summary.json go.")
+    peak_tflops: float | None = doc(None, "Per-rank peak TFLOP/s for MFU; None measures it at start.")
+    sample_tokens: int = doc(48, "Tokens generated as a sample at the end (GPT-2; 0 disables).")
+    max_loss: float | None = doc(None, "Stop the run (exit 3, nothing saved from it) when the training loss "
+                                 "exceeds this; a non-finite loss always stops it. None: no bound.")
+    compile: Literal["auto", "deepcompile"] | bool = doc(
+        "auto", "true, false, auto or deepcompile: torch.compile of the model with its loss (DeepSpeed's "
+        "engine.compile); auto = on GPUs at ZeRO 0-2, else off; deepcompile = DeepCompile (CUDA, ZeRO 1-3).")
+    loss_impl: Literal["auto", "plain", "chunked"] = doc(
+        "auto", "Causal-LM loss: chunked = the output head and cross-entropy chunk by chunk, never a full fp32 "
+        "logits tensor (bigtrain.models.chunked_loss); auto = chunked on GPUs, plain on CPUs.")
+
+    def __post_init__(self) -> None:
+        positive(self, "train", "steps")
+        if self.eval_interval < 0 or self.eval_batches < 0:
+            raise ValueError("train.eval_interval and train.eval_batches must be >= 0")
+        if self.max_loss is not None and not self.max_loss > 0:
+            raise ValueError(f"train.max_loss={self.max_loss}: must be > 0 (or null for no bound)")
+        if isinstance(self.eval_tasks, str):  # --set train.eval_tasks=a,b
+            self.eval_tasks = [t.strip() for t in self.eval_tasks.split(",") if t.strip()] or None
+        if self.eval_limit is not None and not self.eval_limit > 0:
+            raise ValueError(f"train.eval_limit={self.eval_limit}: must be > 0 (documents, or a fraction < 1)")
+
+
+def positive(section: object, name: str, *fields_: str) -> None:
+    """Each of `fields_` of the `name` section must be > 0 (one line naming the key if not)."""
+    for key in fields_:
+        value = getattr(section, key)
+        if value is None or value <= 0:
+            raise ValueError(f"{name}.{key}={value}: must be > 0")
