@@ -106,3 +106,7 @@ def objective_problem(run: RunConfig) -> None:
     if run.batch.micro_batch == "auto":
         raise ValueError(f"batch.micro_batch=auto with objective.kind={kind}: the probe sizes one-example rows; "
                          "give batch.micro_batch as a number (of pairs)")
+    if kind == "kto" and run.batch.micro_batch < 2:
+        raise ValueError(f"objective.kind=kto with batch.micro_batch={run.batch.micro_batch}: each answer's KL "
+                         "counterpart is another answer of its micro-batch, and one answer has none; set "
+                         "batch.micro_batch to 2 or more")

@@ -69,10 +69,6 @@ class PairRows:
             batch["reference_logps"] = torch.from_numpy(self.reference[chosen_rejected])
         return batch
 
-    def subset(self, rows: np.ndarray) -> "PairRows":
-        e = self.examples
-        return PairRows(self.corpus, self.seq_len, e.starts, e.lengths, self.pairs[rows], self.reference)
-
 
 class PairCorpus:
     """One prepared preference corpus filtered for a sequence length: which pairs train, which validate."""
@@ -165,9 +161,6 @@ class UnpairedRows:
                 labels[b, side, len(prompt):len(row)] = row[len(prompt):]
         return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
                 "desirable": torch.from_numpy(desirable)}
-
-    def subset(self, rows: np.ndarray) -> "UnpairedRows":
-        return UnpairedRows(self.corpus, self.seq_len, self.starts, self.lengths, self.answers, self.examples[rows])
 
 
 def build_unpaired(corpora: list[PreparedCorpus], sources: list[str], weights: list[float] | None, seq_len: int,

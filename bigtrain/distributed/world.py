@@ -120,3 +120,13 @@ def all_reduce_mean(values: list[float], device: torch.device | str, group=None)
         torch.distributed.all_reduce(t, group=group)
         t /= torch.distributed.get_world_size(group)
     return t.tolist()
+
+
+def all_ranks_agree(flag: bool) -> bool:
+    """Whether `flag` holds on every rank (a collective; `flag` itself without a process group)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    from deepspeed.accelerator import get_accelerator
+    value = torch.tensor([1 if flag else 0], device=get_accelerator().current_device_name())
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
+    return bool(value.item())

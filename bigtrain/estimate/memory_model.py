@@ -152,10 +152,17 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: 
                      run.activation_checkpointing.offload_hidden_states, "accelerator",
                      run.activation_checkpointing.enabled, run.data.seq_len // run.parallel.sequence, hidden),
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
-                 chunked_loss=chunked_loss and run.pipeline.stages == 1,
+                 chunked_loss=chunked_loss and run.pipeline.stages == 1, pairs=run.objective.pairs,
+                 reference=objective_reference(run) if run.objective.pairs else "none",
                  checkpointing=run.activation_checkpointing.enabled, micro_batch=triple.micro_batch,
                  grad_accum=triple.grad_accum, reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
                  prefetch_bucket_size=z.prefetch_bucket_size, param_persistence_threshold=z.param_persistence_threshold)
+
+
+def objective_reference(run: RunConfig) -> str:
+    """objective.reference as training resolves it (`bigtrain.objectives.build_objective`)."""
+    from bigtrain.objectives import build_objective
+    return build_objective(run.objective, lora=run.lora.r > 0).reference
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ class KTOLoss(Objective):
 
     def micro_loss(self, engine: Any, item: Any, step: Any) -> tuple[torch.Tensor, Metrics]:
         inputs, labels, desirable = item
+        ref = engine.reference_logps(inputs, labels)  # first: its logits are gone before the policy's graph is built
         logps, _ = answer_logps(output_logits(call_module(engine.ds, inputs)), labels)
-        ref = engine.reference_logps(inputs, labels)
         n = logps.shape[0] // 2
         kl = (logps[n:] - ref[n:]).detach().mean()
         if torch.distributed.is_initialized():  # TRL gathers the estimate over the processes

@@ -49,9 +49,9 @@ class PreferenceLoss(Objective):
 
     def micro_loss(self, engine: Any, item: Any, step: Any) -> tuple[torch.Tensor, Metrics]:
         inputs, labels, ref = item
-        logps, counts = answer_logps(output_logits(call_module(engine.ds, inputs)), labels)
-        if ref is None and self.uses_reference:
+        if ref is None and self.uses_reference:  # first: its logits are gone before the policy's graph is built
             ref = engine.reference_logps(inputs, labels)
+        logps, counts = answer_logps(output_logits(call_module(engine.ds, inputs)), labels)
         return pair_loss(self.cfg, logps, counts, ref)
 
     def flops_factor(self) -> float:

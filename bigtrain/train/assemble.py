@@ -71,10 +71,10 @@ def assemble(spec: ModelSpec, ds_config: dict, options: EngineOptions, objective
         split = ModelSplit.for_job(spec, Topology.of(ds_config, torch.distributed.get_world_size()),
                                    torch.distributed.get_rank())
         model = build_module(spec, ds_config if zero3 else None, seed=options.seed, mpu=split.mpu)
-        if objective.pairs:
-            disable_dropout(model)  # the policy against a dropout-free reference: as TRL does for DPO
         # the adapters first: the optimizer below gets only what still trains
         lora = apply_lora(model, spec, options.lora, options.seed, options.activation_checkpointing)
+        if objective.pairs:  # the policy (its adapters' dropout too) against a dropout-free reference, as TRL does
+            disable_dropout(model)
         split.attach(model, spec, ds_config["train_micro_batch_size_per_gpu"], packed=options.packed)
         tiled_mlps = apply_tiling(model, spec, options.tiled_mlp, split.topology.sequence)
         if options.activation_checkpointing:  # with ALST's offload of the hidden states where it resolves on

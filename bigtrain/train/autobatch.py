@@ -99,7 +99,8 @@ class _Prober:
     def fits(self, n: int) -> bool:
         guess = self.predicted(n)
         ok = (guess is None or guess <= self.budget) and self._run(n)
-        return _all_ranks_agree(ok, self.acc)
+        from bigtrain.distributed.world import all_ranks_agree
+        return all_ranks_agree(ok)
 
     def _run(self, n: int) -> bool:
         self.engine = self.engine or self.make_engine()
@@ -120,20 +121,11 @@ class _Prober:
     def close(self) -> None:
         deepspeed_engine = getattr(self.engine, "ds", None)
         self.engine = None
-        if deepspeed_engine is not None:
-            from bigtrain.ds.release import release_engine
-            release_engine(deepspeed_engine)
-        _free(self.acc)
-
-
-def _all_ranks_agree(ok: bool, acc: Any) -> bool:
-    import torch
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()):
-        return ok
-    flag = torch.tensor([1 if ok else 0], device=acc.current_device_name())
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+        if deepspeed_engine is None:
+            _free(self.acc)
+            return
+        from bigtrain.ds.release import release_engine
+        release_engine(deepspeed_engine)  # collects and empties the cache itself
 
 
 def probe_micro_batch(make_engine: Callable[[], Any], batches_of: Callable[[int], Iterator[dict]], per_rank: int,

@@ -26,7 +26,7 @@ from deepspeed.accelerator import get_accelerator
 from bigtrain.checkpoint.state import ModelBuild
 from bigtrain.data.dataset import ConcatRows, DataBundle
 from bigtrain.data.pairs import AnswerRows, PairRows
-from bigtrain.distributed.world import World
+from bigtrain.distributed.world import World, all_ranks_agree
 from bigtrain.ds.release import release_engine
 from bigtrain.models.spec import ModelSpec
 from bigtrain.train.engine import float_dtype_of
@@ -53,7 +53,7 @@ def attach_reference_logps(bundle: DataBundle, spec: ModelSpec, ds_config: dict,
         ident = table_ident(part, ds_config, seed, model_build)
         path = part.corpus.root / "reference_logps" / f"{key_of(ident)}.npy"
         table = read_table(path, len(part.examples))
-        if not on_every_rank(table is not None):
+        if not all_ranks_agree(table is not None):
             if copy is None:
                 copy = FrozenCopy(spec, ds_config, seed)
             rows = 2 * int(ds_config["train_micro_batch_size_per_gpu"])  # the rows of training's reference pass
@@ -172,15 +172,6 @@ def on_device(value: Any, device: str) -> Any:
     if isinstance(value, dict):
         return {k: on_device(v, device) for k, v in value.items()}
     return value
-
-
-def on_every_rank(flag: bool) -> bool:
-    """Whether `flag` holds on every rank (a collective)."""
-    if not torch.distributed.is_initialized():
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=get_accelerator().current_device_name())
-    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
-    return bool(value.item())
 
 
 def free(copy: FrozenCopy) -> None:

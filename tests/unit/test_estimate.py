@@ -285,3 +285,14 @@ def test_the_estimate_meets_the_gpu_measurements_of_both_losses():
         print(f"{runner}: measured {peak[runner] / 1e9:.2f} GB, estimated {estimated.device_peak / 1e9:.2f} GB")
         assert peak[runner] * 0.98 <= estimated.device_peak <= peak[runner] * 1.05
 
+
+def test_the_launchers_memory_check_counts_a_pair_objective_as_training_runs_it():
+    """setup_from_run (bigtrain train's preflight) doubles a preference sample's rows and holds the frozen copy that
+    training resolves objective.reference to; with LoRA the adapters-off reference holds none."""
+    from bigtrain.config.load import load_run_config
+    dpo = setup_from_run(load_run_config(None, ["objective.kind=dpo"]), 1, 1)
+    assert dpo.pairs and dpo.reference == "copy"
+    lora = setup_from_run(load_run_config(None, ["objective.kind=dpo", "lora.r=8", "model.family=llama"]), 1, 1)
+    assert lora.pairs and lora.reference == "adapters_off"
+    plain = setup_from_run(load_run_config(None, []), 1, 1)
+    assert not plain.pairs and plain.reference == "none"

@@ -218,6 +218,7 @@ def test_accumulated_micro_batches_give_the_whole_batchs_loss(one_rank_group):
     (["objective.kind=orpo", "objective.reference=copy"], "uses no reference model"),
     (["objective.kind=simpo", "objective.reference=precomputed"], "uses no reference model"),
     (["objective.kind=kto", "objective.reference=precomputed"], "use objective.reference=copy"),
+    (["objective.kind=kto", "batch.micro_batch=1"], "batch.micro_batch to 2 or more"),
     (["objective.kind=dpo", "objective.label_smoothing=0.5"], "must be in [0, 0.5)"),
     (["objective.kind=dpo", "batch.micro_batch=auto", "batch.global_batch=8"], "give batch.micro_batch as a number"),
 ])
