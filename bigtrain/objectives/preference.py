@@ -11,7 +11,8 @@ reference, and z = [log pi(c) - log ref(c)] - [log pi(r) - log ref(r)] for the c
 
 The log line and summary.json carry TRL's metrics: rewards/chosen and rewards/rejected (beta times the answer's
 log-ratio to the reference; for orpo and simpo beta times its mean token log-probability), rewards/accuracies
-(the share of pairs whose chosen reward is higher), rewards/margins, logps/chosen, logps/rejected (summed).
+(the share of pairs whose chosen reward is higher), rewards/margins, logps/chosen, logps/rejected (summed), and
+logits/chosen, logits/rejected (the next-token logits' mean over the vocabulary, averaged over the answers' tokens).
 At the first step the policy equals the reference, z = 0, and DPO's loss is exactly ln 2.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "r
 
 class PreferenceLoss(Objective):
     pairs = True
-    metric_names = (*REWARD_METRICS, "logps/chosen", "logps/rejected")
+    metric_names = (*REWARD_METRICS, "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected")
 
     def __init__(self, cfg: ObjectiveConfig):
         self.kind, self.cfg = cfg.kind, cfg
@@ -51,8 +52,9 @@ class PreferenceLoss(Objective):
         inputs, labels, ref = item
         if ref is None and self.uses_reference:  # first: its logits are gone before the policy's graph is built
             ref = engine.reference_logps(inputs, labels)
-        logps, counts = answer_logps(output_logits(call_module(engine.ds, inputs)), labels)
-        return pair_loss(self.cfg, logps, counts, ref)
+        logits = output_logits(call_module(engine.ds, inputs))
+        logps, counts = answer_logps(logits, labels)
+        return pair_loss(self.cfg, logps, counts, ref, answer_logit_sums(logits, labels))
 
     def flops_factor(self) -> float:
         """Both answers train (2 rows); a reference model adds their forward passes (a third of training's FLOPs
@@ -71,9 +73,18 @@ def answer_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tens
     return (token_logps * mask).sum(-1), mask.sum(-1)
 
 
-def pair_loss(cfg: ObjectiveConfig, logps: torch.Tensor, counts: torch.Tensor,
-              ref: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
-    """The mean loss over the pairs of one micro-batch (rows: the n chosen, then the n rejected) and its metrics."""
+@torch.no_grad()
+def answer_logit_sums(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per row: the sum over its answer tokens of the next-token logits' mean over the vocabulary (TRL's
+    logits/chosen and logits/rejected divide it by the tokens' count), without an fp32 copy of the logits."""
+    targets = lm_targets(labels, logits.shape[-2])
+    return (logits.detach().mean(-1, dtype=torch.float32) * (targets != -100)).sum(-1)
+
+
+def pair_loss(cfg: ObjectiveConfig, logps: torch.Tensor, counts: torch.Tensor, ref: torch.Tensor | None,
+              logit_sums: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+    """The mean loss over the pairs of one micro-batch (rows: the n chosen, then the n rejected) and its metrics;
+    `logit_sums` (`answer_logit_sums`) adds logits/chosen and logits/rejected."""
     n = logps.shape[0] // 2
     pc, pr = logps[:n], logps[n:]
     nc, nr = counts[:n].clamp(min=1).to(logps.dtype), counts[n:].clamp(min=1).to(logps.dtype)
@@ -105,4 +116,7 @@ def pair_loss(cfg: ObjectiveConfig, logps: torch.Tensor, counts: torch.Tensor,
     metrics = {"rewards/chosen": chosen.mean(), "rewards/rejected": rejected.mean(),
                "rewards/accuracies": (chosen > rejected).float().mean(), "rewards/margins": (chosen - rejected).mean(),
                "logps/chosen": logps[:n].mean(), "logps/rejected": logps[n:].mean(), **extra}
+    if logit_sums is not None:  # over the side's answer tokens in the micro-batch, as TRL counts them
+        metrics["logits/chosen"] = logit_sums[:n].sum() / counts[:n].sum().clamp(min=1)
+        metrics["logits/rejected"] = logit_sums[n:].sum() / counts[n:].sum().clamp(min=1)
     return losses.mean(), {k: v.detach().to(torch.float64) for k, v in metrics.items()}

@@ -1,9 +1,14 @@
 """`objective.kind: reward`: a reward model, trained on pairs as TRL's RewardTrainer does.
 
 The model is a causal-LM directory loaded as `AutoModelForSequenceClassification` with one label
-(`bigtrain.objectives.model_overrides`): its scalar head reads each row at its last token before the padding.
-The loss is -log sigmoid(r_chosen - r_rejected) averaged over the pairs (Bradley-Terry); the metrics are the mean
-rewards of each side, the share of pairs ranked right (rewards/accuracies) and the mean margin.
+(`bigtrain.objectives.model_overrides`): its scalar head reads each row at the conversation's last token, the last
+that is not config.pad_token_id, which is the tokenizer's pad the rows are padded with (bigtrain.data.pairs): the
+row transformers reads when a user scores the conversation alone or in a batch the tokenizer padded, on either side.
+The loss is -log sigmoid(r_chosen - r_rejected) averaged over the pairs (Bradley-Terry). The metrics are TRL's
+RewardTrainer's: accuracy (the share of pairs ranked right), margin (the mean r_chosen - r_rejected), and
+min_reward, mean_reward, max_reward over the micro-batch's rows, chosen and rejected (TRL takes the min and max of a
+micro-batch gathered over the processes; here of each rank's micro-batch, averaged like every metric, so that 2
+ranks report what one process with accumulation does).
 """
 from __future__ import annotations
 
@@ -15,13 +20,14 @@ import torch.nn.functional as F
 from bigtrain.data.pairs import flat_pairs
 from bigtrain.models.spec import call_module, output_logits
 from bigtrain.objectives.base import Metrics, Objective
-from bigtrain.objectives.preference import REWARD_METRICS
+
+REWARD_MODEL_METRICS = ("accuracy", "margin", "min_reward", "mean_reward", "max_reward")
 
 
 class RewardLoss(Objective):
     kind = "reward"
     pairs = True
-    metric_names = REWARD_METRICS
+    metric_names = REWARD_MODEL_METRICS
 
     def inputs(self, engine: Any, batch: dict) -> Any:
         return engine.to_device({"input_ids": flat_pairs(batch)["input_ids"]})
@@ -38,6 +44,7 @@ def reward_loss(rewards: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
     n = rewards.shape[0] // 2
     chosen, rejected = rewards[:n].float(), rewards[n:].float()
     loss = -F.logsigmoid(chosen - rejected).mean()
-    metrics = {"rewards/chosen": chosen.mean(), "rewards/rejected": rejected.mean(),
-               "rewards/accuracies": (chosen > rejected).float().mean(), "rewards/margins": (chosen - rejected).mean()}
+    metrics = {"accuracy": (chosen > rejected).float().mean(), "margin": (chosen - rejected).mean(),
+               "min_reward": rewards.min().float(), "mean_reward": rewards.float().mean(),
+               "max_reward": rewards.max().float()}
     return loss, {k: v.detach().to(torch.float64) for k, v in metrics.items()}

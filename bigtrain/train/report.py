@@ -158,6 +158,8 @@ class Reporter:
             if objective:  # a pair objective's loss is no log-likelihood to take a perplexity of
                 metrics = {"val_loss": val_loss, **{f"val_{k}": v for k, v in objective.items()}}
                 shown = [" | ".join(f"{k} {v:.4f}" for k, v in objective.items())]
+                if "accuracy" in objective and self.spec.eval_metric == "accuracy":  # a reward model's pairs
+                    self.val_accuracies.append((step, objective["accuracy"]))
             elif self.spec.eval_metric == "accuracy":
                 acc = float(getattr(self.engine, "last_eval_accuracy", float("nan")))
                 self.val_accuracies.append((step, acc))

@@ -80,13 +80,38 @@ def test_dpo_is_ln2_when_policy_equals_reference_and_rewards_rank_pairs():
     assert float(metrics["rewards/accuracies"]) == 1.0 and float(metrics["rewards/margins"]) == pytest.approx(0.1)
 
 
-def test_the_reward_loss_is_bradley_terry():
+def test_the_reward_loss_is_bradley_terry_with_trls_metrics():
     rewards = torch.tensor([2.0, -1.0, 0.5, 0.0, 1.0, -2.0])  # chosen 2, -1, 0.5; rejected 0, 1, -2
     loss, metrics = reward_loss(rewards)
     want = sum(-logsig(c - r) for c, r in ((2.0, 0.0), (-1.0, 1.0), (0.5, -2.0))) / 3
     assert float(loss) == pytest.approx(want, rel=1e-6)
-    assert float(metrics["rewards/accuracies"]) == pytest.approx(2 / 3)
-    assert float(metrics["rewards/margins"]) == pytest.approx((2 - 2 + 2.5) / 3)
+    # TRL's RewardTrainer's names: accuracy, margin, and min / mean / max over both sides' rewards
+    assert set(metrics) == {"accuracy", "margin", "min_reward", "mean_reward", "max_reward"}
+    assert float(metrics["accuracy"]) == pytest.approx(2 / 3)
+    assert float(metrics["margin"]) == pytest.approx((2 - 2 + 2.5) / 3)
+    assert [float(metrics[k]) for k in ("min_reward", "mean_reward", "max_reward")] == pytest.approx([-2, 0.5 / 6, 2])
+
+
+def test_dpo_logits_metrics_are_the_answer_tokens_mean_logit_as_trl_counts_them():
+    """TRL's logits/chosen: the next-token logits' mean over the vocabulary, averaged over every chosen answer token
+    of the batch (token-weighted, not per row)."""
+    from bigtrain.objectives.preference import answer_logit_sums
+    torch.manual_seed(0)
+    logits = torch.randn(4, 6, 11)  # rows: 2 chosen, then 2 rejected
+    labels = torch.full((4, 6), -100)
+    answers = {0: (2, 3, 4), 1: (5,), 2: (1, 2), 3: (3, 4, 5)}  # label positions; position t - 1 predicts them
+    for row, where in answers.items():
+        labels[row, list(where)] = 1
+    logps, counts = answer_logps(logits, labels)
+    _, metrics = pair_loss(ObjectiveConfig(kind="dpo"), logps, counts, logps.clone(), answer_logit_sums(logits, labels))
+
+    def by_hand(rows: tuple[int, ...]) -> float:
+        values = [float(logits[r, t - 1].mean()) for r in rows for t in answers[r]]
+        return sum(values) / len(values)
+
+    assert float(metrics["logits/chosen"]) == pytest.approx(by_hand((0, 1)), abs=1e-6)
+    assert float(metrics["logits/rejected"]) == pytest.approx(by_hand((2, 3)), abs=1e-6)
+    assert answer_logit_sums(logits.bfloat16(), labels).dtype == torch.float32  # bf16 logits averaged in fp32
 
 
 def test_answer_logps_sum_only_the_answer_tokens():
@@ -188,8 +213,8 @@ def test_dpo_on_an_engine_equals_a_plain_loop_and_starts_at_ln2(one_rank_group):
     assert got[0] == pytest.approx(math.log(2), abs=1e-6)
     assert got == pytest.approx(plain_dpo_losses(spec, run, rates), rel=1e-5)
     assert got[-1] < got[0]  # it learns
-    assert set(engine.step_metrics) >= {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
-                                        "rewards/margins", "logps/chosen", "logps/rejected"}
+    assert set(engine.step_metrics) == {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                                        "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected"}
 
 
 def test_the_lora_reference_with_adapters_off_equals_a_frozen_copy_of_the_base(one_rank_group):
