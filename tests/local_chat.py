@@ -29,12 +29,17 @@ def sentence(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def make_chat_tokenizer(directory: Path, template: str = LLAMA_TEMPLATE, vocab_size: int = 400):
-    """A BPE trained on the words above, with Llama 3's special tokens and a chat template, saved to `directory`."""
+def make_chat_tokenizer(directory: Path, template: str = LLAMA_TEMPLATE, vocab_size: int = 400,
+                        own_pad: bool = False):
+    """A BPE trained on the words above, with Llama 3's special tokens and a chat template, saved to `directory`.
+    Its pad and end-of-text are one token (<|endoftext|>); with `own_pad` the end-of-text is <|eot_id|>, the end of
+    a turn, and the pad stays <|endoftext|>, as in Qwen2's and Llama 3 Instruct's tokenizers (pad != eos)."""
     rng = random.Random(0)
     tok = train_bpe([sentence(rng, 30) for _ in range(300)], vocab_size)
     tok.add_special_tokens({"additional_special_tokens": SPECIALS})
     tok.bos_token = "<|begin_of_text|>"
+    if own_pad:
+        tok.eos_token = "<|eot_id|>"
     tok.chat_template = template
     tok.save_pretrained(str(directory))
     return tok

@@ -40,13 +40,14 @@ def make_base_dirs(root: Path) -> dict[str, Path]:
     return dirs
 
 
-def make_chat_base(root: Path) -> dict[str, Path]:
-    """{"chat_llama": dir, "chats": file}: the tiny Llama with a Llama-3-style chat template (tests/local_chat.py)
-    and a jsonl of conversations, as the README's fine-tuning walk-through has them."""
+def make_chat_base(root: Path, own_pad: bool = False) -> dict[str, Path]:
+    """{"chat_llama": dir, "chats": file}: the tiny Llama with a Llama-3-style chat template (tests/local_chat.py;
+    `own_pad`: its pad apart from its end-of-text) and a jsonl of conversations, as the README's fine-tuning
+    walk-through has them."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from local_chat import conversations, make_chat_tokenizer, write_jsonl
-    tok = make_chat_tokenizer(root / "chat_llama")
+    tok = make_chat_tokenizer(root / "chat_llama", own_pad=own_pad)
     torch.manual_seed(12)
     LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,

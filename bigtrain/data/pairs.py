@@ -5,7 +5,10 @@ A prepared preference corpus holds two examples per record (bigtrain.data.chat: 
 rejected one's), so pair k is examples 2k and 2k + 1 and a pair never straddles a shard. A batch of n pairs is
 {"input_ids": [n, 2, L], "labels": [n, 2, L]}, [:, 0] chosen and [:, 1] rejected (`flat_pairs` lays them out as
 TRL's concatenated forward takes them: the n chosen rows, then the n rejected rows, one pass for both), labels
--100 but on the answer's tokens (and the end-of-text after it). An answer
+-100 but on the answer's tokens (and the end-of-text after it). Rows are padded on the right with the tokenizer's
+pad (`bigtrain.data.tokenizer.pad_id`), the id the model's config.pad_token_id names: a reward model's head reads each
+row at its last token that is not that id, as transformers' sequence classifiers (and TRL's RewardTrainer) read a
+conversation, so a row scores as the conversation alone does. An answer
 cut by data.seq_len keeps its first tokens (data.long_examples=truncate) or drops its pair (drop); a pair whose
 two sides are the same tokens teaches nothing and is dropped; each is counted.
 """
@@ -19,6 +22,7 @@ import torch
 from bigtrain.data.formats import UNDESIRABLE, ExampleOptions
 from bigtrain.data.dataset import Batch, DataBundle, split_rows
 from bigtrain.data.prepare.store import PreparedCorpus
+from bigtrain.data.tokenizer import pad_id
 
 IGNORE = -100
 
@@ -28,10 +32,10 @@ class AnswerRows:
     {"input_ids": [n, L], "labels": [n, L]}, labels -100 but on the answer's tokens. What a pair's two rows are
     made of, and what a reference's log-probabilities are computed over once (objective.reference=precomputed)."""
 
-    def __init__(self, corpus: PreparedCorpus, seq_len: int, starts: np.ndarray, lengths: np.ndarray):
+    def __init__(self, corpus: PreparedCorpus, seq_len: int, starts: np.ndarray, lengths: np.ndarray, pad_id: int):
         self.corpus, self.seq_len = corpus, seq_len
         self.starts, self.lengths = starts, lengths
-        self.pad_id = corpus.eos_id
+        self.pad_id = pad_id
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -54,8 +58,8 @@ class PairRows:
     reference_logps) a batch also carries "reference_logps": [n, 2]."""
 
     def __init__(self, corpus: PreparedCorpus, seq_len: int, starts: np.ndarray, lengths: np.ndarray,
-                 pairs: np.ndarray, reference: np.ndarray | None = None):
-        self.examples = AnswerRows(corpus, seq_len, starts, lengths)
+                 pairs: np.ndarray, pad_id: int, reference: np.ndarray | None = None):
+        self.examples = AnswerRows(corpus, seq_len, starts, lengths, pad_id)
         self.corpus, self.seq_len, self.pairs, self.reference = corpus, seq_len, pairs, reference
 
     def __len__(self) -> int:
@@ -74,7 +78,7 @@ class PairCorpus:
     """One prepared preference corpus filtered for a sequence length: which pairs train, which validate."""
 
     def __init__(self, corpus: PreparedCorpus, seq_len: int, options: ExampleOptions, val_fraction: float,
-                 source: str):
+                 source: str, pad_id: int):
         ends = corpus.document_ends()
         if len(ends) % 2:
             raise ValueError(f"{corpus.root} holds {len(ends)} examples, not pairs: prepare it again from preference "
@@ -103,14 +107,14 @@ class PairCorpus:
                              "need at least 2 (one to train, one to validate): give pairs whose answers differ, or a "
                              "longer data.seq_len")
         train, val = split_rows(len(kept), val_fraction)
-        self.corpus, self.seq_len = corpus, seq_len
+        self.corpus, self.seq_len, self.pad_id = corpus, seq_len, pad_id
         self.starts, self.lengths = starts, lengths
         self.train, self.val = pairs[kept[train]], pairs[kept[val]]
         self.tokens = int(lengths[self.train].sum())
 
     def rows(self) -> tuple[PairRows, PairRows]:
-        return (PairRows(self.corpus, self.seq_len, self.starts, self.lengths, self.train),
-                PairRows(self.corpus, self.seq_len, self.starts, self.lengths, self.val))
+        return (PairRows(self.corpus, self.seq_len, self.starts, self.lengths, self.train, self.pad_id),
+                PairRows(self.corpus, self.seq_len, self.starts, self.lengths, self.val, self.pad_id))
 
     def sample_prompt(self) -> list[int]:
         """A held-out pair's prompt (its chosen side up to the answer), for the end-of-run sample."""
@@ -131,10 +135,10 @@ class UnpairedRows:
     """KTO's answers of one prepared corpus: `examples[i]` is one answer (its prompt, its completion)."""
 
     def __init__(self, corpus: PreparedCorpus, seq_len: int, starts: np.ndarray, lengths: np.ndarray,
-                 answers: np.ndarray, examples: np.ndarray):
+                 answers: np.ndarray, examples: np.ndarray, pad_id: int):
         self.corpus, self.seq_len = corpus, seq_len
         self.starts, self.lengths, self.answers, self.examples = starts, lengths, answers, examples
-        self.pad_id = corpus.eos_id
+        self.pad_id = pad_id
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -170,6 +174,7 @@ def build_unpaired(corpora: list[PreparedCorpus], sources: list[str], weights: l
     from bigtrain.data.dataset import ConcatRows
     from bigtrain.data.mixture import MixtureSampler
 
+    pad = pad_id(tokenizer)
     trains, vals = [], []
     counts = {"answers": 0, "desirable": 0, "dropped_no_answer": 0, "dropped_too_long": 0, "train_tokens": 0}
     for corpus, source in zip(corpora, sources):
@@ -192,8 +197,8 @@ def build_unpaired(corpora: list[PreparedCorpus], sources: list[str], weights: l
                   "train_tokens": counts["train_tokens"]}
         train, val = split_rows(len(kept), val_fraction)
         counts["train_tokens"] += int(lengths[kept[train]].sum())
-        trains.append(UnpairedRows(corpus, seq_len, starts, lengths, answers, kept[train]))
-        vals.append(UnpairedRows(corpus, seq_len, starts, lengths, answers, kept[val]))
+        trains.append(UnpairedRows(corpus, seq_len, starts, lengths, answers, kept[train], pad))
+        vals.append(UnpairedRows(corpus, seq_len, starts, lengths, answers, kept[val], pad))
     stats = {**counts, "format": "kto", "layout": "unpaired", "train_answers": sum(map(len, trains)),
              "val_answers": sum(map(len, vals)), "long_examples": options.long_examples}
     stats["pad_share"] = 1.0 - stats["train_tokens"] / (stats["train_answers"] * seq_len)  # of the answers' rows
@@ -217,7 +222,7 @@ def build_pairs(corpora: list[PreparedCorpus], sources: list[str], weights: list
     from bigtrain.data.dataset import ConcatRows
     from bigtrain.data.mixture import MixtureSampler
 
-    parts = [PairCorpus(c, seq_len, options, val_fraction, s) for c, s in zip(corpora, sources)]
+    parts = [PairCorpus(c, seq_len, options, val_fraction, s, pad_id(tokenizer)) for c, s in zip(corpora, sources)]
     rows = [p.rows() for p in parts]
     trains, vals = [r[0] for r in rows], [r[1] for r in rows]
     stats: dict[str, Any] = {key: sum(p.counts[key] for p in parts) for key in parts[0].counts}

@@ -111,6 +111,16 @@ def eos_id(tokenizer: PreTrainedTokenizerBase) -> int:
                      "between documents; use a tokenizer that has one")
 
 
+def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id that pads a row of one example (pairs, KTO's answers, classification texts), and that a model whose
+    head reads a row's last token (a reward model, a decoder classifier) is told to skip (config.pad_token_id):
+    the tokenizer's own pad, else its end-of-text (TRL's fallback; `load_tokenizer` sets the same), so that a
+    user's batch, padded by the tokenizer, reads each conversation where training read it."""
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    return eos_id(tokenizer)
+
+
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """Hash of the tokenizer's full definition, for cache keys."""
     if tokenizer.is_fast:

@@ -25,6 +25,7 @@ from bigtrain.export.write import (
     MAX_SHARD_SIZE,
     check_out_dir,
     load_tokenizer,
+    pad_like_the_model,
     staging_dir,
     write_hf,
     write_recipe,
@@ -72,6 +73,8 @@ def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None,
         check_adapter_export(spec, lora, found.tag_dir)
     tok_source = tokenizer_source(found, tokenizer) if spec.modality in ("text", "classify") else None
     tok = load_tokenizer(tok_source) if tok_source else None  # before the slow part: fail early
+    if tok is not None:
+        pad_like_the_model(tok, spec.config)
     with checkpoint_loading(found.tag_dir, trust_checkpoint):
         consolidated = consolidate(found.tag_dir, spec, found.state.pipeline_stages)
     hf = spec.hf_class is not None

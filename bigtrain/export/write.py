@@ -147,6 +147,15 @@ def write_recipe(out: Path, recipe: dict) -> None:
     (out / RECIPE).write_text(json.dumps(recipe, indent=2))
 
 
+def pad_like_the_model(tokenizer: Any, config: Any) -> None:
+    """Give a tokenizer that has no pad token the model's (config.pad_token_id: what training padded with), so that a
+    user's padded batch is read where training read its rows (transformers refuses to pad without one)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    pad = getattr(text, "pad_token_id", None)
+    if tokenizer.pad_token_id is None and isinstance(pad, int) and 0 <= pad < len(tokenizer):
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
+
+
 def load_tokenizer(source: str) -> Any:
     """The tokenizer at `source` (a local directory, or a hub name); ValueError if it cannot be loaded."""
     from transformers import AutoTokenizer

@@ -63,8 +63,14 @@ def _configure(s: HFSettings, config: Any, task: str, cls: type) -> Any:
     if task == "classify":
         if s.num_classes is not None and s.num_classes != config.num_labels:
             config.num_labels = s.num_classes  # also resets id2label; a differently sized head starts fresh
-        if s.pad_token_id is not None and getattr(config, "pad_token_id", None) is None:
-            config.pad_token_id = s.pad_token_id
+        # A decoder's head reads each row at its last token that is not pad_token_id: it must be the id the data
+        # pads with (the tokenizer's), or training reads a padding position a user's unpadded text never has.
+        text, said = _text_config(config), getattr(_text_config(config), "pad_token_id", None)
+        if s.pad_token_id is not None and said != s.pad_token_id:
+            if said is not None:
+                log.info("%s: pad_token_id %s -> %s, the tokenizer's pad that the rows are padded with",
+                         s.pretrained, said, s.pad_token_id)
+            text.pad_token_id = s.pad_token_id
     if s.dropout is not None:
         for key in DROPOUT_KEYS:
             if isinstance(getattr(config, key, None), float):

@@ -39,7 +39,8 @@ def build_objective(cfg: ObjectiveConfig, lora: bool = False) -> Objective:
 
 def model_overrides(cfg: ObjectiveConfig, family_settings: Any, pad_token_id: int | None) -> dict[str, Any]:
     """Model overrides an objective needs: a reward model is the causal-LM directory with a one-label scalar head
-    (AutoModelForSequenceClassification), which finds each row's last token by the padding id."""
+    (AutoModelForSequenceClassification), which reads each row at its last token that is not `pad_token_id`: the
+    id the rows are padded with (`bigtrain.data.tokenizer.pad_id`), also what the export's config.json says."""
     if cfg.kind != "reward":
         return {}
     from dataclasses import fields

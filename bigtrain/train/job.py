@@ -17,6 +17,7 @@ import torch
 from deepspeed.accelerator import get_accelerator
 
 from bigtrain import models, objectives
+from bigtrain.data.tokenizer import pad_id
 from bigtrain.models.registry import family as model_family
 from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.claim import claim_run_dir
@@ -78,7 +79,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         model_build = ModelBuild(run.model.family, run.model.size, {
             **model_overrides(run.model, data, run.data.seq_len),
             **objectives.model_overrides(run.objective, model_family(run.model.family).settings_cls,
-                                         getattr(data.tokenizer, "eos_token_id", None))})
+                                         pad_id(data.tokenizer) if data.tokenizer is not None else None)})
         if found:
             check_same_model(ckpt_dir / found[0], found[1], model_build)
             check_same_lora(ckpt_dir / found[0], found[1].run_config, run.lora)

@@ -59,3 +59,21 @@ def test_load_into_names_missing_and_unexpected_keys() -> None:
     model = torch.nn.Linear(3, 2)
     with pytest.raises(ValueError, match=r"missing: bias; unexpected: extra; shape mismatch: weight \(3, 3\)"):
         load_into(model, {"weight": torch.zeros(3, 3), "extra": torch.zeros(1)})
+
+
+def test_a_tokenizer_without_a_pad_gets_the_models_so_a_users_batch_pads_as_training_did(tmp_path: Path) -> None:
+    """The export's tokenizer: no pad token (Llama 3's has none) -> the config's pad_token_id, which training padded
+    with (load_tokenizer's end-of-text fallback); a tokenizer's own pad is kept."""
+    from transformers import LlamaConfig
+
+    from bigtrain.data.tokenizer import train_bpe
+    from bigtrain.export.write import pad_like_the_model
+
+    tok = train_bpe(["the cat sat on the mat"] * 20, 300)
+    tok.add_special_tokens({"additional_special_tokens": ["<|eot_id|>"]})
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    tok.pad_token = None
+    pad_like_the_model(tok, LlamaConfig(vocab_size=len(tok), pad_token_id=eot))
+    assert tok.pad_token == "<|eot_id|>" and tok(["a", "the cat"], padding=True)["input_ids"][0][-1] == eot
+    pad_like_the_model(tok, LlamaConfig(vocab_size=len(tok), pad_token_id=0))
+    assert tok.pad_token_id == eot  # its own pad stays

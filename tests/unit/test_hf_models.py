@@ -74,6 +74,39 @@ def test_classification_data_infers_the_classes_and_masks_the_padding(hf_dirs, t
     assert 0 < int((mask == 0).sum()) and bool(mask[:, 0].all())
 
 
+def test_a_decoder_classifier_reads_each_padded_text_where_transformers_reads_it_alone(hf_dirs, tmp_path):
+    """A decoder's classification head reads a row at its last token that is not config.pad_token_id. A directory
+    whose config.json names another pad than its tokenizer's (which the data pads with) is built with the
+    tokenizer's, so that a padded training row classifies as its text alone does (issue 37: the head read the
+    last padding position, which no user's unpadded text has)."""
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
+
+    from bigtrain.data import build_data
+    from bigtrain.models.registry import DataFacts, model_overrides
+    from local_hf import decoder_config
+
+    tok = AutoTokenizer.from_pretrained(hf_dirs["llama"])
+    config = decoder_config("llama", len(tok))
+    config.num_labels, config.pad_token_id = 2, tok.pad_token_id + 5  # a pad the data never pads with
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(config).save_pretrained(tmp_path / "classifier")
+    tok.save_pretrained(tmp_path / "classifier")
+    bundle = build_data(str(hf_dirs["labels"]), "classify", seq_len=64, tokenizer=str(tmp_path / "classifier"),
+                        num_classes=None, cache_dir=tmp_path / "cache", tokenizer_dir=tmp_path / "tok")
+    facts = DataFacts(seq_len=64, vocab_size=bundle.vocab_size, num_classes=bundle.num_classes,
+                      pad_token_id=bundle.tokenizer.pad_token_id)
+    spec = build("hf", "custom", **model_overrides("hf", "custom", facts, str(tmp_path / "classifier"), {}, "cpu"))
+    assert spec.modality == "classify" and spec.config.pad_token_id == tok.pad_token_id
+    model = spec.build().eval()
+    batch = bundle.val.take(list(range(8)))
+    lengths = batch["attention_mask"].sum(-1)
+    assert bool((lengths < 64).any())  # some rows are padded
+    with torch.no_grad():
+        padded = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        alone = torch.cat([model(input_ids=row[None, :n]).logits for row, n in zip(batch["input_ids"], lengths)])
+    assert torch.allclose(padded, alone, atol=1e-5, rtol=0), (padded - alone).abs().max()
+
+
 def test_config_only_directory_starts_from_seeded_random_weights(hf_dirs):
     spec = build("llama", "custom", pretrained=str(hf_dirs["config_only"]), seq_len=SEQ)
     assert spec.pretrained is None and spec.config.num_key_value_heads == 2

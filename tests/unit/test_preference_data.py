@@ -134,7 +134,7 @@ def test_kto_answers_carry_their_label_and_sit_beside_another_answer_for_the_kl_
                         tokenizer=str(tmp_path / "tok"), cache_dir=tmp_path / "cache", tokenizer_dir=tmp_path / "t")
     assert bundle.layout == "unpaired" and bundle.stats["desirable"] == 20
     batch = bundle.train.take([0, 1, 2])
-    text = lambda row: tok.decode([t for t in row if t != tok.eos_token_id])  # noqa: E731
+    text = lambda row: tok.decode([t for t in row if t != tok.pad_token_id])  # noqa: E731
     answers = [text(batch["input_ids"][b, 0].tolist()) for b in range(3)]
     counterparts = [text(batch["input_ids"][b, 1].tolist()) for b in range(3)]
     for b in range(3):  # its own prompt, the next answer in the batch
@@ -142,3 +142,91 @@ def test_kto_answers_carry_their_label_and_sit_beside_another_answer_for_the_kl_
         assert counterparts[b] == prompt + " answer" + answers[(b + 1) % 3].split(" answer")[1]
     labels = [int(a.split("answer ")[1].split("<")[0]) % 3 != 0 for a in answers]
     assert batch["desirable"].tolist() == labels
+
+
+# --- padding: pad != end-of-text (issue 37) ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def own_pad(tmp_path_factory) -> dict[str, Path]:
+    """A tokenizer whose pad (<|endoftext|>) is not its end-of-text (<|eot_id|>), as Qwen2's, a tiny Llama saved
+    with it (its config.json naming the end-of-text as its pad, as some directories do), and pairs and KTO data."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("own_pad")
+    tok = make_chat_tokenizer(root / "llama", own_pad=True)
+    torch.manual_seed(3)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                 pad_token_id=tok.eos_token_id)).save_pretrained(root / "llama")
+    pairs = preference_pairs(20)
+    kto = [{"prompt": p["prompt"], "completion": p["chosen" if i % 2 else "rejected"], "label": bool(i % 2)}
+           for i, p in enumerate(pairs)]
+    return {"llama": root / "llama", "pairs": write_jsonl(root / "pairs.jsonl", pairs),
+            "kto": write_jsonl(root / "kto.jsonl", kto), "root": root}
+
+
+def rows_at(own_pad: dict[str, Path], data: str, seq_len: int) -> dict[str, torch.Tensor]:
+    """Every held-out row of `data`, padded to seq_len ([2n, seq_len]: pairs' chosen then rejected, or KTO's answers
+    then their KL counterparts)."""
+    bundle = build_data(str(own_pad[data]), "text", seq_len=seq_len, tokenizer=str(own_pad["llama"]),
+                        cache_dir=own_pad["root"] / f"cache_{data}_{seq_len}", tokenizer_dir=own_pad["root"] / "t",
+                        val_fraction=0.25)
+    return flat_pairs(bundle.val.take(list(range(len(bundle.val)))))
+
+
+@pytest.mark.parametrize("data", ["pairs", "kto"])
+def test_rows_are_padded_with_the_tokenizers_pad_and_score_the_same_at_any_length(own_pad, data):
+    """The pad is the tokenizer's, not its end-of-text; a row's answer log-probabilities (DPO's, IPO's, ORPO's,
+    SimPO's, KTO's and the precomputed reference's, which read these rows) are the same padded to 64 or to 128."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bigtrain.objectives.preference import answer_logps
+    tok = AutoTokenizer.from_pretrained(own_pad["llama"])
+    short, long = rows_at(own_pad, data, 64), rows_at(own_pad, data, 128)
+    assert torch.equal(long["input_ids"][:, :64], short["input_ids"])  # the same rows, more padding
+    tail = long["input_ids"][:, 64:]
+    assert (tail == tok.pad_token_id).all() and tok.pad_token_id != tok.eos_token_id
+    model = AutoModelForCausalLM.from_pretrained(own_pad["llama"]).eval()
+    with torch.no_grad():
+        at_64, counts_64 = answer_logps(model(short["input_ids"]).logits, short["labels"])
+        at_128, counts_128 = answer_logps(model(long["input_ids"]).logits, long["labels"])
+    assert torch.equal(counts_64, counts_128) and bool((counts_64 > 0).all())
+    assert torch.allclose(at_64, at_128, atol=1e-5, rtol=0), (at_64 - at_128).abs().max()
+
+
+def test_a_reward_head_reads_each_row_where_transformers_reads_the_conversation_alone(own_pad):
+    """The reward model's spec as a run builds it (the directory's config names the end-of-text as its pad; the
+    run's overrides give the tokenizer's pad, which the rows are padded with): a row's reward is the reward of its
+    conversation alone, without padding, at 64 and at 128."""
+    from bigtrain import objectives
+    from bigtrain.config.run_config import ObjectiveConfig
+    from bigtrain.data.tokenizer import pad_id
+    from bigtrain.models import build
+    from bigtrain.models.hf import HFSettings
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(own_pad["llama"])
+    overrides = {"pretrained": str(own_pad["llama"]), "seq_len": 128, "vocab_size": len(tok),
+                 "pad_token_id": tok.pad_token_id,
+                 **objectives.model_overrides(ObjectiveConfig(kind="reward"), HFSettings, pad_id(tok))}
+    spec = build("hf", "custom", **overrides)
+    assert spec.config.pad_token_id == tok.pad_token_id != tok.eos_token_id
+    torch.manual_seed(0)
+    model = spec.build(seed=0).eval()
+    short, long = rows_at(own_pad, "pairs", 64), rows_at(own_pad, "pairs", 128)
+    lengths = (short["input_ids"] != tok.pad_token_id).sum(-1)
+    with torch.no_grad():
+        at_64, at_128 = model(short["input_ids"]).logits[:, 0], model(long["input_ids"]).logits[:, 0]
+        alone = torch.stack([model(row[None, :n]).logits[0, 0] for row, n in zip(short["input_ids"], lengths)])
+    assert torch.allclose(at_64, alone, atol=1e-5, rtol=0) and torch.allclose(at_128, alone, atol=1e-5, rtol=0)
+    assert float(alone.std()) > 1e-3  # rows that differ score differently: the comparison means something
+
+
+def test_the_pad_falls_back_to_the_end_of_text_when_the_tokenizer_has_none(own_pad):
+    from transformers import AutoTokenizer
+
+    from bigtrain.data.tokenizer import pad_id
+    tok = AutoTokenizer.from_pretrained(own_pad["llama"])
+    assert pad_id(tok) == tok.pad_token_id
+    tok.pad_token = None
+    assert tok.pad_token_id is None and pad_id(tok) == tok.eos_token_id  # as TRL's trainers fall back
