@@ -1,0 +1,218 @@
+"""Reward functions users write, loaded by name and called as TRL's GRPOTrainer calls them.
+
+objective.rewards lists one or more of
+
+    path/to/file.py:function     a function in a Python file (relative to the working directory)
+    package.module:function      a function in an importable module (the file's directory on PYTHONPATH)
+    accuracy | format[=REGEX] | length[=MAX[,CACHE]]   the built-ins (bigtrain.rollout.builtin_rewards)
+    path/to/reward_model_dir     a sequence classifier scored at its last token (bigtrain.rollout.reward_model)
+
+weighted by objective.reward_weights (1.0 each by default). A function is called once per batch of
+completions as TRL calls it:
+
+    f(prompts=[...], completions=[...], completion_ids=[[...], ...], trainer_state=..., <every other column of
+      the records>=[...], log_metric=..., log_extra=...) -> list[float | None]
+
+one value per completion (None: this function does not score it). A completion that every function scores None
+is unscorable: left out of its group's statistics, advantage 0 (TRL's rule). `completions` are strings, or for
+conversational prompts (message lists) a list of one assistant message each, as in TRL.
+
+A reward file that does not import, a name that is not there, a function that raises, returns the wrong count,
+a NaN or something that is not a number: each is one ValueError line naming the function and the record.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+
+RewardFn = Callable[..., list]
+RESERVED = ("prompt", "completion", "completion_ids")  # record columns TRL does not pass on
+
+
+@dataclass
+class RewardFunction:
+    name: str  # its metric name: rewards/<name>/mean
+    fn: RewardFn
+    weight: float = 1.0
+    spec: str = ""
+
+
+@dataclass
+class RewardScores:
+    per_function: torch.Tensor  # [N, F] fp32, NaN where a function returned None
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # what the functions logged with log_metric
+    extra: dict[str, list] = field(default_factory=dict)  # columns they added with log_extra, for the sample table
+
+
+def load_rewards(specs: list[str], weights: list[float] | None = None, *, max_completion_length: int,
+                 load_model: Callable[[Path], RewardFn] | None = None) -> list[RewardFunction]:
+    """The reward functions objective.rewards names, in order, with their weights and unique metric names.
+    `load_model` loads a reward-model directory (default: RewardModel.from_dir on this process's device)."""
+    from bigtrain.rollout.builtin_rewards import builtin
+    if not specs:
+        raise ValueError("objective.rewards is empty: name at least one reward (a function file.py:name, "
+                         "package.module:name, accuracy, format, length, or a reward model directory)")
+    if weights is not None and len(weights) != len(specs):
+        raise ValueError(f"objective.reward_weights has {len(weights)} weights for {len(specs)} rewards: give one "
+                         "weight per reward")
+    loaded, seen = [], {}
+    for i, spec in enumerate(specs):
+        fn = builtin(spec, max_completion_length)
+        if fn is None and Path(spec).expanduser().is_dir():
+            if load_model is None:
+                from bigtrain.rollout.reward_model import RewardModel
+                load_model = RewardModel.from_dir
+            fn = load_model(Path(spec).expanduser())
+        elif fn is None:
+            fn = load_function(spec)
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        seen[name] = seen.get(name, 0) + 1
+        name = name if seen[name] == 1 else f"{name}_{seen[name]}"
+        loaded.append(RewardFunction(name, fn, 1.0 if weights is None else float(weights[i]), spec))
+    return loaded
+
+
+def load_function(spec: str) -> RewardFn:
+    """`path/to/file.py:function` or `package.module:function` -> the function; one line when it cannot be had."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise ValueError(f"objective.rewards {spec!r}: give path/to/file.py:function, package.module:function, a "
+                         "reward model directory, or a built-in (accuracy, format, length)")
+    module = _import_file(spec, Path(where).expanduser()) if where.endswith(".py") else _import_module(spec, where)
+    fn = getattr(module, name, None)
+    if fn is None:
+        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                       and getattr(v, "__module__", None) == module.__name__)
+        raise ValueError(f"objective.rewards {spec!r}: {where} has no {name!r} (its functions: "
+                         f"{', '.join(found) or 'none'})")
+    if not callable(fn):
+        raise ValueError(f"objective.rewards {spec!r}: {name!r} in {where} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _import_file(spec: str, path: Path) -> Any:
+    if not path.is_file():
+        raise ValueError(f"objective.rewards {spec!r}: no such file {path} (a path is relative to the directory "
+                         "the job starts in)")
+    module_name = f"bigtrain_reward_{abs(hash(str(path.resolve())))}"
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look a module up by name
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 -- anything the user's file raises: one line naming it
+        sys.modules.pop(module_name, None)
+        raise ValueError(f"objective.rewards {spec!r}: {path} does not import: {_describe(e)}") from None
+    return module
+
+
+def _import_module(spec: str, name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"objective.rewards {spec!r}: module {name!r} does not import: {_describe(e)} (a module "
+                         "is found on PYTHONPATH; a file is given as path/to/file.py:function)") from None
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError: {e.msg} (line {e.lineno})"
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+
+
+def score(functions: list[RewardFunction], prompts: list, completions: list, completion_ids: list[list[int]],
+          records: list[dict], step: int = 0) -> RewardScores:
+    """Every function on this rank's completions: [N, F] scores (NaN: None). `records[i]` is completion i's
+    record (its columns; repeated for the completions of one prompt)."""
+    n = len(completions)
+    assert len(prompts) == n == len(completion_ids) == len(records), (len(prompts), n, len(records))
+    keys = sorted({k for r in records for k in r if k not in RESERVED})
+    columns = {k: [r.get(k) for r in records] for k in keys}
+    out = RewardScores(torch.full((n, len(functions)), float("nan"), dtype=torch.float32))
+    for j, f in enumerate(functions):
+        logged: dict[str, list] = {}
+        kwargs = {**columns, "trainer_state": SimpleNamespace(global_step=step),
+                  "log_metric": lambda name, value: out.metrics.setdefault(name, []).append(float(value)),
+                  "log_extra": lambda column, values: logged.setdefault(column, list(values))}
+        values = _call(f, dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs),
+                       records, prompts, completions)
+        out.per_function[:, j] = torch.tensor([float("nan") if v is None else v for v in values])
+        out.extra.update(logged)
+    return out
+
+
+def _call(f: RewardFunction, kwargs: dict, records: list[dict], prompts: list, completions: list) -> list:
+    n = len(completions)
+    try:
+        values = f.fn(**_accepted(f.fn, kwargs))
+    except Exception as e:  # noqa: BLE001 -- the user's code: name the function and the first record it fails on
+        raise ValueError(f"reward function {f.name!r} ({f.spec}) raised {_describe(e)} on "
+                         f"{_culprit(f, kwargs, n, records, prompts, completions)}") from None
+    try:
+        values = list(values)
+    except TypeError:
+        raise ValueError(f"reward function {f.name!r} ({f.spec}) returned {type(values).__name__}: return a list "
+                         f"of {n} floats (None to skip a completion)") from None
+    if len(values) != n:
+        raise ValueError(f"reward function {f.name!r} ({f.spec}) returned {len(values)} rewards for {n} "
+                         "completions: return one per completion (None to skip one)")
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        if not (isinstance(v, (int, float)) or _is_scalar(v)):
+            raise ValueError(f"reward function {f.name!r} ({f.spec}) returned {type(v).__name__} {v!r:.40} for "
+                             f"{_record_line(i, records, prompts, completions)}: return a number, or None to skip "
+                             "the completion")
+        if not math.isfinite(float(v)):
+            raise ValueError(f"reward function {f.name!r} ({f.spec}) returned {float(v)} for "
+                             f"{_record_line(i, records, prompts, completions)}: return a finite number, or None to "
+                             "skip the completion")
+        values[i] = float(v)
+    return values
+
+
+def _is_scalar(v: Any) -> bool:
+    """numpy / torch scalars count as numbers."""
+    return hasattr(v, "item") and getattr(v, "ndim", 0) == 0 and isinstance(v.item(), (int, float))
+
+
+def _accepted(fn: Callable, kwargs: dict) -> dict:
+    """All keywords for a function taking **kwargs (TRL's convention), else the ones it names."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return kwargs
+    names = {p.name for p in params}
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
+def _culprit(f: RewardFunction, kwargs: dict, n: int, records: list[dict], prompts: list,
+             completions: list) -> str:
+    """The first completion the function raises on alone (re-run one at a time), or the batch."""
+    for i in range(n):
+        one = {k: (v[i:i + 1] if isinstance(v, list) and len(v) == n else v) for k, v in kwargs.items()}
+        try:
+            f.fn(**_accepted(f.fn, one))
+        except Exception:  # noqa: BLE001
+            return _record_line(i, records, prompts, completions)
+    return f"a batch of {n} completions (each alone scores): it fails on the batch as a whole"
+
+
+def _record_line(i: int, records: list[dict], prompts: list, completions: list) -> str:
+    shown = json.dumps({"prompt": prompts[i], **{k: v for k, v in records[i].items() if k not in RESERVED}},
+                       ensure_ascii=False, default=str)
+    completion = json.dumps(completions[i], ensure_ascii=False, default=str)
+    return (f"completion {i} (record {shown[:120]}{'...' if len(shown) > 120 else ''}, completion "
+            f"{completion[:60]}{'...' if len(completion) > 60 else ''})")
