@@ -15,6 +15,11 @@ then the rejected one's), and TRL's unpaired records for KTO (one answer each, m
     preference_instruction  {"instruction": "...", "input": "..." (optional), "chosen": "...", "rejected": "..."}
     kto                     {"prompt": ..., "completion": ..., "label": true | false}: strings, or message lists
 
+and the prompt-only records of online RL (TRL's GRPO/RLOO/distillation trainers), whose other columns (an
+"answer", say) are kept whole for the reward functions (bigtrain.data.prompts); never detected, only named:
+
+    prompt                  {"prompt": "..." | [messages], ...any other columns}
+
 Which format a source holds is read from its first record (`bigtrain.data.sources.detect_format`); how an example
 becomes tokens is `bigtrain.data.chat`.
 """
@@ -24,9 +29,11 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 FORMATS = ("auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca", "preference", "preference_instruction",
-           "kto")
+           "kto", "prompt")
 PAIR_FORMATS = ("preference_instruction", "preference")  # two examples per record: chosen, rejected
 UNPAIRED_FORMATS = ("kto",)  # one answer per record, marked desirable or not
+PROMPT_FORMATS = ("prompt",)  # a prompt to generate from, every column kept (not in EXAMPLE_FORMATS: not detected)
+ALL_COLUMNS = "*?"  # in FIELDS: every column of the record is read, not only the named ones
 UNDESIRABLE = 2  # the mask value of an undesirable answer's tokens (a desirable one's are 1)
 # In the order a record's keys are matched (a preference record's keys first: they hold a prompt too).
 EXAMPLE_FORMATS = (*PAIR_FORMATS, *UNPAIRED_FORMATS, "chat", "sharegpt", "prompt_completion", "alpaca")
@@ -38,7 +45,7 @@ FIELDS: dict[str, tuple[str, ...]] = {"chat": ("messages",), "sharegpt": ("conve
                                       "alpaca": ("instruction", "input?", "output"),
                                       "preference": ("prompt?", "chosen", "rejected"),
                                       "preference_instruction": ("instruction", "input?", "chosen", "rejected"),
-                                      "kto": ("prompt", "completion", "label")}
+                                      "kto": ("prompt", "completion", "label"), "prompt": ("prompt", ALL_COLUMNS)}
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class ExampleOptions:
     train_on_prompt: bool = False
     long_examples: str = "truncate"
     packing: bool = False
+    prompt_tokens: int | None = None  # prompt records: the longest prompt kept (seq_len - max_completion_length)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
 
-from bigtrain.data.formats import EXAMPLE_FORMATS, columns, format_of, no_text_field_line, required
+from bigtrain.data.formats import columns, format_of, no_text_field_line, required
 
 LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 HUB_PREFIX = "hf:"
@@ -262,7 +262,7 @@ def detect_format(src: Source, declared: str) -> str:
     """data.format, or (auto) the format of the source's first record: columns of a Parquet file or a hub
     dataset, keys of the first JSON record; .txt and the builtin text are text."""
     if declared != "auto":
-        if declared in EXAMPLE_FORMATS and (src.kind == "builtin" or src.loader == "text"):
+        if declared not in ("auto", "text") and (src.kind == "builtin" or src.loader == "text"):
             raise ValueError(f"data.format={declared}: {src.text!r} is plain text, not records; give jsonl / json / "
                              "parquet records (or hf:NAME) with the format's fields, or set data.format=text")
         return declared

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from bigtrain.data.blocks import TokenBlocks, block_count
 from bigtrain.data.chat import no_template_line, read_chat_template
 from bigtrain.data.dataset import ConcatRows, DataBundle, split_rows
-from bigtrain.data.formats import FIELDS, PAIR_FORMATS, TEMPLATED, UNPAIRED_FORMATS, ExampleOptions
+from bigtrain.data.formats import FIELDS, PAIR_FORMATS, PROMPT_FORMATS, TEMPLATED, UNPAIRED_FORMATS, ExampleOptions
 from bigtrain.data.mixture import MixtureSampler, parse_mixture
 from bigtrain.data.prepare.core import identity, prepare, text_source
 from bigtrain.data.prepare.pieces import BPE_TRAIN_BYTES, iter_documents
@@ -31,7 +31,7 @@ from bigtrain.data.tokenizer import load_tokenizer, resolve_tokenizer, tokenizer
 
 Part = Path | Source  # a prepared directory, or a source to prepare
 KIND_NAMES = {"text": "plain text", "examples": "chat/instruction examples", "pairs": "preference pairs",
-              "unpaired": "kto answers"}
+              "unpaired": "kto answers", "prompts": "prompt records"}
 
 
 def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: int, tokenizer_dir: Path,
@@ -59,9 +59,10 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
     if formats[0] != "text":
         from bigtrain.data.examples import build_examples
         from bigtrain.data.pairs import build_pairs, build_unpaired
+        from bigtrain.data.prompt_rows import build_prompts
         _same_template(corpora, tok, examples)
         build = (build_pairs if formats[0] in PAIR_FORMATS else build_unpaired if formats[0] in UNPAIRED_FORMATS
-                 else build_examples)
+                 else build_prompts if formats[0] in PROMPT_FORMATS else build_examples)
         bundle = build(corpora, [text for text, _ in entries], [w for _, w in mixture] if mixture else None,
                                 seq_len, examples, val_fraction, tok)
         bundle.tokenizer_dir = corpora[0].tokenizer_dir if examples.chat_template else tok_dir
@@ -112,10 +113,13 @@ def _formats(parts: list[Part], options: ExampleOptions) -> list[str]:
         else:
             found.append(detect_format(part, options.format))
     kinds = {"text" if f == "text" else "pairs" if f in PAIR_FORMATS else "unpaired" if f in UNPAIRED_FORMATS
-             else "examples" for f in found}
+             else "prompts" if f in PROMPT_FORMATS else "examples" for f in found}
     if len(kinds) > 1:
         raise ValueError("data.source mixes " + " with ".join(sorted(KIND_NAMES[k] for k in kinds)) +
                          f" ({', '.join(sorted(set(found)))}); train on one kind at a time")
+    if found[0] in PROMPT_FORMATS and options.packing:
+        raise ValueError("data.packing=true with prompt records: each prompt is generated from on its own row; set "
+                         "data.packing=false")
     if (found[0] in PAIR_FORMATS or found[0] in UNPAIRED_FORMATS) and options.packing:
         raise ValueError("data.packing=true with preference data: each answer is scored on its own row; set "
                          "data.packing=false")

@@ -8,8 +8,8 @@
     format[=REGEX]    1.0 when the completion matches REGEX from its start (re.match, DOTALL | MULTILINE), else 0.0;
                       by default TRL's think_format_reward: one <think> ... </think> block first
     length[=MAX[,CACHE]]  DAPO's soft overlong punishment (eq. 13, TRL's get_soft_overlong_punishment): 0 up to
-                      MAX - CACHE tokens, falling linearly to -1 at MAX, -1 beyond (MAX: objective.max_completion_length,
-                      CACHE: MAX // 4 unless given)
+                      MAX - CACHE tokens, falling linearly to -1 at MAX, -1 beyond (MAX:
+                      objective.max_completion_length, CACHE: MAX // 4 unless given)
 
 Each takes TRL's keywords (prompts, completions, completion_ids, the record's columns) and returns one float or
 None per completion. No math_verify here (TRL's accuracy_reward needs it): a symbolic check is a reward function

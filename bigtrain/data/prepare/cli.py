@@ -113,8 +113,9 @@ def summary(manifest: dict, out: Path, seconds: float) -> str:
     mb = manifest["source"]["bytes"] / 1e6
     from bigtrain.data.formats import PAIR_FORMATS
     pairs = (manifest.get("examples") or {}).get("format") in PAIR_FORMATS
-    what = (f"preference pairs ({manifest['num_docs']:,} answers)" if pairs else
-            "examples" if manifest.get("examples") else "documents")
+    fmt = (manifest.get("examples") or {}).get("format")
+    what = (f"preference pairs ({manifest['num_docs']:,} answers)" if pairs else "prompts" if fmt == "prompt" else
+            "examples" if fmt else "documents")
     count = manifest["num_docs"] // 2 if pairs else manifest["num_docs"]
     line = (f"prepared {out}: {count:,} {what}, "
             f"{manifest['num_tokens']:,} tokens "
@@ -125,7 +126,9 @@ def summary(manifest: dict, out: Path, seconds: float) -> str:
     line += f"; {seconds:.1f} s, {mb / max(seconds, 1e-9):.2f} MB/s with {manifest['num_proc']} processes"
     if manifest.get("blocks") is not None:
         line += f"; {manifest['blocks']:,} blocks of seq_len {manifest['seq_len']} (+1 target)"
-    if manifest.get("examples"):
+    if (manifest.get("examples") or {}).get("format") == "prompt":
+        line += "; prompt records (every column kept for the rewards)"
+    elif manifest.get("examples"):
         ex = manifest["examples"]
         line += (f"; {ex['format']} examples, {ex['trained_tokens']:,} answer tokens "
                  f"({ex['trained_tokens'] / max(manifest['num_tokens'], 1):.0%})")

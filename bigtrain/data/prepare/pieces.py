@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from bigtrain.data.chat import record_text
-from bigtrain.data.formats import columns, no_text_field_line, required
+from bigtrain.data.formats import ALL_COLUMNS, columns, no_text_field_line, required
 from bigtrain.data.sources import Source, first_not_utf8, line_at, not_utf8
 
 Field = str | tuple[str, ...]  # a text column, or the columns of an example record
@@ -339,7 +339,7 @@ def _parquet_texts(piece: Piece, text_field: Field) -> Iterator[tuple[list[Any],
     parquet = pq.ParquetFile(piece.path)
     if isinstance(text_field, tuple):  # example records: the format's columns the file has, rows as dicts
         names = parquet.schema_arrow.names
-        wanted = [c for c in columns(text_field) if c in names]
+        wanted = names if ALL_COLUMNS in text_field else [c for c in columns(text_field) if c in names]
         for batch in parquet.iter_batches(batch_size=1024, row_groups=list(range(piece.start, piece.end)),
                                           columns=wanted):
             yield batch.to_pylist(), True, 0

@@ -36,11 +36,12 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def shard_paths(shard_dir: Path, index: int) -> dict[str, Path]:
     """A shard's files; `mask` (uint8 per token, 1 = trained) and `answers` (int64 per example: the offset of its
-    first trained token after its first token, or its length when it has none) exist for examples only."""
+    first trained token after its first token, or its length when it has none) exist for examples only; `records`
+    (each record as a JSON line) for prompt records only (bigtrain.data.prompts)."""
     stem = shard_dir / f"{index:05d}"
     return {"tokens": stem.with_suffix(".bin"), "index": stem.with_suffix(".idx.npy"),
             "mask": stem.with_suffix(".mask.bin"), "answers": stem.with_suffix(".ans.npy"),
-            "marker": stem.with_suffix(".json")}
+            "records": stem.with_suffix(".records.jsonl"), "marker": stem.with_suffix(".json")}
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -74,7 +75,9 @@ def setup(tokenizer_dir: str, eos: int, dtype: str, batch_bytes: int = BATCH_BYT
                   report=report, render=None)
     if fmt != "text":
         from bigtrain.data.chat import Renderer
-        _STATE["render"] = Renderer(_chat_tokenizer(tokenizer_dir), fmt)
+        from bigtrain.data.formats import PROMPT_FORMATS
+        from bigtrain.data.prompts import PromptRenderer
+        _STATE["render"] = (PromptRenderer if fmt in PROMPT_FORMATS else Renderer)(_chat_tokenizer(tokenizer_dir), fmt)
 
 
 def _chat_tokenizer(tokenizer_dir: str) -> Any:
@@ -136,17 +139,22 @@ def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Pa
     ends: list[np.ndarray] = []
     answers: list[np.ndarray] = []
     tokens = docs = trained = 0
-    with open(tmp["tokens"], "wb") as out, open(tmp["mask"], "wb") as mask_out:
+    keep = getattr(state["render"], "keeps_records", False)  # prompt records: kept whole, for the rewards
+    with open(tmp["tokens"], "wb") as out, open(tmp["mask"], "wb") as mask_out, \
+            open(tmp["records"] if keep else os.devnull, "w", encoding="utf-8") as records_out:
         for records, _, nbytes in read_piece(piece, fields, state["batch_bytes"]):
             ids, mask, doc_ends, first = _render(records, state["render"], state["dtype"], piece.path)
             out.write(ids.tobytes())
             mask_out.write(mask.tobytes())
+            if keep:  # one line per prompt: a prompt renders to one example, never to none
+                assert len(doc_ends) == len(records), (len(doc_ends), len(records))
+                records_out.write("".join(map(state["render"].record_line, records)))
             ends.append(tokens + doc_ends)
             answers.append(first)
             tokens, docs, trained = tokens + len(ids), docs + len(doc_ends), trained + int(np.count_nonzero(mask))
             if state["report"] is not None:
                 state["report"]([len(ids), len(doc_ends), nbytes])
-        for f in (out, mask_out):
+        for f in (out, mask_out, *([records_out] if keep else [])):
             f.flush()
             os.fsync(f.fileno())
     first_answers = np.concatenate(answers) if answers else np.zeros(0, np.int64)
@@ -154,7 +162,8 @@ def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Pa
     for key, array in (("index", all_ends), ("answers", first_answers)):
         with open(tmp[key], "wb") as f:
             np.save(f, array)
-    for key in ("index", "answers", "mask", "tokens"):  # the token file last: its size is what a resume checks
+    for key in ("index", "answers", "mask", *(["records"] if keep else []), "tokens"):  # tokens last: their
+        # file's size is what a resume checks
         os.replace(tmp[key], paths[key])
     lengths = np.diff(all_ends, prepend=0)
     marker = {"piece": piece.key(), "tokens": tokens, "docs": docs, "bytes": piece.nbytes, "trained": trained,

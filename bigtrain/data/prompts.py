@@ -1,0 +1,72 @@
+"""Prompt-only records (data.format=prompt), the data of online RL: how a record's prompt becomes the tokens a
+model generates after, as TRL's GRPOTrainer renders it.
+
+    {"prompt": "What is 2+2?", "answer": "4", ...}                       plain text: the tokenizer's start tokens
+                                                                         (a Llama BOS) + the text
+    {"prompt": [{"role": "user", "content": "What is 2+2?"}], ...}      a conversation: the chat template with the
+                                                                         generation prompt (the assistant's header);
+                                                                         a last assistant turn is continued instead
+
+Nothing of a prompt is trained on (its mask is all 0); the model's completion is what the objective scores. The
+record is kept whole, as one JSON line per prompt beside each prepared shard (`records` in
+bigtrain.data.prepare.worker.shard_paths), because reward functions read its other columns by name (TRL passes
+every column as a keyword). How prompts are served (cut or dropped when too long, left-padded) is
+bigtrain.data.prompt_rows.
+
+Imported by prepare's worker processes: transformers' tokenizer classes and Jinja, never torch.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bigtrain.data.chat import Renderer, chat_messages, no_template_line
+from bigtrain.data.formats import PROMPT_FORMATS
+
+
+class PromptRenderer:
+    """record -> [(prompt token ids, all-zero mask)]; `record_line(record)` is what the shard keeps of it."""
+
+    keeps_records = True  # the worker writes every record beside the tokens (see the module's docstring)
+
+    def __init__(self, tokenizer: Any, fmt: str = "prompt"):
+        assert fmt in PROMPT_FORMATS, fmt
+        self.tok = tokenizer
+        self.plain = Renderer(tokenizer, "prompt_completion")  # the start tokens and encoding of text records
+
+    def examples(self, record: Any) -> list[tuple[list[int], list[int]]]:
+        ids = self.prompt_ids(record.get("prompt") if isinstance(record, dict) else None, record)
+        return [(ids, [0] * len(ids))]
+
+    def prompt_ids(self, prompt: Any, record: Any = None) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("a prompt record's 'prompt' is empty: give the text the model answers")
+            ids, _ = self.plain({"prompt": prompt, "completion": ""})  # start tokens + the text + end-of-text
+            return ids[:-1]
+        if isinstance(prompt, list):
+            return self._conversation(chat_messages(prompt))
+        if isinstance(record, dict) and "prompt" in record:
+            raise ValueError(f"a prompt record's 'prompt' is {type(prompt).__name__}: give the text, or a list of "
+                             "messages (data.format=prompt)")
+        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"a record has no 'prompt' (it has {keys}): give {{\"prompt\": \"...\" or [messages], "
+                         "...other columns} (data.format=prompt)")
+
+    def _conversation(self, messages: list[dict]) -> list[int]:
+        from jinja2 import TemplateError
+        if not getattr(self.tok, "chat_template", None):
+            raise ValueError(no_template_line(self.tok).replace("data.format=chat", "data.format=prompt with "
+                                                                                    "conversations"))
+        continuing = messages[-1]["role"] == "assistant"  # TRL continues a final assistant turn
+        try:
+            text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=not continuing,
+                                                continue_final_message=continuing)
+        except TemplateError as e:
+            raise ValueError(f"the chat template refused a prompt: {e}") from None
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    @staticmethod
+    def record_line(record: dict) -> str:
+        """The record as one JSON line (values JSON does not know, as text)."""
+        return json.dumps(record, ensure_ascii=False, default=str) + "\n"
