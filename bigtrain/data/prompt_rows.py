@@ -10,7 +10,8 @@ its shard) becomes one index space (several corpora of a mixture one after anoth
 and `records(indices)` the records themselves (every column, for the reward functions). A prompt longer than
 ExampleOptions.prompt_tokens (data.seq_len - objective.max_completion_length: the room left for an answer) keeps
 its last tokens (data.long_examples=truncate: TRL cuts prompts on the left too, keeping the question and the
-generation prompt) or is dropped (drop); both are counted. The order is the bundle's resumable sampler's.
+generation prompt) or is dropped (drop); both are counted. The order is the bundle's resumable sampler's. Without
+prompt_tokens (no objective that generates asked for these prompts) the bundle is refused in one line.
 """
 from __future__ import annotations
 
@@ -130,7 +131,11 @@ def build_prompts(corpora: list[PreparedCorpus], sources: list[str], weights: li
     """The bundle of one prepared prompt corpus, or of a weighted mixture of them (layout "prompts")."""
     from bigtrain.data.mixture import MixtureSampler
 
-    limit = seq_len if options.prompt_tokens is None else options.prompt_tokens
+    if options.prompt_tokens is None:  # set by an objective that generates: the room its completions leave
+        raise ValueError("data.format=prompt: prompt records are for an objective that generates its answers "
+                         "(online RL, issue 38: not wired into training yet); for supervised fine-tuning give "
+                         "records with answers (data.format=prompt_completion, chat, ...)")
+    limit = options.prompt_tokens
     if limit < 1:
         raise ValueError(f"prompt records: data.seq_len={seq_len} leaves {limit} tokens for a prompt after the "
                          "completion (objective.max_completion_length): make seq_len longer or the completion shorter")

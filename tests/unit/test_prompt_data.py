@@ -48,8 +48,8 @@ def records(n: int) -> list[dict]:
 
 
 def bundle_of(source, tok_dir, tmp_path, **options):
-    prompt_tokens = options.pop("prompt_tokens", None)
-    return build_data(str(source), seq_len=64, tokenizer=str(tok_dir), cache_dir=tmp_path / "cache",
+    prompt_tokens = options.pop("prompt_tokens", 120)  # what a generating objective asks: seq_len 128 - 8 to answer
+    return build_data(str(source), seq_len=128, tokenizer=str(tok_dir), cache_dir=tmp_path / "cache",
                       tokenizer_dir=tmp_path / "t", val_fraction=0.1, num_proc=options.pop("num_proc", 1),
                       examples=ExampleOptions(format="prompt", prompt_tokens=prompt_tokens, **options))
 
@@ -127,6 +127,9 @@ def test_long_prompts_are_cut_on_the_left_or_dropped_and_counted(tok, tok_dir, t
     with pytest.raises(ValueError) as info:
         bundle_of(source, tok_dir, tmp_path / "none", prompt_tokens=0)
     assert naming(str(info.value), "seq_len", "max_completion_length")
+    with pytest.raises(ValueError) as info:  # no objective that generates asked for prompts: SFT on them is refused
+        bundle_of(source, tok_dir, tmp_path / "sft", prompt_tokens=None)
+    assert naming(str(info.value), "data.format=prompt", "objective")
 
 
 def test_the_order_resumes(tok_dir, tmp_path):
