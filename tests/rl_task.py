@@ -6,7 +6,8 @@ A word-level tokenizer of 20 tokens (pad and end-of-text apart: `<pad>` is not `
 and TRL-style reward functions: `correct` (1.0 when the completion's first word is the answer), `digit_format`
 (0.5 when it is a digit and the completion then ends): 1.5 at most. The random Llama below scores ~0.15 at first
 (its last position already leans a little toward its own input token, through the tied embeddings). Mapping tasks
-(the next digit, the parity) did not rise within 50 steps of the plain loop here; this one does. Used by tests/grpo_reference.py's check and, after the integration, to hold
+(the next digit, the parity) did not rise within 50 steps of the plain loop here; this one does. Used by
+tests/unit/test_grpo_reference.py and, after the integration, to hold
 `objective.kind=grpo` to the plain loop on the same model, prompts and seed.
 """
 from __future__ import annotations

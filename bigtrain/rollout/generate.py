@@ -76,6 +76,14 @@ class Rollout:
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1)
 
+    def masked_truncated(self) -> "Rollout":
+        """objective.mask_truncated_completions (DAPO's overlong filtering, TRL's): a completion cut by
+        max_new_tokens keeps its tokens but its mask is zeroed, so it is neither trained on, attended to in the
+        loss's forward, nor counted among the step's tokens (dapo's normaliser)."""
+        keep = (~self.truncated).long().unsqueeze(1)
+        return Rollout(self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask * keep,
+                       self.truncated, None if self.logps is None else self.logps * keep)
+
     def completion_lists(self) -> list[list[int]]:
         """Each completion's tokens, without padding (the end-of-text kept): TRL's completion_ids."""
         return [row[:n].tolist() for row, n in zip(self.completion_ids, self.lengths.tolist())]

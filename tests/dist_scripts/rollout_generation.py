@@ -104,7 +104,8 @@ def run_mode(plain: torch.nn.Module, stage: int, gather: bool, tokenizer, rank: 
     restored.load_state_dict(saved)
     second_restored = generate(engine, tokenizer, ids, mask, sampling, restored, gather=gather)
     lengths = greedy.lengths.tolist()
-    local = {"forwards": len(forwards), "prompts": mine, "greedy": greedy.completion_lists(), "truncated": greedy.truncated.tolist(),
+    local = {"forwards": len(forwards), "prompts": mine, "greedy": greedy.completion_lists(),
+             "truncated": greedy.truncated.tolist(),
              "logps": [row[:n].tolist() for row, n in zip(greedy.logps, lengths)],
              "sampled": {name: r.completion_lists() for name, r in (("first", first), ("again", again),
                                                                     ("second", second),

@@ -6,9 +6,9 @@ and its toy task (tests/rl_task.py):
   a run on this 2-core CPU under load);
 - with the completions fixed (generation bypassed), its per-step losses equal those assembled from
   bigtrain.rollout's functions (advantages, grpo_terms / rloo_terms, aggregate over accumulated micro-batches)
-  within 1e-9 in fp64 over 3 steps, for every loss type, beta > 0 against a reference model, two iterations with the clip active,
-  sequence-level ratios, batch / no reward scaling and RLOO: two implementations written apart from TRL's code
-  agree, so the loop is a fair judge and the rollout math assembles into TRL's step."""
+  within 1e-9 in fp64 over 3 steps, for every loss type, beta > 0 against a reference model, two iterations with
+  the clip active, sequence-level ratios, batch / no reward scaling and RLOO: two implementations written apart
+  from TRL's code agree, so the loop is a fair judge and the rollout math assembles into TRL's step."""
 from __future__ import annotations
 
 import copy
@@ -79,7 +79,8 @@ def rollout_losses(model, optimizer, batch: dict, rewards: torch.Tensor, cfg: re
                 share = per_seq.mean() / cfg.micro_batches
             else:
                 terms = grpo_terms(logps, old[rows], adv[rows], cm[rows], epsilon_low=cfg.epsilon,
-                                   epsilon_high=cfg.epsilon_high, importance_sampling_level=cfg.importance_sampling_level,
+                                   epsilon_high=cfg.epsilon_high,
+                                   importance_sampling_level=cfg.importance_sampling_level,
                                    ref_logps=None if ref_logps is None else ref_logps[rows], beta=cfg.beta)
                 ratio = terms.ratio
                 share = aggregate(terms.per_token, cm[rows], cfg.loss_type, step_micro_batches=cfg.micro_batches,

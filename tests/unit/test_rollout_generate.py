@@ -6,13 +6,15 @@ process's global random stream (dropout, data order); a completion not cut at a 
 of order; log-probs read one position off."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
-from types import SimpleNamespace
 
 from bigtrain.rollout.forward import completion_logits
 from bigtrain.rollout.generate import SampleRNG, Sampling, generate, stop_ids
 from bigtrain.rollout.losses import token_logps
+from bigtrain.rollout.metrics import completion_metrics
 
 PAD, EOS, VOCAB = 0, 3, 96
 TOKENIZER = SimpleNamespace(pad_token_id=PAD, eos_token_id=EOS, name_or_path="test")
@@ -143,3 +145,21 @@ def test_completion_logits_predict_the_completion():
     greedy = logits.argmax(-1)  # greedy tokens are the argmax of the logits that predict them
     assert torch.equal(greedy * rollout.completion_mask, rollout.completion_ids * rollout.completion_mask)
     assert token_logps(logits, rollout.completion_ids).shape == rollout.completion_ids.shape
+
+
+def test_truncated_completions_masked_and_completion_metrics():
+    """mask_truncated_completions zeroes a cut completion's mask (not its tokens); TRL's completions/* metrics."""
+    model = tiny_llama().eval()
+    free = ours(model, Sampling(max_new_tokens=6, temperature=0.0))
+    model.generation_config.eos_token_id = [EOS, free.completion_lists()[0][2]]  # the first completion ends at 3
+    rollout = ours(model, Sampling(max_new_tokens=6, temperature=0.0))
+    assert not rollout.truncated[0] and rollout.truncated.any()
+    masked = rollout.masked_truncated()
+    assert masked.completion_mask[rollout.truncated].sum() == 0
+    assert torch.equal(masked.completion_mask[~rollout.truncated], rollout.completion_mask[~rollout.truncated])
+    assert torch.equal(masked.completion_ids, rollout.completion_ids)
+    lengths = [len(c) for c in rollout.completion_lists()]
+    metrics = completion_metrics(rollout.lengths, rollout.truncated)
+    assert metrics == {"completions/mean_length": pytest.approx(sum(lengths) / len(lengths)),
+                       "completions/min_length": min(lengths), "completions/max_length": max(lengths),
+                       "completions/clipped_ratio": pytest.approx(rollout.truncated.float().mean().item())}

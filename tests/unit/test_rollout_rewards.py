@@ -191,7 +191,8 @@ def test_a_reward_model_scores_each_row_at_its_last_token(tmp_path, pad_token, c
     [reward] = load_rewards([str(directory)], max_completion_length=8)
     assert reward.name == "rm"
     prompts = ["the cat sat", "hello there how are you", [{"role": "user", "content": "good morning"}]]
-    completions = [" on a mat and we ask what is two plus two", " fine", [{"role": "assistant", "content": "the sea and the mountains"}]]
+    completions = [" on a mat and we ask what is two plus two", " fine",
+                   [{"role": "assistant", "content": "the sea and the mountains"}]]
     batch = score([reward], prompts, completions, [[1]] * 3, [{}] * 3).per_function[:, 0]
     alone = torch.tensor([reward.fn(prompts=[p], completions=[c])[0] for p, c in zip(prompts, completions)])
     rows = reward.fn.token_rows(prompts, completions)
