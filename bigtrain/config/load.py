@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 
 from bigtrain.config.run_config import RunConfig
-from bigtrain.config.fields import field_doc
+from bigtrain.fields import field_doc
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None,

@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bigtrain.config.fields import doc
+from bigtrain.fields import doc
+from bigtrain.config.objective import ObjectiveConfig
 from bigtrain.config.rules import RUN_KEYS, Layout, check_layout, lora_problems, muon_problems, optimizer_problems
 from bigtrain.config.sections import (ActivationCheckpointConfig, BatchConfig, CheckpointConfig, DataConfig,
-                                      LoggingConfig, LoraConfig, ModelConfig, ObjectiveConfig, OffloadConfig,
-                                      OffloadDevice, OptimizerConfig, ParallelConfig, PipelineConfig, ScheduleConfig,
-                                      TrainConfig, ZeroConfig)
+                                      LoggingConfig, LoraConfig, ModelConfig, OffloadConfig, OffloadDevice,
+                                      OptimizerConfig, ParallelConfig, PipelineConfig, ScheduleConfig, TrainConfig,
+                                      ZeroConfig)
 from bigtrain.config.topology import Topology
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -80,33 +81,43 @@ def check_combinations(run: RunConfig) -> None:
         raise ValueError(f"batch.micro_batch=auto with parallel.tensor={run.parallel.tensor} / parallel.sequence="
                          f"{run.parallel.sequence}: the probe sizes one rank's own batch; give batch.micro_batch as "
                          "a number")
-    if run.objective.pairs:
-        objective_problem(run)
+    problems = objective_problems(run)
+    if problems:
+        raise ValueError(problems[0])
     if run.batch.micro_batch == "auto" and run.pipeline.stages > 1:
         raise ValueError(f"batch.micro_batch=auto with pipeline.stages={run.pipeline.stages}: the probe sizes plain "
                          "modules only; give batch.micro_batch as a number")
 
 
-def objective_problem(run: RunConfig) -> None:
-    """What a pair objective cannot run with, in one line each (checked before any rank starts)."""
-    kind = run.objective.kind
-    if run.pipeline.stages > 1:
-        raise ValueError(f"objective.kind={kind} with pipeline.stages={run.pipeline.stages}: a pair objective needs "
-                         "the chosen and rejected answers' log-probabilities in one place, which pipeline stages "
-                         "do not give; set pipeline.stages=1 (ZeRO-3 shards the model instead)")
-    if run.parallel.tensor * run.parallel.sequence > 1:
-        raise ValueError(f"objective.kind={kind} with parallel.tensor={run.parallel.tensor} / parallel.sequence="
-                         f"{run.parallel.sequence}: not supported; train preference objectives with ZeRO (and LoRA)")
-    if run.data.packing:
-        raise ValueError(f"objective.kind={kind} with data.packing=true: pairs are compared answer with answer, one "
-                         "pair per row pair; set data.packing=false")
+def objective_problems(run: RunConfig) -> list[str]:
+    """What the objective declares it cannot run with (`bigtrain.objectives.base.Needs`), one line each, checked
+    before any rank starts."""
+    kind, needs = run.objective.kind, run.objective.declared
+    why = needs.refuses
+    problems = []
+    if run.pipeline.stages > 1 and not needs.allows("pipeline"):
+        problems.append(f"objective.kind={kind} with pipeline.stages={run.pipeline.stages}: {why['pipeline']}; set "
+                        "pipeline.stages=1 (ZeRO-3 shards the model instead)")
+    split = [axis for axis in ("tensor", "sequence") if getattr(run.parallel, axis) > 1 and not needs.allows(axis)]
+    if split:
+        problems.append(f"objective.kind={kind} with parallel.tensor={run.parallel.tensor} / parallel.sequence="
+                        f"{run.parallel.sequence}: {why[split[0]]}; train it with ZeRO (and LoRA)")
+    if run.data.packing and not needs.allows("packing"):
+        problems.append(f"objective.kind={kind} with data.packing=true: {why['packing']}; set data.packing=false")
     if run.objective.reference == "adapters_off" and run.lora.r == 0:
-        raise ValueError("objective.reference=adapters_off: the policy has no adapters to switch off (lora.r=0); "
-                         "set lora.r (e.g. 16), or objective.reference=copy (or auto)")
-    if run.batch.micro_batch == "auto":
-        raise ValueError(f"batch.micro_batch=auto with objective.kind={kind}: the probe sizes one-example rows; "
-                         "give batch.micro_batch as a number (of pairs)")
-    if kind == "kto" and run.batch.micro_batch < 2:
-        raise ValueError(f"objective.kind=kto with batch.micro_batch={run.batch.micro_batch}: each answer's KL "
-                         "counterpart is another answer of its micro-batch, and one answer has none; set "
-                         "batch.micro_batch to 2 or more")
+        problems.append("objective.reference=adapters_off: the policy has no adapters to switch off (lora.r=0); set "
+                        "lora.r (e.g. 16), or objective.reference=copy (or auto)")
+    if run.batch.micro_batch == "auto" and not needs.allows("auto_micro_batch"):
+        problems.append(f"batch.micro_batch=auto with objective.kind={kind}: {why['auto_micro_batch']}; give "
+                        "batch.micro_batch as a number (of samples)")
+    elif isinstance(run.batch.micro_batch, int) and run.batch.micro_batch < needs.min_micro_batch:
+        problems.append(f"objective.kind={kind} with batch.micro_batch={run.batch.micro_batch}: {why['micro_batch']}; "
+                        f"set batch.micro_batch to {needs.min_micro_batch} or more")
+    explicit = [f"train.{key}={value}" for key, value, mode in (("compile", run.train.compile, "compile"),
+                                                                ("loss_impl", run.train.loss_impl, "chunked_loss"))
+                if value not in ("auto", False, "plain") and not needs.allows(mode)]
+    if explicit:
+        mode = "compile" if explicit[0].startswith("train.compile") else "chunked_loss"
+        problems.append(f"{', '.join(explicit)} with objective.kind={kind}: {why[mode]}; set it to auto (or false / "
+                        "plain)")
+    return problems

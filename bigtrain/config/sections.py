@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from bigtrain.config.fields import doc
+from bigtrain.fields import doc
 from bigtrain.models.names import canonical, default_size
 from bigtrain.config.rules import partition_problem, zero_plus_plus_problem
 
@@ -270,60 +270,6 @@ class LoraConfig:
             self.targets = [t.strip() for t in self.targets.split(",")]  # --set lora.targets=q_proj,v_proj
         if isinstance(self.targets, list) and (not self.targets or not all(self.targets)):
             raise ValueError(f"lora.targets={self.targets}: give all-linear or module names, e.g. [q_proj, v_proj]")
-
-
-@dataclass
-class ObjectiveConfig:
-    kind: Literal["lm", "dpo", "ipo", "orpo", "simpo", "kto", "reward"] = doc(
-        "lm", "What a step minimises (bigtrain.objectives): lm = the model's own loss (next-token cross-entropy, "
-        "a classifier's cross-entropy); dpo, ipo, orpo, simpo = preference objectives on pairs of answers "
-        "({prompt, chosen, rejected} records); kto = unpaired answers marked desirable or not ({prompt, "
-        "completion, label} records); reward = a scalar reward head trained on pairs "
-        "(-log sigmoid(r_chosen - r_rejected)). Hyper-parameters keep TRL's meanings and defaults.")
-    beta: float = doc(0.1, "dpo/ipo: the KL strength beta (ipo's tau); orpo: the odds-ratio weight (lambda); "
-                      "simpo: the reward scale beta.")
-    label_smoothing: float = doc(0.0, "dpo: conservative DPO (cDPO), the assumed share of flipped pairs, in [0, 0.5).")
-    simpo_gamma: float = doc(0.5, "simpo: the target reward margin gamma.")
-    desirable_weight: float = doc(1.0, "kto: the weight of the desirable answers' losses.")
-    undesirable_weight: float = doc(1.0, "kto: the weight of the undesirable answers' losses.")
-    reference: Literal["auto", "adapters_off", "copy", "precomputed", "none"] = doc(
-        "auto", "The frozen reference dpo, ipo and kto compare with: adapters_off = the policy with its LoRA adapters "
-        "switched off (no second copy; needs lora.r > 0); copy = a frozen second model partitioned like the "
-        "policy; precomputed = (dpo, ipo) the reference's log-probabilities computed once before training by such a "
-        "copy, which is then freed, kept beside the prepared data and reused by later runs and resumes; auto = "
-        "adapters_off with LoRA, else copy; none for objectives without one (orpo, simpo, reward, lm).")
-
-    def __post_init__(self) -> None:
-        if not self.beta > 0:
-            raise ValueError(f"objective.beta={self.beta}: must be > 0 (TRL's default is 0.1)")
-        if not 0.0 <= self.label_smoothing < 0.5:
-            raise ValueError(f"objective.label_smoothing={self.label_smoothing}: must be in [0, 0.5) (cDPO's share "
-                             "of flipped pairs; 0 is plain DPO)")
-        for name in ("desirable_weight", "undesirable_weight"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"objective.{name}={getattr(self, name)}: must be > 0 (TRL's default is 1.0)")
-        needs = self.kind in ("dpo", "ipo", "kto")
-        if needs and self.reference == "none":
-            raise ValueError(f"objective.kind={self.kind} compares with a reference model: set objective.reference "
-                             "to auto, adapters_off or copy (orpo and simpo need none)")
-        if self.kind == "kto" and self.reference == "precomputed":
-            raise ValueError("objective.reference=precomputed with objective.kind=kto: kto's KL rows pair each answer "
-                             "with another of its batch, so their log-probabilities cannot be computed before "
-                             "training; use objective.reference=copy or adapters_off (or auto)")
-        if not needs and self.reference in ("adapters_off", "copy", "precomputed"):
-            raise ValueError(f"objective.reference={self.reference}: objective.kind={self.kind} uses no reference "
-                             "model; leave objective.reference=auto")
-
-    @property
-    def layout(self) -> str:
-        """The data it reads: rows (single examples), pairs (chosen and rejected answers) or unpaired (answers
-        marked desirable or not, each beside another prompt's answer for KTO's KL estimate)."""
-        return {"lm": "rows", "kto": "unpaired"}.get(self.kind, "pairs")
-
-    @property
-    def pairs(self) -> bool:
-        """Whether a sample is two rows (a preference pair, or a KTO answer and its KL counterpart)."""
-        return self.layout != "rows"
 
 
 @dataclass

@@ -99,6 +99,14 @@ def split_rows(n: int, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(keep), val
 
 
+# The layouts of a bundle's rows, which an objective declares it reads (`bigtrain.objectives.base.Needs.layout`):
+# what a bundle of each holds, and the records that make one.
+LAYOUTS = {"rows": ("single examples", "text or single examples"),
+           "pairs": ("preference pairs (chosen / rejected answers)",
+                     'preference records ({"prompt", "chosen", "rejected"}, or instruction/input/chosen/rejected)'),
+           "unpaired": ("kto answers (prompt / completion / label)", 'kto records ({"prompt", "completion", "label"})')}
+
+
 @dataclass
 class DataBundle:
     """What `build_data` returns to the runner.
@@ -122,7 +130,7 @@ class DataBundle:
     tokenizer_dir: Path | None = None
     stats: dict | None = None
     sample_prompt: list[int] | None = None
-    layout: str = "rows"  # rows, or (bigtrain.data.pairs) preference pairs / unpaired KTO answers: two rows a sample
+    layout: str = "rows"  # LAYOUTS: rows, or (bigtrain.data.pairs) pairs / unpaired KTO answers: two rows a sample
 
     def sampler(self, dp_rank: int, dp_size: int, seed: int) -> Any:
         """The resumable training order for one data-parallel rank."""

@@ -6,6 +6,7 @@ import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -98,19 +99,24 @@ def reduce_step(loss: torch.Tensor, stop_requested: bool,
     """The one collective and host sync of a training step: `loss` (a scalar on the device) averaged over all
     ranks, whether any rank was asked to stop (one got SIGTERM, say), and the objective's `metrics` (scalars on
     the device: a router loss, DPO's rewards, ...) averaged too. Every rank has the same metric names."""
-    names = sorted(metrics or {})
-    t = torch.zeros(2 + len(names), dtype=torch.float64, device=loss.device)
-    t[0] = loss.detach()  # device to device: no sync until the all-reduce's result is read
-    if stop_requested:
-        t[1] = 1.0
-    for i, name in enumerate(names):
-        t[2 + i] = metrics[name].detach()
-    world = 1
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    sums = sum_over_ranks({("loss",): loss, ("stop",): 1.0 if stop_requested else 0.0,
+                           **{("metric", name): value for name, value in (metrics or {}).items()}}, loss.device)
+    return (sums[("loss",)] / world, sums[("stop",)] > 0,
+            {key[1]: value / world for key, value in sums.items() if key[0] == "metric"})
+
+
+def sum_over_ranks(values: dict[Any, torch.Tensor | float], device: torch.device | str) -> dict[Any, float]:
+    """Each named scalar (a tensor on `device`, or a number) summed over all ranks in fp64: one all-reduce and one
+    host sync, however many there are."""
+    keys = sorted(values, key=str)
+    packed = torch.zeros(len(keys), dtype=torch.float64, device=device)
+    for i, key in enumerate(keys):
+        value = values[key]
+        packed[i] = value.detach() if isinstance(value, torch.Tensor) else value  # device to device: no sync yet
     if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(t)
-        world = torch.distributed.get_world_size()
-    values = t.tolist()
-    return values[0] / world, values[1] > 0, {name: v / world for name, v in zip(names, values[2:])}
+        torch.distributed.all_reduce(packed)
+    return dict(zip(keys, packed.tolist()))
 
 
 def all_reduce_mean(values: list[float], device: torch.device | str, group=None) -> list[float]:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from bigtrain.config.flags import FAMILY_HELP, add_run_config_args, shorthand_sets
 from bigtrain.estimate.memory_model import (PRECISIONS, MemoryEstimate, ModelShape, Setup, all_setups, estimate, fits,
                                             parse_memory, recommend)
-from bigtrain.estimate.shape import shape_from_spec
+from bigtrain.estimate.shape import meta_module, shape_from_spec
 
 if TYPE_CHECKING:  # torch is imported where it is used: `bigtrain estimate --help` starts without it
     from bigtrain.models.spec import ModelSpec
@@ -120,9 +120,12 @@ class Request:
     sequence: int
     lora_r: int
     expert: int = 1
-    objective: str = "lm"  # objective.kind: a pair objective doubles the rows a sample puts through the model
+    objective: str = ""  # objective.kind when the run config names one ("": the default)
+    rows: int = 1  # rows a sample puts through the model (the objective's: a preference pair's two)
     reference: str = "none"  # the objective's reference, resolved as training resolves it
     loss_impl: str = "auto"  # train.loss_impl: auto and chunked compute the loss over chunks of the logits on a GPU
+    chunked_allowed: bool = True  # whether the objective allows the chunked loss
+    frozen_params: int = 0  # the parameters of the frozen models the objective holds beside the policy
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
@@ -156,11 +159,14 @@ def request_from_args(args: argparse.Namespace) -> Request:
     ignored = sorted(set(given) - READS)
     if ignored:
         print(f"note: not read by the estimate, which tabulates every setup: {', '.join(ignored)}", file=sys.stderr)
-    from bigtrain.objectives import build_objective
-    objective = build_objective(run.objective, lora=run.lora.r > 0)
+    from bigtrain.estimate.shape import frozen_params
+    from bigtrain.objectives import resolve_reference
+    needs = run.objective.declared
     return Request(model.family, model.size, overrides, "bf16" if run.precision == "auto" else run.precision,
                    micro or 1, run.parallel.tensor, run.parallel.sequence, run.lora.r, run.parallel.expert,
-                   objective.kind, objective.reference, run.train.loss_impl)
+                   run.objective.kind if "objective.kind" in given else "", needs.rows_per_sample,
+                   resolve_reference(needs, run.objective.reference, run.lora.r > 0), run.train.loss_impl,
+                   needs.allows("chunked_loss"), frozen_params(run.objective, overrides.get("seq_len")))
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -177,8 +183,9 @@ def run_estimate(args: argparse.Namespace) -> int:
         from bigtrain.parallel.lora import check_lora
         check_lora(spec, LoraConfig(r=req.lora_r))
     check_split_sizes(spec, req.tensor, req.sequence, req.expert)
-    shape = shape_from_spec(spec, req.precision)
-    base = base_setup(args, req, spec, shape)
+    meta = meta_module(spec)
+    shape = shape_from_spec(spec, req.precision, meta)
+    base = base_setup(args, req, spec, shape, meta)
     # Muon at ZeRO-0 trains another curve under the default clipping and training refuses it (config.rules)
     rows = [estimate(shape, s) for s in all_setups(base) if not (s.muon and s.zero_stage == 0)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
@@ -186,9 +193,11 @@ def run_estimate(args: argparse.Namespace) -> int:
           f"({args.num_gpus} per node x {args.num_nodes} nodes), {req.precision}, micro-batch {req.micro_batch}{seq}"
           + (f", LoRA r={req.lora_r}: {sum(shape.adapter_numels(req.lora_r)) / 1e6:,.2f}M adapter parameters train"
              if req.lora_r else "")
-          + (f"; objective {req.objective}: two rows a sample" + (f", reference {req.reference}" if req.reference
-                                                                   != "none" else "") if req.objective != "lm" else ""))
+          + objective_line(req))
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
+    if base.frozen_params:
+        print(f"params include the objective's frozen models ({base.frozen_params / 1e6:,.1f}M parameters), "
+              "partitioned like the policy's at ZeRO-3")
     if base.reference == "copy":
         print("params include the frozen reference model (objective.reference=copy): its weights, partitioned like "
               "the policy's at ZeRO-3; with LoRA, objective.reference=adapters_off (the default) holds no copy; "
@@ -216,7 +225,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         return 1
     print(f"recommended: {best.setup.label} ({_gib(best.device_peak)} GiB of {_gib(gpu_mem)} GiB per GPU"
           + (f", {_gib(best.host_per_node)} GiB CPU per node" if best.host else "") + ")")
-    objective = f" --set objective.kind={req.objective}" if req.objective != "lm" else ""
+    objective = f" --set objective.kind={req.objective}" if req.objective else ""
     if req.reference == "precomputed":  # the one reference the default does not choose
         objective += " --set objective.reference=precomputed"
     print(f"  bigtrain train --model {req.family} --size {req.size} "
@@ -224,11 +233,19 @@ def run_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: ModelShape) -> Setup:
-    """The request's setup on the machine of the flags, with the ALST levers resolved by training's own rules
-    (`bigtrain.config.rules`)."""
+def objective_line(req: Request) -> str:
+    """What the objective adds to a sample: its rows, its reference."""
+    said = ([f"{req.rows} rows a sample"] if req.rows > 1 else []) + (
+        [f"reference {req.reference}"] if req.reference != "none" else [])
+    return f"; objective {req.objective}: {', '.join(said)}" if said else ""
+
+
+def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: ModelShape, meta: Any) -> Setup:
+    """The request's setup on the machine of the flags, with the ALST levers and the loss resolved by training's
+    own rules (`bigtrain.config.rules`, `bigtrain.train.fast_path`; `meta`: the model on the meta device)."""
     from bigtrain.config.rules import offload_hidden_states_wanted, tiled_mlp_wanted
-    from bigtrain.estimate.shape import chunked_loss_applies, spec_hidden
+    from bigtrain.estimate.shape import spec_hidden
+    from bigtrain.train.fast_path import resolve_loss_impl
     tokens, hidden = (spec.seq_len or 0) // req.sequence, spec_hidden(spec)
     tiled = shape.mlp_layers > 0 and tiled_mlp_wanted(_tri_state(args.tiled_mlp), tokens, hidden)
     offload = shape.mlp_layers > 0 and offload_hidden_states_wanted(_tri_state(args.offload_hidden_states),
@@ -236,8 +253,9 @@ def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: M
     return Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=req.precision,
                  micro_batch=req.micro_batch, tensor=req.tensor, sequence=req.sequence, expert=req.expert,
                  lora_r=req.lora_r, tiled_mlp=tiled, offload_hidden_states=offload, muon=args.optimizer == "muon",
-                 pairs=req.objective != "lm", reference=req.reference,
-                 chunked_loss=chunked_loss_applies(spec, req.loss_impl, req.objective, req.tensor))
+                 rows_per_sample=req.rows, reference=req.reference, frozen_params=req.frozen_params,
+                 chunked_loss=resolve_loss_impl(req.loss_impl, "cuda", spec, meta, req.tensor,
+                                                req.chunked_allowed) == "chunked")
 
 
 def sequence_split_that_fits(shape: ModelShape, base: Setup, gpu_mem: float, cpu_mem: float | None,

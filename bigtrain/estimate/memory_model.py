@@ -90,8 +90,9 @@ class Setup:
     expert: int = 1  # expert-parallel ranks (AutoEP): each keeps 1/expert of the experts
     offload_hidden_states: bool = False  # ALST: checkpointed block inputs in host memory (with checkpointing)
     muon: bool = False  # optimizer.name=muon: one fp32 momentum per Muon-trained parameter instead of Adam's two
-    pairs: bool = False  # a sample is two rows: a preference pair, or a KTO answer beside its KL counterpart
-    reference: str = "none"  # a preference objective's reference: copy = a frozen second model; none / adapters_off
+    rows_per_sample: int = 1  # rows a sample puts through the model (the objective's: a preference pair's two)
+    reference: str = "none"  # the objective's reference, resolved: copy = a frozen second model; none / adapters_off
+    frozen_params: int = 0  # the parameters of the frozen models an objective holds beside the policy (a teacher)
     chunked_loss: bool = False  # the loss over chunks of the logits (train.loss_impl, resolved as training does)
 
     def __post_init__(self) -> None:
@@ -119,7 +120,7 @@ class Setup:
         return (f"zero{self.zero_stage}" + "".join(f"+{o}" for o in off) + ("+ckpt" if self.checkpointing else "")
                 + ("+tiled" if self.tiled_mlp else "")
                 + ("+offload-hs" if self.offload_hidden_states and self.checkpointing else "")
-                + split + ("+ref" if self.reference == "copy" else ""))
+                + split + ("+ref" if self.reference == "copy" else "") + ("+frozen" if self.frozen_params else ""))
 
     @property
     def topology(self) -> Topology:
@@ -132,11 +133,14 @@ class Setup:
 
 
 def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: int = 0,
-                   chunked_loss: bool = False) -> Setup:
+                   chunked_loss: bool = False, frozen_params: int = 0) -> Setup:
     """The Setup a run config trains with at `world_size` ranks (pipeline stages not modelled); `hidden` (the
     model's width) resolves activation_checkpointing.tiled_mlp=auto as the engine does; `chunked_loss`: train.loss_impl
-    resolved for the model (bigtrain.estimate.shape.chunked_loss_applies)."""
+    resolved for the model (bigtrain.train.fast_path.resolve_loss_impl); the objective's rows and reference as
+    it declares them, `frozen_params` those of its frozen models (bigtrain.estimate.shape.frozen_params)."""
     from bigtrain.ds.generate import batch_triple
+    from bigtrain.objectives import resolve_reference
+    needs = run.objective.declared
     triple = batch_triple(run, world_size)
     z = run.zero
     # The estimate is for accelerator memory, where `precision: auto` means bf16 (bigtrain.distributed.device).
@@ -152,17 +156,12 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: 
                      run.activation_checkpointing.offload_hidden_states, "accelerator",
                      run.activation_checkpointing.enabled, run.data.seq_len // run.parallel.sequence, hidden),
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
-                 chunked_loss=chunked_loss and run.pipeline.stages == 1, pairs=run.objective.pairs,
-                 reference=objective_reference(run) if run.objective.pairs else "none",
+                 chunked_loss=chunked_loss and run.pipeline.stages == 1, rows_per_sample=needs.rows_per_sample,
+                 reference=resolve_reference(needs, run.objective.reference, run.lora.r > 0),
+                 frozen_params=frozen_params,
                  checkpointing=run.activation_checkpointing.enabled, micro_batch=triple.micro_batch,
                  grad_accum=triple.grad_accum, reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
                  prefetch_bucket_size=z.prefetch_bucket_size, param_persistence_threshold=z.param_persistence_threshold)
-
-
-def objective_reference(run: RunConfig) -> str:
-    """objective.reference as training resolves it (`bigtrain.objectives.build_objective`)."""
-    from bigtrain.objectives import build_objective
-    return build_objective(run.objective, lora=run.lora.r > 0).reference
 
 
 @dataclass(frozen=True)
@@ -179,7 +178,7 @@ class MemoryEstimate:
     activations: float
     host: float  # offloaded states per rank
     nvme: float
-    reference: float = 0.0  # a frozen reference model's weights on the device (objective.reference=copy)
+    reference: float = 0.0  # frozen models' weights on the device (objective.reference=copy, an objective's own)
 
     @property
     def model_states(self) -> float:
@@ -275,7 +274,7 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
             transient = 0.0  # made on the host, inside the offloaded partition counted there
     count = split_activations(activations_per_sample(shape, p, setup.tiled_mlp, setup.chunked_loss), setup)
     layers = shape.n_layer or shape.mlp_layers
-    rows = setup.micro_batch * (2 if setup.pairs else 1)  # a pair's two answers go through the model together
+    rows = setup.micro_batch * setup.rows_per_sample  # a pair's two answers go through the model together
     offloaded = 0.0
     if setup.offload_hidden_states and setup.checkpointing and layers:
         # DeepSpeed's offload keeps the last block's input on the device (keep_last_count=1), the rest on the host
@@ -285,18 +284,20 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
     if setup.chunked_loss and shape.vocab:  # each sequence rank's loss is over its slice: rows x seq / u tokens
         tokens = rows * max(shape.seq_len // setup.sequence, 1)
         acts += chunked_loss_bytes(shape, p, tokens) + chunked_loss_margin(shape, tokens)
-    ref_device, ref_host = reference_terms(shape.num_params, setup, persistent)
+    ref_device, ref_host = frozen_terms(shape.num_params if setup.reference == "copy" else 0, setup, persistent)
+    frozen_device, frozen_host = frozen_terms(setup.frozen_params, setup)
     return MemoryEstimate(setup=setup, params=terms["params"], grads=terms["grads"], optimizer=terms["optimizer"],
                           buffers=buffers, live_params=live, step_transient=transient, activations=acts,
-                          host=terms["host"] + offloaded + ref_host, nvme=terms["nvme"], reference=ref_device)
+                          host=terms["host"] + offloaded + ref_host + frozen_host, nvme=terms["nvme"],
+                          reference=ref_device + frozen_device)
 
 
-def reference_terms(num_params: float, setup: Setup, persistent: float = 0.0) -> tuple[float, float]:
-    """(device, host) bytes per rank of a frozen reference model (objective.reference=copy, bigtrain.train.reference):
-    its weights in the training precision, no gradients or optimizer states; partitioned like the policy's under
-    ZeRO-3 (on the host where the policy's parameters are offloaded), whole on each rank below. The policy's own
-    adapters off (adapters_off) or no reference: nothing."""
-    if setup.reference != "copy":
+def frozen_terms(num_params: float, setup: Setup, persistent: float = 0.0) -> tuple[float, float]:
+    """(device, host) bytes per rank of frozen models of `num_params` parameters (a reference copy, an objective's
+    reward model or teacher: bigtrain.train.reference): their weights in the training precision, no gradients or
+    optimizer states; partitioned like the policy's under ZeRO-3 (on the host where the policy's parameters are
+    offloaded), whole on each rank below. The policy's own adapters off (adapters_off) or none: nothing."""
+    if not num_params:
         return 0.0, 0.0
     p = PRECISIONS[setup.precision]
     if setup.zero_stage < 3:

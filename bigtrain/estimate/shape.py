@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: `bigtrain estimate --he
     from bigtrain.models.spec import ModelSpec
 
 
-def _meta_module(spec: ModelSpec) -> torch.nn.Module:
+def meta_module(spec: ModelSpec) -> torch.nn.Module:
     """The module on the meta device. A pretrained model's `construct` loads weights, which the meta
     device cannot hold: its shape is built from the config instead (nothing is read but config.json)."""
     import torch
@@ -178,7 +178,7 @@ def tiled_mlp_saving(spec: ModelSpec, dtype: torch.dtype) -> tuple[float, int]:
     if spec.modality != "text" or not spec.seq_len or not hidden:
         return 0.0, 0
     from bigtrain.parallel.tiling import mlp_modules
-    count = len(mlp_modules(_meta_module(spec)))
+    count = len(mlp_modules(meta_module(spec)))
     if not count:  # nothing to tile (a mixture of experts' blocks are not MLPs here)
         return 0.0, 0
     plain = measure_activations(spec, dtype)
@@ -196,7 +196,7 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
     """
     import torch
     if device == "meta":
-        module = _meta_module(spec)
+        module = meta_module(spec)
     else:
         module = spec.build()
     module = module.to(dtype).train()
@@ -243,10 +243,11 @@ def measure_activations(spec: ModelSpec, dtype: torch.dtype, device: str = "meta
                            block_inputs=sum(block_inputs))
 
 
-def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape:
-    """The memory model's view of `spec`; non-transformer activations are measured for `precision`."""
+def shape_from_spec(spec: ModelSpec, precision: str | None = None, meta: torch.nn.Module | None = None) -> ModelShape:
+    """The memory model's view of `spec`; non-transformer activations are measured for `precision`. `meta`: the
+    module on the meta device, when the caller has built it (`meta_module`)."""
     from bigtrain.models.registry import estimate_shape
-    meta = _meta_module(spec)
+    meta = meta_module(spec) if meta is None else meta
     numel, numels, largest = parameter_layout(meta)
     assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec {spec.num_params}"
     common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest,
@@ -265,12 +266,15 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None) -> ModelShape
     return ModelShape(**common, measured=measured)
 
 
-def chunked_loss_applies(spec: ModelSpec, loss_impl: str, objective: str = "lm", tensor: int = 1,
-                         device_name: str = "cuda") -> bool:
-    """Whether training computes `spec`'s loss over chunks of the logits, train.loss_impl resolved as
-    bigtrain.train.assemble resolves it: chunked where the model allows it, and auto off a CPU; never for a pair
-    objective or with tensor parallelism (both keep the plain loss)."""
-    if loss_impl == "plain" or objective != "lm" or tensor > 1 or (loss_impl == "auto" and device_name == "cpu"):
-        return False
-    from bigtrain.train.fast_path import chunked_unsupported
-    return chunked_unsupported(spec, _meta_module(spec)) is None
+def frozen_params(objective: Any, seq_len: int | None) -> int:
+    """The parameters of the frozen models the run's objective holds beside the policy (`Needs.frozen_models`: a
+    reward model, a teacher; `objective` is the run config's section), counted on the meta device from their
+    directories' configs."""
+    from bigtrain.models.registry import build_directory
+    total = 0
+    for frozen in objective.declared.frozen_models:
+        directory = getattr(objective.settings, frozen.setting)
+        if directory is not None:
+            spec = build_directory(directory, seq_len, frozen.head, f"objective.{frozen.setting}")
+            total += parameter_layout(meta_module(spec))[0]
+    return total

@@ -90,30 +90,24 @@ def batch_report(run: RunConfig, world: int, ds_path: str | None, device: Device
     return lines, resolved.run
 
 
-def estimate_overrides(run: RunConfig, device_name: str = "cuda") -> dict:
-    """The model shape the runner would build on `device_name`, with the data's vocabulary / classes / length
-    (the same derivation as the runner's, `bigtrain.models.registry.model_overrides`); a tokenizer given by
-    name is not loaded here, so its vocabulary is the model's default."""
-    from bigtrain.models.registry import DataFacts, model_overrides
-    model, data = run.model, run.data
-    facts = DataFacts(seq_len=data.seq_len, vocab_size=data.vocab_size if data.tokenizer is None else None,
-                      num_classes=data.num_classes)
-    return model_overrides(model.family, model.size, facts, model.pretrained, model.overrides, device_name)
-
-
 def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int | None,
                   headroom: float = 0.1, device_name: str = "cuda") -> tuple[list[str], list[str]]:
     """(lines, problems): the estimated peak per rank on `device_name` ranks, and a problem if it does not
     fit `gpu_mem`."""
     from bigtrain.estimate.memory_model import estimate, fits, setup_from_run
-    from bigtrain.estimate.shape import chunked_loss_applies, shape_from_spec, spec_hidden
+    from bigtrain.estimate.shape import frozen_params, meta_module, shape_from_spec, spec_hidden
     from bigtrain.models import build
+    from bigtrain.train.fast_path import resolve_loss_impl
+    from bigtrain.train.inputs import model_overrides
     if run.model.pretrained:
         return ["memory: not estimated for a pretrained model directory (use `bigtrain estimate`)"], []
-    spec = build(run.model.family, run.model.size, **estimate_overrides(run, device_name))
-    shape = shape_from_spec(spec, run.precision)
-    chunked = chunked_loss_applies(spec, run.train.loss_impl, run.objective.kind, run.parallel.tensor, device_name)
-    est = estimate(shape, setup_from_run(run, world, gpus_per_node, shape.hidden or spec_hidden(spec), chunked))
+    spec = build(run.model.family, run.model.size, **model_overrides(run, None, device_name))
+    meta = meta_module(spec)
+    shape = shape_from_spec(spec, run.precision, meta)
+    chunked = resolve_loss_impl(run.train.loss_impl, device_name, spec, meta, run.parallel.tensor,
+                                run.objective.declared.allows("chunked_loss")) == "chunked"
+    est = estimate(shape, setup_from_run(run, world, gpus_per_node, shape.hidden or spec_hidden(spec), chunked,
+                                         frozen_params(run.objective, run.data.seq_len)))
     gib = 2**30
     lines = [f"memory per rank (estimate, {est.setup.label}, {run.precision}, micro-batch {est.setup.micro_batch}): "
              f"{est.device_peak / gib:.2f} GiB on the device (model states {est.model_states / gib:.2f}, "

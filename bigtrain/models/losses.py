@@ -26,6 +26,24 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, -2), targets.reshape(-1), ignore_index=-100)
 
 
+def answer_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the summed log-probability of its answer tokens (labels not -100, predicted from what precedes
+    them) and their count, from fp32 logits (a preference objective's numbers, its reference's too)."""
+    targets = lm_targets(labels, logits.shape[-2])
+    token_logps = -F.cross_entropy(logits.float().flatten(0, -2), targets.reshape(-1), ignore_index=-100,
+                                   reduction="none").view(targets.shape)
+    mask = targets != -100
+    return (token_logps * mask).sum(-1), mask.sum(-1)
+
+
+def answer_logit_sums(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per row: the sum over its answer tokens of the next-token logits' mean over the vocabulary (TRL's
+    logits/chosen and logits/rejected divide it by the tokens' count), without an fp32 copy of the logits or a
+    graph."""
+    targets = lm_targets(labels, logits.shape[-2])
+    return (logits.detach().mean(-1, dtype=torch.float32) * (targets != -100)).sum(-1)
+
+
 def target_count(labels: torch.Tensor) -> torch.Tensor:
     """The trained next-token targets in `labels` (those `lm_targets` does not ignore), in either layout: both
     predict labels[..., 1:]."""

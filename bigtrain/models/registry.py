@@ -14,7 +14,8 @@ from bigtrain.models.family import DataFacts, Family
 from bigtrain.models.names import ALIASES, canonical
 from bigtrain.models.spec import ModelSpec
 
-__all__ = ["ALIASES", "DataFacts", "Family", "build", "canonical", "estimate_shape", "families", "family",
+__all__ = ["ALIASES", "DataFacts", "Family", "build", "build_directory", "canonical", "estimate_shape", "families",
+           "family",
            "modality", "model_overrides", "size_settings", "slow_vocab_hint"]
 GPU_VOCAB_MULTIPLE = 64
 
@@ -73,18 +74,41 @@ def size_settings(family_name: str, size: str) -> dict[str, Any]:
 
 
 def model_overrides(family_name: str, size: str, facts: DataFacts, pretrained: str | None,
-                    overrides: dict[str, Any], device_name: str) -> dict[str, Any]:
-    """The overrides a job builds its model with: what the data decides, then the user's (which win).
+                    overrides: dict[str, Any], device_name: str, head: str = "own",
+                    asked_by: str = "a scalar head") -> dict[str, Any]:
+    """The overrides a job builds its model with: what the data decides, the head, then the user's (which win).
+    The one place they are decided, for the run's model, the frozen models beside it and the estimates.
 
     On a GPU, a family that can pad its vocabulary pads it to a multiple of 64 (nanoGPT's 50257 -> 50304):
     GPT-2's odd 50257 rows sent the output layer's matmuls to a slow kernel, 31 of 80 GPU ms per step on an
-    H100 (docs/benchmarks.md). The extra rows are never targets; pretrained shapes are left alone."""
+    H100 (docs/benchmarks.md). The extra rows are never targets; pretrained shapes are left alone.
+
+    `head`: "own" (the family's), or "scalar": the causal-LM directory with a one-label scalar head
+    (AutoModelForSequenceClassification), which reads each row at its last token that is not `pad_token_id`: the
+    id the rows are padded with (`facts.pad_token_id`, `bigtrain.data.tokenizer.pad_id`), also what the export's
+    config.json says. `asked_by` names who wants it in the one line a family without such a
+    head gets."""
     fam = family(family_name)
     pretrained = str(Path(pretrained).resolve()) if pretrained else None
     derived = fam.derive(fam, size, facts, pretrained)
     if fam.pads_vocabulary and not pretrained and device_name != "cpu":
         derived["vocab_multiple"] = GPU_VOCAB_MULTIPLE
+    if head == "scalar":
+        if not {"task", "num_classes"} <= set(fam.override_keys()):
+            raise ValueError(f"{asked_by} puts a scalar head on the model: give a Hugging Face directory (--model hf "
+                             "--set model.pretrained=DIR, a causal LM is loaded as AutoModelForSequenceClassification "
+                             "with one label); this family has no such head")
+        derived.update(task="classify", num_classes=1, pad_token_id=facts.pad_token_id)
     return {**derived, **overrides}
+
+
+def build_directory(directory: str, seq_len: int | None, head: str = "own", asked_by: str = "a scalar head",
+                    device_name: str = "cpu") -> ModelSpec:
+    """A Hugging Face directory's model as it is (its shape, its weights) with `head`, for sequences of `seq_len`:
+    a frozen model beside the one a run trains (a reward model, a teacher)."""
+    overrides = model_overrides("hf", "custom", DataFacts(seq_len=seq_len or 0), directory, {}, device_name, head=head,
+                                asked_by=asked_by)
+    return build("hf", "custom", **overrides)
 
 
 def slow_vocab_hint(spec: ModelSpec, device_name: str) -> str | None:

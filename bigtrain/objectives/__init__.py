@@ -1,5 +1,6 @@
-"""Training objectives: what a micro-batch's loss and metrics are, which data shape it reads, and whether it needs a
-frozen reference model. The stepper (bigtrain.train.engine) calls one method and knows no objective by name.
+"""Training objectives: what a micro-batch's loss and metrics are, and a declaration of what each needs of a run.
+The stepper (bigtrain.train.engine) calls one method and knows no objective by name; nothing outside this package
+names an objective kind but `OBJECTIVES`, the one table of kinds below (tests/unit/test_objective_seam.py checks).
 
     lm        the model's own loss: next-token cross-entropy (plain, chunked, sequence-parallel, token-weighted,
               a mixture of experts' router term), a classifier's cross-entropy        (causal_lm.py)
@@ -8,48 +9,114 @@ frozen reference model. The stepper (bigtrain.train.engine) calls one method and
     kto       unpaired answers marked desirable or not, against a reference             (kto.py)
     reward    a scalar head on pairs: -log sigmoid(r_chosen - r_rejected)               (reward.py)
 
-Adding an objective: its file, and a line in OBJECTIVES.
+What an objective is (base.py):
+- `needs` (`Needs`): the data layout it reads, rows per sample, the reference kinds it allows, whether it generates,
+  the frozen models it holds beside the policy (`FrozenModel`: a reward model, a teacher), its head, dropout, the
+  least micro-batch, and each mode it refuses (compile, chunked loss, packing, pipeline, tensor, sequence,
+  micro-batch probe) with why. `declare(settings)` returns them, where the settings decide (a KL term on or off).
+  Read by the config rules (bigtrain.config.objective, bigtrain.config.run_config), hence lint; by `bigtrain
+  estimate` and the launcher's memory check (rows, the reference, the frozen models, the chunked loss); by the
+  builder (bigtrain.train.assemble: dropout, compile and chunked loss, the reference and frozen models) and the job
+  (the data layout, the head, FLOPs).
+- `Settings`: a keyword-only dataclass of its own hyper-parameters, each field `bigtrain.fields.doc(default, text)`.
+  The run config's `objective` section is every objective's settings side by side (`--set objective.beta=0.2`,
+  `objective: {kind: dpo, beta: 0.2}`); a name several objectives share is one field (their texts joined; where
+  their defaults differ its default is None: each objective's own).
+- `flops_factor()`: its FLOPs per token against the policy's 6N (a live reference's forward adds a third).
+- The per-step methods, given a `Policy` (`bigtrain.train.policy.PolicyModel`): `inputs` (a batch on the device),
+  `begin_step` (what the step's micro-batches share), `micro_loss`, `eval_loss`. A Policy gives the model's own
+  loss (`forward_with_loss`), logits, answer log-probabilities, a reference's, a frozen model's logits
+  (`frozen(setting)`), the tokenizer, and `generate` (completions for left-padded prompts).
+
+Objective modules are imported by the run config, which loads without torch: they import torch inside the
+functions that compute.
+
+Adding an objective (its file here, its data format if new, a line in OBJECTIVES; nothing in train/, config/,
+estimate/ or launch/):
+1. `objectives/NAME.py`: a subclass of `Objective` with `needs`, `Settings` (fields documented with `doc`, checked
+   in `__post_init__` with one-line ValueErrors naming objective.FIELD), `summary`, `samples`, and `micro_loss`
+   (plus `inputs`, `begin_step`, `eval_loss` where the defaults do not fit).
+2. A new data layout: its rows in bigtrain/data (the format, a bundle whose `layout` names it) and a line in
+   `bigtrain.data.dataset.LAYOUTS`.
+3. The kind in `OBJECTIVES`. `bigtrain configs`, the docs test and `--set objective.FIELD=...` see its settings.
+
+Online RL (GRPO, RLOO; issue 38) on this seam:
+- `Needs(layout="prompts", generates=True, frozen_models=(FrozenModel("reward_model", head="scalar"),), refuses=
+  {...})`, and a `declare(settings)` that allows the reference kinds only when `beta > 0` (TRL: beta 0 builds no
+  reference model); settings num_generations, max_completion_length, temperature, top_p, top_k, loss_type, beta,
+  epsilon, num_iterations, rewards, reward_weights, reward_model (a directory, or None: `FrozenModel` settings left
+  None hold no model).
+- `inputs`: prompt rows (a "prompts" layout in bigtrain/data: prompt ids left-padded, the record's other columns).
+- `begin_step(policy, micro)`: `policy.generate(prompt_ids, prompt_mask, max_new_tokens=..., ...)` for the step's
+  prompts, the rewards (user functions get `policy.tokenizer`'s decoded completions; a reward model through
+  `policy.frozen("reward_model").logits(...)`), the group advantages, the old and reference log-probabilities
+  (`policy.answer_logps` under no_grad, `policy.reference_logps`); it returns them per micro-batch.
+- `micro_loss(policy, item, step)`: `policy.answer_logps` of the completions (labels -100 on the prompt), the
+  clipped ratio and KL terms, TRL's aggregation; metrics under TRL's names (they reach the log line, summary.json
+  and the monitors as every objective's do).
+- `flops_factor` adds generation (2N per generated token, a forward) and the frozen models' forwards.
+On-policy distillation: the same with `frozen_models=(FrozenModel("teacher"),)` and the generalized JSD between
+`policy.logits` and `policy.frozen("teacher").logits` on the student's completions.
+Not carried by the seam yet: an objective's own state in checkpoints (a sampler's generator), and the generation
+terms of `bigtrain estimate` (the KV cache, weights gathered at ZeRO-3); the frozen models' weights it counts.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-from bigtrain.config.run_config import ObjectiveConfig
-from bigtrain.objectives.base import Objective
+from bigtrain.objectives.base import (HEADS, LIVE_REFERENCES, MODES, REFERENCES, FrozenModel, Needs, NoSettings,
+                                      Objective, Policy)
 from bigtrain.objectives.causal_lm import ModelLoss
 from bigtrain.objectives.kto import KTOLoss
-from bigtrain.objectives.preference import PreferenceLoss
+from bigtrain.objectives.preference import DPO, IPO, ORPO, SimPO
 from bigtrain.objectives.reward import RewardLoss
 
-OBJECTIVES: dict[str, Callable[[ObjectiveConfig], Objective]] = {
-    "lm": lambda cfg: ModelLoss(),
-    "dpo": PreferenceLoss, "ipo": PreferenceLoss, "orpo": PreferenceLoss, "simpo": PreferenceLoss, "kto": KTOLoss,
-    "reward": lambda cfg: RewardLoss(),
-}
+# The one table of kinds (objective.kind -> its objective); the first is the run config's default.
+OBJECTIVES: dict[str, type[Objective]] = {
+    "lm": ModelLoss, "dpo": DPO, "ipo": IPO, "orpo": ORPO, "simpo": SimPO, "kto": KTOLoss, "reward": RewardLoss}
 
 
-def build_objective(cfg: ObjectiveConfig, lora: bool = False) -> Objective:
-    """The run's objective, its reference resolved (`objective.reference: auto`: adapters_off with LoRA, else a
-    frozen copy, for the objectives that compare with one)."""
-    objective = OBJECTIVES[cfg.kind](cfg)
-    if objective.uses_reference:
-        objective.reference = ("adapters_off" if lora else "copy") if cfg.reference == "auto" else cfg.reference
-    return objective
+def objective_class(kind: str) -> type[Objective]:
+    if kind not in OBJECTIVES:
+        raise ValueError(f"objective.kind={kind!r}: allowed values are {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[kind]
 
 
-def model_overrides(cfg: ObjectiveConfig, family_settings: Any, pad_token_id: int | None) -> dict[str, Any]:
-    """Model overrides an objective needs: a reward model is the causal-LM directory with a one-label scalar head
-    (AutoModelForSequenceClassification), which reads each row at its last token that is not `pad_token_id`: the
-    id the rows are padded with (`bigtrain.data.tokenizer.pad_id`), also what the export's config.json says."""
-    if cfg.kind != "reward":
-        return {}
-    from dataclasses import fields
-    names = {f.name for f in fields(family_settings)}
-    if not {"task", "num_classes"} <= names:
-        raise ValueError("objective.kind=reward puts a scalar head on the model: give a Hugging Face directory "
-                         "(--model hf --set model.pretrained=DIR, a causal LM is loaded as "
-                         "AutoModelForSequenceClassification with one label); this family has no such head")
-    return {"task": "classify", "num_classes": 1, "pad_token_id": pad_token_id}
+def default_objective() -> Objective:
+    """The run config's default objective (the table's first), for engines built without one."""
+    kind = next(iter(OBJECTIVES))
+    return OBJECTIVES[kind](kind)
 
 
-__all__ = ["OBJECTIVES", "Objective", "build_objective", "model_overrides"]
+def resolve_reference(needs: Needs, setting: str, lora: bool) -> str:
+    """objective.reference as training builds it: none for an objective without one; auto = the policy with its
+    adapters off under LoRA (no second copy), else a frozen copy."""
+    if not needs.references:
+        return "none"
+    if setting == "auto":
+        return "adapters_off" if lora and "adapters_off" in needs.references else "copy"
+    return setting
+
+
+def build_objective(cfg: Any, lora: bool = False) -> Objective:
+    """The run's objective from its run-config section (`bigtrain.config.objective.ObjectiveConfig`: kind,
+    reference, the kind's settings), its reference resolved."""
+    cls = objective_class(cfg.kind)
+    return cls(cfg.kind, cfg.settings, resolve_reference(cls.declare(cfg.settings), cfg.reference, lora))
+
+
+def data_problem(kind: str, needs: Needs, layout: str, plain_text: bool) -> str | None:
+    """One line when the data's layout is not the one `kind` reads (None when it is): what it reads, what the data
+    is, and the kinds that train on such data."""
+    if layout == needs.layout:
+        return None
+    from bigtrain.data.dataset import LAYOUTS
+    have = "plain text" if layout == "rows" and plain_text else LAYOUTS[layout][0]
+    fits = [k for k, cls in OBJECTIVES.items() if cls.needs.layout == layout]
+    return (f"objective.kind={kind} trains on {LAYOUTS[needs.layout][1]}, and this data is {have}: give such "
+            f"records, or objective.kind={fits[0]} for this data ({', '.join(fits)})")
+
+
+__all__ = ["HEADS", "LIVE_REFERENCES", "MODES", "OBJECTIVES", "REFERENCES", "FrozenModel", "Needs", "NoSettings",
+           "Objective", "Policy", "build_objective", "data_problem", "default_objective", "objective_class",
+           "resolve_reference"]

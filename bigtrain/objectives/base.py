@@ -1,44 +1,161 @@
-"""The contract between the stepper and an objective."""
+"""The seam between the stepper and an objective: what an objective declares it needs (`Needs`), the settings it
+owns, what it may ask of the model it trains (`Policy`), and the per-step contract (`Objective`).
+
+Imported by the run config (the declarations and settings), which loads without torch: nothing here imports it.
+"""
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-Metrics = dict[str, torch.Tensor]  # detached scalars on the device, averaged over micro-batches and ranks
+Metrics = dict[str, Any]  # detached scalar tensors on the device, averaged over micro-batches and ranks
+
+REFERENCES = ("adapters_off", "copy", "precomputed")  # the kinds of frozen reference (objective.reference)
+LIVE_REFERENCES = ("adapters_off", "copy")  # a forward pass beside the policy's at every step
+# What a run may switch on that an objective can refuse (`Needs.refuses`): train.compile, train.loss_impl=chunked,
+# data.packing, pipeline stages, tensor and sequence parallelism, batch.micro_batch=auto.
+MODES = ("compile", "chunked_loss", "packing", "pipeline", "tensor", "sequence", "auto_micro_batch")
+HEADS = ("own", "scalar")  # the model's own output head, or a one-label scalar head (a sequence classifier)
+
+
+@dataclass(frozen=True)
+class FrozenModel:
+    """A frozen model an objective holds beside the policy (a reward model, a teacher): the setting of the
+    objective's own that names its Hugging Face directory, and the head it is loaded with. The builder makes it
+    (partitioned like the policy under ZeRO-3), `Policy.frozen(setting)` runs it, the estimate counts it."""
+
+    setting: str
+    head: str = "own"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Needs:
+    """What an objective needs of a run. The config rules, lint, `bigtrain estimate`, the launcher's memory check,
+    the builder and the job read it; none of them names an objective."""
+
+    layout: str = "rows"  # the data it reads (bigtrain.data.dataset.LAYOUTS): rows, pairs, unpaired
+    rows_per_sample: int = 1  # rows a sample puts through the policy in one micro-batch
+    references: tuple[str, ...] = ()  # the reference kinds it may compare with (REFERENCES); () uses none
+    generates: bool = False  # samples completions from the policy before its loss (`Policy.generate`)
+    frozen_models: tuple[FrozenModel, ...] = ()  # extra frozen models held beside the policy
+    head: str = "own"  # the policy's head (HEADS)
+    dropout: bool = True  # False: the policy's dropout is switched off (its forward passes are compared)
+    min_micro_batch: int = 1  # the least batch.micro_batch it trains with (why: refuses["micro_batch"])
+    # why it cannot run with each MODE it refuses; also why a reference kind it does not allow cannot serve it
+    refuses: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        assert self.rows_per_sample >= 1 and self.head in HEADS, self
+        assert set(self.references) <= set(REFERENCES), self.references
+        assert set(self.refuses) <= {*MODES, *REFERENCES, "micro_batch"}, sorted(self.refuses)
+
+    def allows(self, mode: str) -> bool:
+        assert mode in MODES, mode
+        return mode not in self.refuses
+
+
+@dataclass(kw_only=True)
+class NoSettings:
+    """An objective without settings of its own."""
+
+
+class Policy(Protocol):
+    """What the stepper hands an objective (`bigtrain.train.policy.PolicyModel`): the model being trained and the
+    frozen models beside it. An objective asks nothing else of the engine."""
+
+    device: str
+    tokenizer: Any  # the run's tokenizer (None for models trained without one)
+
+    def inputs(self, rows: dict) -> tuple[Any, torch.Tensor]:
+        """Rows of a batch as the model's inputs and labels, on the device."""
+
+    def to_device(self, value: Any) -> Any:
+        """Tensors (in a dict, tuple or list) on the device; floating ones in the engine's dtype."""
+
+    def logits(self, inputs: Any) -> torch.Tensor:
+        """The policy's output logits (a scalar head's are [rows, 1]), with their graph."""
+
+    def forward_with_loss(self, inputs: Any, labels: torch.Tensor,
+                          scale: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+        """The model's own loss of a micro-batch, by the route the engine was built with (plain, chunked, compiled,
+        sequence-parallel; a mixture of experts' router term added, and reported as `router_aux_loss`). `scale`:
+        `token_scale`'s factor."""
+
+    def eval_with_loss(self, inputs: Any, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
+        """(loss, its weight in the evaluation's mean, metrics) of a held-out micro-batch by the same route; a
+        classifier also counts its correct predictions (`correct`, `predictions`)."""
+
+    def token_scale(self, labels: list[torch.Tensor]) -> torch.Tensor | None:
+        """For data whose rows train different numbers of tokens (chat, instruction): the factor that makes the
+        step's loss the mean over all its trained tokens; None where every micro-batch weighs alike."""
+
+    def answer_logps(self, inputs: Any, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row: the policy's summed log-probability of its answer tokens (labels not -100), with its graph, and
+        how many there are."""
+
+    def reference_logps(self, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
+        """Per row: the same sum under the frozen reference (objective.reference), without a graph."""
+
+    def frozen(self, setting: str) -> Any:
+        """The frozen model declared as `FrozenModel(setting)`: `.logits(inputs)` without a graph."""
+
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int,
+                 **sampling: Any) -> Any:
+        """Completions sampled from the policy for left-padded prompts (every rank calls it alike)."""
 
 
 class Objective:
-    """One training objective. The stepper, per optimizer step: `begin_step` on the step's micro-batches (each
-    already `inputs`' output), then `micro_loss` on each, backward on the loss it returns; in evaluation
-    `eval_loss` per batch."""
+    """One training objective. Per optimizer step the stepper calls `inputs` on each of the step's batches, then
+    `begin_step` on them all (whatever they share: a token count, completions and their rewards), then
+    `micro_loss` on each, and steps backward on the loss it returns; in evaluation `eval_loss` per batch.
 
-    kind = "lm"
-    pairs = False  # reads preference pairs (bigtrain.data.pairs), not single examples
-    uses_reference = False  # compares with a frozen reference model (objective.reference)
-    reference = "none"  # resolved by build_objective: none | adapters_off | copy | precomputed
-    metric_names: tuple[str, ...] = ()
+    A subclass declares `needs`, its `Settings` (a keyword-only dataclass, each field written with
+    `bigtrain.fields.doc`) and a one-line `summary`; `declare` may make the needs depend on the settings."""
 
-    def inputs(self, engine: Any, batch: dict) -> Any:
-        """A micro-batch on the device, in the form `micro_loss` takes."""
-        inputs, labels = engine.spec.batch_to_inputs(batch)
-        return engine.to_device(inputs), labels.to(engine.device)
+    needs: ClassVar[Needs] = Needs()
+    Settings: ClassVar[type] = NoSettings
+    summary: ClassVar[str] = ""  # what a step minimises, for objective.kind's help
+    samples: ClassVar[str] = "samples"  # what one sample is, in the job's start line
 
-    def begin_step(self, engine: Any, micro: list[Any]) -> Any:
-        """Whatever the step's micro-batches share (a token count, say); None by default."""
+    def __init__(self, kind: str, settings: Any = None, reference: str = "none"):
+        self.kind = kind
+        self.settings = NoSettings() if settings is None else settings
+        self.reference = reference  # resolved: none | adapters_off | copy | precomputed
+
+    @classmethod
+    def declare(cls, settings: Any) -> Needs:
+        """What this objective needs with these settings (override where they decide it: a reference only when
+        a KL term is on, say)."""
+        return cls.needs
+
+    def inputs(self, policy: Policy, batch: dict) -> Any:
+        """A batch on the device, in the form `micro_loss` takes."""
+        return policy.inputs(batch)
+
+    def begin_step(self, policy: Policy, micro: list[Any]) -> Any:
+        """Whatever the step's micro-batches share; None by default."""
         return None
 
-    def micro_loss(self, engine: Any, item: Any, step: Any) -> tuple[torch.Tensor, Metrics]:
+    def micro_loss(self, policy: Policy, item: Any, step: Any) -> tuple[torch.Tensor, Metrics]:
         raise NotImplementedError
 
-    def eval_loss(self, engine: Any, item: Any) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
+    def eval_loss(self, policy: Policy, item: Any) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
         """(loss, its weight in the evaluation's mean, metrics) of one held-out batch, without gradients."""
-        loss, metrics = self.micro_loss(engine, item, None)
+        import torch
+        loss, metrics = self.micro_loss(policy, item, None)
         return loss, torch.ones((), dtype=torch.float64, device=loss.device), metrics
 
     def flops_factor(self) -> float:
-        """FLOPs of a sample against the model's 6N-per-token training FLOPs of one row."""
-        return 1.0
+        """FLOPs per token against the policy's 6N training FLOPs per token: a live reference's forward pass adds
+        a third (forward only), a precomputed one nothing."""
+        return 1.0 + (1 / 3 if self.reference in LIVE_REFERENCES else 0.0)
 
-    def rows_per_sample(self) -> int:
-        return 2 if self.pairs else 1
+
+def check_positive(settings: Any, *names: str, note: str = "") -> None:
+    """Each of `names` of an objective's settings must be > 0 (one line naming objective.NAME if not)."""
+    for name in names:
+        if not getattr(settings, name) > 0:
+            raise ValueError(f"objective.{name}={getattr(settings, name)}: must be > 0{note}")

@@ -13,52 +13,63 @@ desirable and the undesirable answers; 0 when a micro-batch has none), logps/cho
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-import torch
+from bigtrain.fields import doc
+from bigtrain.objectives.base import Metrics, Objective, Policy, check_positive
+from bigtrain.objectives.preference import PAIRS
 
-from bigtrain.config.run_config import ObjectiveConfig
-from bigtrain.data.pairs import flat_pairs
-from bigtrain.models.spec import call_module, output_logits
-from bigtrain.objectives.base import Metrics, Objective
-from bigtrain.objectives.preference import answer_logps
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(kw_only=True)
+class KTOSettings:
+    beta: float = doc(0.1, "kto: the strength beta of the answers' log-ratios to the reference.")
+    desirable_weight: float = doc(1.0, "kto: the weight of the desirable answers' losses.")
+    undesirable_weight: float = doc(1.0, "kto: the weight of the undesirable answers' losses.")
+
+    def __post_init__(self) -> None:
+        check_positive(self, "beta", note=" (TRL's default is 0.1)")
+        check_positive(self, "desirable_weight", "undesirable_weight", note=" (TRL's default is 1.0)")
 
 
 class KTOLoss(Objective):
-    kind = "kto"
-    pairs = True  # two rows a sample: the answer and its KL counterpart
-    uses_reference = True
-    metric_names = ("kl", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected")
+    # two rows a sample: the answer and its KL counterpart
+    needs = replace(PAIRS, layout="unpaired", references=("copy", "adapters_off"), min_micro_batch=2, refuses={
+        **PAIRS.refuses,
+        "precomputed": "kto's KL rows pair each answer with another of its batch, so their log-probabilities cannot "
+                       "be computed before training",
+        "micro_batch": "each answer's KL counterpart is another answer of its micro-batch, and one answer has none"})
+    Settings = KTOSettings
+    summary = "unpaired answers marked desirable or not, against a frozen reference (TRL's KTO)"
+    samples = "answers (each beside another for the KL estimate)"
 
-    def __init__(self, cfg: ObjectiveConfig):
-        self.cfg = cfg
-
-    def inputs(self, engine: Any, batch: dict) -> Any:
+    def inputs(self, policy: Policy, batch: dict) -> Any:
+        from bigtrain.data.pairs import flat_pairs
         rows = flat_pairs(batch)
         desirable = rows.pop("desirable")
-        inputs, labels = engine.spec.batch_to_inputs(rows)
-        return engine.to_device(inputs), labels.to(engine.device), desirable.to(engine.device)
+        inputs, labels = policy.inputs(rows)
+        return inputs, labels, desirable.to(policy.device)
 
-    def micro_loss(self, engine: Any, item: Any, step: Any) -> tuple[torch.Tensor, Metrics]:
+    def micro_loss(self, policy: Policy, item: Any, step: Any) -> tuple[torch.Tensor, Metrics]:
+        import torch
         inputs, labels, desirable = item
-        ref = engine.reference_logps(inputs, labels)  # first: its logits are gone before the policy's graph is built
-        logps, _ = answer_logps(output_logits(call_module(engine.ds, inputs)), labels)
+        ref = policy.reference_logps(inputs, labels)  # first: its logits are gone before the policy's graph is built
+        logps, _ = policy.answer_logps(inputs, labels)
         n = logps.shape[0] // 2
         kl = (logps[n:] - ref[n:]).detach().mean()
         if torch.distributed.is_initialized():  # TRL gathers the estimate over the processes
             kl = kl.clone()
             torch.distributed.all_reduce(kl)
             kl = kl / torch.distributed.get_world_size()
-        return kto_loss(self.cfg, logps[:n], ref[:n], desirable, kl.clamp(min=0))
-
-    def flops_factor(self) -> float:
-        """The answer and its counterpart through the policy (the counterpart's backward is wasted work), both
-        through the reference (forward only)."""
-        return 2.0 * (1 + 1 / 3)
+        return kto_loss(self.settings, logps[:n], ref[:n], desirable, kl.clamp(min=0))
 
 
-def kto_loss(cfg: ObjectiveConfig, logps: torch.Tensor, ref: torch.Tensor, desirable: torch.Tensor,
+def kto_loss(cfg: KTOSettings, logps: torch.Tensor, ref: torch.Tensor, desirable: torch.Tensor,
              kl: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
+    import torch
     ratio = logps - ref
     good, bad = desirable.bool(), ~desirable.bool()
     losses = torch.where(good, cfg.desirable_weight * (1 - torch.sigmoid(cfg.beta * (ratio - kl))),

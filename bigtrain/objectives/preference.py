@@ -17,93 +17,110 @@ At the first step the policy equals the reference, z = 0, and DPO's loss is exac
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
+from bigtrain.fields import doc
+from bigtrain.objectives.base import LIVE_REFERENCES, REFERENCES, Metrics, Needs, Objective, Policy, check_positive
 
-from bigtrain.config.run_config import ObjectiveConfig
-from bigtrain.data.pairs import flat_pairs
-from bigtrain.models.losses import lm_targets
-from bigtrain.models.spec import call_module, output_logits
-from bigtrain.objectives.base import Metrics, Objective
+if TYPE_CHECKING:
+    import torch
 
-REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
+# Why objectives on two rows a sample (KTO's and the reward model's too) cannot run with a mode.
+NOT_BUILT = ("not supported (a pair objective reads log-probabilities of two answers from the logits; neither lever "
+             "is built for it)")
+PAIR_REFUSALS = {
+    "pipeline": "a pair objective needs the chosen and rejected answers' log-probabilities in one place, which "
+                "pipeline stages do not give",
+    "tensor": "not supported", "sequence": "not supported",
+    "packing": "pairs are compared answer with answer, one pair per row pair",
+    "auto_micro_batch": "the probe sizes one-example rows",
+    "compile": NOT_BUILT, "chunked_loss": NOT_BUILT}
+# The policy against a dropout-free reference (its adapters' dropout too), as TRL does.
+PAIRS = Needs(layout="pairs", rows_per_sample=2, dropout=False, refuses=PAIR_REFUSALS)
+
+
+@dataclass(kw_only=True)
+class PreferenceSettings:
+    beta: float = doc(0.1, "dpo/ipo: the KL strength beta (ipo's tau); orpo: the odds-ratio weight (lambda); "
+                      "simpo: the reward scale beta.")
+    label_smoothing: float = doc(0.0, "dpo: conservative DPO (cDPO), the assumed share of flipped pairs, in [0, 0.5).")
+    simpo_gamma: float = doc(0.5, "simpo: the target reward margin gamma.")
+
+    def __post_init__(self) -> None:
+        check_positive(self, "beta", note=" (TRL's default is 0.1)")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"objective.label_smoothing={self.label_smoothing}: must be in [0, 0.5) (cDPO's share "
+                             "of flipped pairs; 0 is plain DPO)")
 
 
 class PreferenceLoss(Objective):
-    pairs = True
-    metric_names = (*REWARD_METRICS, "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected")
+    needs = PAIRS
+    Settings = PreferenceSettings
+    samples = "pairs"
 
-    def __init__(self, cfg: ObjectiveConfig):
-        self.kind, self.cfg = cfg.kind, cfg
-        self.uses_reference = cfg.kind in ("dpo", "ipo")
-
-    def inputs(self, engine: Any, batch: dict) -> Any:
+    def inputs(self, policy: Policy, batch: dict) -> Any:
         """(inputs, labels, the reference's log-probabilities of the rows when the data carries them
         (objective.reference=precomputed), else None)."""
+        from bigtrain.data.pairs import flat_pairs
         table = batch.get("reference_logps")
-        rows = flat_pairs({k: v for k, v in batch.items() if k != "reference_logps"})
-        inputs, labels = engine.spec.batch_to_inputs(rows)
-        ref = None if table is None else table.transpose(0, 1).reshape(-1).to(engine.device)  # like flat_pairs
-        return engine.to_device(inputs), labels.to(engine.device), ref
+        inputs, labels = policy.inputs(flat_pairs({k: v for k, v in batch.items() if k != "reference_logps"}))
+        ref = None if table is None else table.transpose(0, 1).reshape(-1).to(policy.device)  # like flat_pairs
+        return inputs, labels, ref
 
-    def micro_loss(self, engine: Any, item: Any, step: Any) -> tuple[torch.Tensor, Metrics]:
+    def micro_loss(self, policy: Policy, item: Any, step: Any) -> tuple[torch.Tensor, Metrics]:
         inputs, labels, ref = item
-        if ref is None and self.uses_reference:  # first: its logits are gone before the policy's graph is built
-            ref = engine.reference_logps(inputs, labels)
-        logits = output_logits(call_module(engine.ds, inputs))
+        if ref is None and self.reference in LIVE_REFERENCES:  # first: its logits are gone before the policy's graph
+            ref = policy.reference_logps(inputs, labels)
+        from bigtrain.models.losses import answer_logit_sums, answer_logps
+        logits = policy.logits(inputs)
         logps, counts = answer_logps(logits, labels)
-        return pair_loss(self.cfg, logps, counts, ref, answer_logit_sums(logits, labels))
-
-    def flops_factor(self) -> float:
-        """Both answers train (2 rows); a reference model adds their forward passes (a third of training's FLOPs
-        each), a precomputed one none."""
-        live = self.uses_reference and self.reference != "precomputed"
-        return 2.0 * (1 + 1 / 3) if live else 2.0
+        return pair_loss(self.kind, self.settings, logps, counts, ref, answer_logit_sums(logits, labels))
 
 
-def answer_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: the summed log-probability of its answer tokens (labels not -100, predicted from what precedes
-    them) and their count, from fp32 logits."""
-    targets = lm_targets(labels, logits.shape[-2])
-    token_logps = -F.cross_entropy(logits.float().flatten(0, -2), targets.reshape(-1), ignore_index=-100,
-                                   reduction="none").view(targets.shape)
-    mask = targets != -100
-    return (token_logps * mask).sum(-1), mask.sum(-1)
+class DPO(PreferenceLoss):
+    needs = replace(PAIRS, references=REFERENCES)
+    summary = "pairs against a frozen reference, -log sigmoid(beta z)"
 
 
-@torch.no_grad()
-def answer_logit_sums(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per row: the sum over its answer tokens of the next-token logits' mean over the vocabulary (TRL's
-    logits/chosen and logits/rejected divide it by the tokens' count), without an fp32 copy of the logits."""
-    targets = lm_targets(labels, logits.shape[-2])
-    return (logits.detach().mean(-1, dtype=torch.float32) * (targets != -100)).sum(-1)
+class IPO(PreferenceLoss):
+    needs = replace(PAIRS, references=REFERENCES)
+    summary = "pairs against a frozen reference, (z - 1 / (2 beta))^2"
 
 
-def pair_loss(cfg: ObjectiveConfig, logps: torch.Tensor, counts: torch.Tensor, ref: torch.Tensor | None,
+class ORPO(PreferenceLoss):
+    summary = "pairs, the chosen answer's NLL and an odds-ratio term, no reference"
+
+
+class SimPO(PreferenceLoss):
+    summary = "pairs, a margin between mean log-probabilities, no reference"
+
+
+def pair_loss(kind: str, cfg: PreferenceSettings, logps: torch.Tensor, counts: torch.Tensor, ref: torch.Tensor | None,
               logit_sums: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
-    """The mean loss over the pairs of one micro-batch (rows: the n chosen, then the n rejected) and its metrics;
-    `logit_sums` (`answer_logit_sums`) adds logits/chosen and logits/rejected."""
+    """The mean loss of `kind` over the pairs of one micro-batch (rows: the n chosen, then the n rejected) and its
+    metrics; `logit_sums` (`bigtrain.models.losses.answer_logit_sums`) adds logits/chosen and logits/rejected."""
+    import torch
+    import torch.nn.functional as F
     n = logps.shape[0] // 2
     pc, pr = logps[:n], logps[n:]
     nc, nr = counts[:n].clamp(min=1).to(logps.dtype), counts[n:].clamp(min=1).to(logps.dtype)
     beta, smooth = cfg.beta, cfg.label_smoothing
     extra: Metrics = {}
-    if cfg.kind in ("dpo", "ipo"):
-        assert ref is not None, f"{cfg.kind} needs the reference's log-probabilities"
+    if kind in ("dpo", "ipo"):
+        assert ref is not None, f"{kind} needs the reference's log-probabilities"
         rc, rr = ref[:n], ref[n:]
-        if cfg.kind == "ipo":  # TRL averages IPO's log-probabilities over each answer's tokens
+        if kind == "ipo":  # TRL averages IPO's log-probabilities over each answer's tokens
             pc, pr, rc, rr = pc / nc, pr / nr, rc / nc, rr / nr
         z = (pc - rc) - (pr - rr)
-        if cfg.kind == "dpo":
+        if kind == "dpo":
             losses = -(1 - smooth) * F.logsigmoid(beta * z) - smooth * F.logsigmoid(-beta * z)
         else:
             losses = (z - 1 / (2 * beta)) ** 2
         chosen, rejected = beta * (pc - rc), beta * (pr - rr)
     else:
         ac, ar = pc / nc, pr / nr  # mean token log-probabilities
-        if cfg.kind == "orpo":
+        if kind == "orpo":
             log_odds = (ac - ar) - (torch.log1p(-torch.exp(ac)) - torch.log1p(-torch.exp(ar)))
             ratio = F.logsigmoid(log_odds)
             nll = -pc.sum() / nc.sum()  # the chosen answers' token-mean cross-entropy (TRL: over the batch)

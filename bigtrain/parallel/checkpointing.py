@@ -1,8 +1,11 @@
-"""Activation checkpointing applied to a plain module from outside the model.
+"""Activation checkpointing applied to a plain module from outside the model; `apply_checkpointing` is the job's
+entry point (`bigtrain.train.assemble`).
 
 Two ways: the family's own switch (HF gradient checkpointing), or DeepSpeed's
 `deepspeed.checkpointing.checkpoint` around each repeated block, which honours the
 `activation_checkpointing` section of a DeepSpeed config (partitioned / CPU activations).
+With ALST's offload of the hidden states (`activation_checkpointing.offload_hidden_states`), transformers' own
+checkpointing inside DeepSpeed's offloading context manager keeps each checkpointed block's input in host memory.
 Pipelines use `activation_checkpoint_interval` instead (see `to_pipeline_module`).
 """
 from __future__ import annotations
@@ -105,3 +108,54 @@ def apply_activation_checkpointing(spec: ModelSpec, module: nn.Module, every_n: 
         assert dist.is_initialized(), "deepspeed.checkpointing.configure needs the process group"
         deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
     return _wrap_blocks(spec, module, every_n)
+
+
+def apply_checkpointing(spec: Any, model: nn.Module, every_n: int, ds_config: dict, offload: bool | str,
+                        sequence: int = 1) -> int:
+    """Activation checkpointing for the engine, with ALST's offload of the checkpointed hidden states when
+    `activation_checkpointing.offload_hidden_states` resolves on: transformers' own (non-reentrant) checkpointing,
+    inside DeepSpeed's `CheckpointHiddenStatesOffload` around every forward (it marks each checkpointed layer's
+    input and keeps it in host memory until backward); else DeepSpeed's checkpoint (`apply_activation_checkpointing`).
+    Returns how many blocks are checkpointed."""
+    from deepspeed.accelerator import get_accelerator
+
+    from bigtrain.config.rules import offload_hidden_states_wanted
+    from bigtrain.parallel.tiling import hidden_size
+    device = get_accelerator().device_name()
+    tokens = spec.seq_len // sequence if spec.seq_len else None
+    if not offload_hidden_states_wanted(offload, device, True, tokens, hidden_size(spec)):
+        return apply_activation_checkpointing(spec, model, every_n=every_n, ds_config=ds_config)
+    if spec.enable_native_checkpointing is None or not _checkpointing_layers(model):
+        if offload is True:
+            raise ValueError(f"activation_checkpointing.offload_hidden_states=true: {spec.family} has no transformers "
+                             "checkpointing layers to offload the inputs of; set it to auto or false")
+        return apply_activation_checkpointing(spec, model, every_n=every_n, ds_config=ds_config)
+    blocks = apply_activation_checkpointing(spec, model, every_n=every_n, method="native")
+    install_hidden_state_offload(model, pinned=device != "cpu")
+    return blocks
+
+
+def _checkpointing_layers(model: nn.Module) -> bool:
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return False
+    return any(isinstance(m, GradientCheckpointingLayer) for m in model.modules())
+
+
+def install_hidden_state_offload(model: nn.Module, pinned: bool = True) -> Any:
+    """Run `model`'s training forwards inside DeepSpeed's offloading context manager (its saved-tensor hooks pack
+    during the forward; backward unpacks through them). Returns the manager (its `stats` count what it moved)."""
+    from deepspeed.runtime.activation_checkpointing.offload_activations import (
+        get_checkpoint_hidden_states_offloading_ctx_manager)
+    manager = get_checkpoint_hidden_states_offloading_ctx_manager(use_pin_memory=pinned, use_streams=pinned)
+    plain = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not (model.training and torch.is_grad_enabled()):
+            return plain(*args, **kwargs)
+        with manager:
+            return plain(*args, **kwargs)
+
+    model.forward = forward
+    return manager

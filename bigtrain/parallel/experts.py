@@ -2,17 +2,18 @@
 model: DeepSpeed's engine swaps each mixture-of-experts block of a model it has a preset for (Mixtral, Qwen3-MoE,
 DeepSeek-V2/V3, ...) for its own layer that keeps N-th of the experts per rank and all-to-alls the tokens; the dense
 weights stay data-parallel over every rank. bigtrain checks the model has a preset before any rank builds it, and
-carries one compatibility fix until DeepSpeed has it (`patch_output_capture_registry`).
+carries one compatibility fix, for the conversion only, until DeepSpeed has it (`output_capture_lookups`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from typing import Any
+from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
 
-# The versions the fix below was made against; `patch_output_capture_registry` checks the behaviour, not these.
+# The versions the fix below was made against; `output_capture_lookups` checks the behaviour, not these.
 PATCHED_AGAINST = "deepspeed 0.19.8 with transformers 5.23-5.24"
 
 
@@ -43,30 +44,29 @@ def expert_problem(config: Any, size: int) -> str | None:
     return None
 
 
-def patch_output_capture_registry() -> bool:
-    """Let DeepSpeed's AutoEP read transformers' output-capture registry; True when the fix was applied now.
+@contextlib.contextmanager
+def output_capture_lookups() -> Iterator[bool]:
+    """While DeepSpeed's AutoEP converts a model (inside `deepspeed.initialize`), let it read transformers'
+    output-capture registry; afterwards the registry is as it was, so that no other model of the process (a
+    reference, a reward model, a teacher, the next job's) runs with the change. Yields whether it was needed.
 
     transformers 5.23+ keys `_CAN_RECORD_REGISTRY` by model through `get(model)` (one argument, the model's class
     name taken from it), while DeepSpeed 0.19.8's AutoEP (`auto_ep_presets/base.py`) reads it as a plain dict,
     `registry.get(class_name, default)`: a TypeError when AutoEP converts Mixtral/Qwen3-MoE (the probe's crash), and
-    the router-logit recorders it retargets would be looked up under the wrong key. The fix: `get` also takes a
-    class-name string and a default, as a dict does; a model is looked up as before. Applied only while the
+    the router-logit recorders it retargets would be looked up under the wrong key. For the conversion `get` also
+    takes a class-name string and a default, as a dict does; a model is looked up as before. Only while the
     registry's `get` refuses a default (the behaviour, not a version, decides: a transformers or DeepSpeed that
-    agrees needs nothing), once per process.
-    """
+    agrees needs nothing)."""
     try:
         from transformers.utils import output_capturing
     except ImportError:
-        return False
+        yield False
+        return
     registry_type = type(getattr(output_capturing, "_CAN_RECORD_REGISTRY", None))
-    original = getattr(registry_type, "get", None)
-    if original is None or getattr(original, "_bigtrain_patched", False) or registry_type is dict:
-        return False
-    try:
-        registry_type().get("probe", None)
-        return False  # it takes a default already
-    except TypeError:
-        pass
+    original = registry_type.__dict__.get("get")  # the class's own (a dict's is left alone)
+    if original is None or _takes_a_default(registry_type):
+        yield False
+        return
 
     @functools.wraps(original)
     def get(self: dict, key: Any, default: Any = None) -> Any:
@@ -75,10 +75,20 @@ def patch_output_capture_registry() -> bool:
         found = original(self, key)
         return found if found or default is None else default
 
-    get._bigtrain_patched = True  # type: ignore[attr-defined]
     registry_type.get = get
-    log.info("AutoEP: transformers' output-capture registry takes DeepSpeed's dict-style lookups (%s)",
-             PATCHED_AGAINST)
+    log.info("AutoEP: transformers' output-capture registry takes DeepSpeed's dict-style lookups while it converts "
+             "the model (%s)", PATCHED_AGAINST)
+    try:
+        yield True
+    finally:
+        registry_type.get = original
+
+
+def _takes_a_default(registry_type: type) -> bool:
+    try:
+        registry_type().get("probe", None)
+    except TypeError:
+        return False
     return True
 
 

@@ -38,9 +38,6 @@ class ModelSplit:
         if rank == 0 and (line := kv_heads_line(spec, topology)):
             logging.getLogger(__name__).warning("%s", line)
         reset_groups()  # an earlier job's groups in this process would be taken for this one's
-        if topology.expert > 1:
-            from bigtrain.parallel.experts import patch_output_capture_registry
-            patch_output_capture_registry()
         if topology.tensor == 1:
             return cls(topology, rank)
         from deepspeed.utils import groups

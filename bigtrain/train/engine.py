@@ -1,6 +1,9 @@
 """The stepper: one training step and one evaluation over a DeepSpeed engine (`bigtrain.train.assemble` builds
-it), the same way for a plain module and for pipeline stages. What a micro-batch's loss and metrics are is the
-objective's (`bigtrain.objectives`); the stepper knows no objective by name.
+it), the same way for a plain module and for pipeline stages. Every step goes through the objective
+(`bigtrain.objectives`), which the stepper knows by its methods alone and hands a `PolicyModel`
+(`bigtrain.train.policy`), never the engine: on a plain module the objective's loss of each micro-batch is
+stepped; on pipeline stages the objective turns each batch into the model's inputs and the last stage computes the
+model's own loss (an objective that refuses pipelines, `Needs.refuses`, never gets here: the run config refuses it).
 """
 from __future__ import annotations
 
@@ -10,12 +13,12 @@ from typing import Any, Iterator
 import torch
 from deepspeed.accelerator import get_accelerator
 
+from bigtrain.distributed.world import sum_over_ranks
 from bigtrain.models.losses import correct_counts
 from bigtrain.models.spec import ModelSpec, pipeline_inputs
-from bigtrain.objectives import Objective
-from bigtrain.objectives.causal_lm import ModelLoss
-from bigtrain.train import fast_path
+from bigtrain.objectives import Objective, default_objective
 from bigtrain.train.assemble import EngineOptions, assemble
+from bigtrain.train.policy import PolicyModel
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -23,25 +26,20 @@ __all__ = ["Engine", "EngineOptions"]
 class Engine:
     """One training step / one eval step over the assembled DeepSpeed engine."""
 
-    def __init__(self, spec: ModelSpec, ds_config: dict, options: EngineOptions, objective: Objective | None = None):
+    def __init__(self, spec: ModelSpec, ds_config: dict, options: EngineOptions, objective: Objective | None = None,
+                 tokenizer: Any = None):
         self.spec = spec
-        self.objective = objective or ModelLoss()
+        self.objective = objective or default_objective()
         self.is_pipeline = options.pipeline_stages > 1
-        if self.is_pipeline and self.objective.kind != "lm":
-            raise ValueError(f"objective.kind={self.objective.kind} with pipeline stages: set pipeline.stages=1")
-        # DeepSpeed's pipeline engine takes the micro-batches' losses itself: there each one's mean counts alike
-        self.token_weighted = options.token_weighted and not self.is_pipeline and self.objective.kind == "lm"
         self.step_metrics: dict[str, torch.Tensor] = {}  # the last step's, averaged over its micro-batches
-        from bigtrain.models.hf_common import router_aux_coef
-        self.router_coef = router_aux_coef(getattr(spec, "config", None)) or 0.0
         parts = assemble(spec, ds_config, options, self.objective)
         self.ds, self.optimizer, self.scheduler = parts.ds, parts.optimizer, parts.scheduler
-        self.split, self.lora, self.reference = parts.split, parts.lora, parts.reference
-        self.tiled_mlps = parts.tiled_mlps
-        self.loss_in_forward, self.fast_path = parts.loss_in_forward, parts.fast_path
+        self.split, self.lora = parts.split, parts.lora
         start_schedule(self.scheduler)
         self.device = get_accelerator().current_device_name()
-        self.float_dtype = float_dtype_of(ds_config)
+        # DeepSpeed's pipeline engine takes the micro-batches' losses itself: there each one's mean counts alike
+        self.policy = PolicyModel(parts, spec, self.device, float_dtype_of(ds_config),
+                                  token_weighted=options.token_weighted and not self.is_pipeline, tokenizer=tokenizer)
 
     # -- topology -------------------------------------------------------------------------------
 
@@ -87,11 +85,6 @@ class Engine:
 
     # -- steps ---------------------------------------------------------------------------------
 
-    @property
-    def router_loss(self) -> torch.Tensor | None:
-        """The last step's mixture-of-experts load-balancing loss (part of the loss), when the model has one."""
-        return self.step_metrics.get("router_aux_loss")
-
     def train_step(self, batches: Iterator[dict]) -> torch.Tensor:
         """One optimizer step over `grad_accum` micro-batches. Returns this rank's mean loss as a scalar on the
         device, not yet read; the objective's metrics of the step are in `step_metrics` (`reduce_step` averages
@@ -100,14 +93,14 @@ class Engine:
             self.ds.train()
         if self.is_pipeline:  # train_batch already averages over data-parallel ranks, on every stage
             self.step_metrics = {}
-            return self.ds.train_batch(self._pipe_iter(batches))
+            return self.ds.train_batch(self._pipeline_items(batches))
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         sums: dict[str, torch.Tensor] = {}
-        micro = [self.objective.inputs(self, next(batches)) for _ in range(self.grad_accum)]
-        shared = self.objective.begin_step(self, micro)
+        micro = [self.objective.inputs(self.policy, next(batches)) for _ in range(self.grad_accum)]
+        shared = self.objective.begin_step(self.policy, micro)
         for item in micro:
             with same_batch_in_tensor_group():
-                loss, metrics = self.objective.micro_loss(self, item, shared)
+                loss, metrics = self.objective.micro_loss(self.policy, item, shared)
             self.ds.backward(loss)
             self.ds.step()
             total += loss.detach()  # stays on the device: no host sync per micro-batch
@@ -115,15 +108,6 @@ class Engine:
                 sums[name] = value.to(torch.float64) + sums.get(name, 0)
         self.step_metrics = {name: value / self.grad_accum for name, value in sums.items()}
         return total / self.grad_accum
-
-    def forward_with_loss(self, inputs: Any, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        """The loss computed inside the module's forward (compiled or chunked: `bigtrain.train.fast_path`)."""
-        return fast_path.call_with_loss(self.ds, inputs, labels, reduction)
-
-    def reference_logps(self, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
-        """The frozen reference's summed log-probability of each row's answer (objective.reference)."""
-        assert self.reference is not None, f"objective.kind={self.objective.kind} was built without a reference"
-        return self.reference.logps(self.ds, inputs, labels)
 
     @torch.no_grad()
     def eval_loss(self, batches: list[dict]) -> float:
@@ -134,63 +118,47 @@ class Engine:
         self.ds.eval()
         if self.is_pipeline:
             return self._pipeline_eval(batches)
-        sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss x weight, weight
-        metric_sums: dict[str, torch.Tensor] = {}
+        sums: dict[str, Any] = {"loss x weight": 0.0, "weight": 0.0}
+        metric_sums: dict[str, Any] = {}
         for batch in batches:
-            loss, weight, metrics = self.objective.eval_loss(self, self.objective.inputs(self, batch))
-            sums += torch.stack([loss.detach().to(torch.float64) * weight, weight])
+            loss, weight, metrics = self.objective.eval_loss(self.policy, self.objective.inputs(self.policy, batch))
+            sums["loss x weight"] += loss.detach().to(torch.float64) * weight
+            sums["weight"] += weight
             for name, value in metrics.items():
                 metric_sums[name] = value.to(torch.float64) + metric_sums.get(name, 0)
-        names = sorted(metric_sums)
-        packed = torch.cat([sums, torch.stack([metric_sums[n] for n in names]) if names else sums[:0]])
-        if torch.distributed.is_initialized():
-            torch.distributed.all_reduce(packed)
-        total = dict(zip(names, packed[2:].tolist()))
+        total = sum_over_ranks({**metric_sums, **sums}, self.device)
         if "predictions" in total:  # a classifier's counts
             seen = total.pop("predictions")
             self.last_eval_accuracy = total.pop("correct") / seen if seen else float("nan")
+        loss_x_weight, weight = total.pop("loss x weight"), total.pop("weight")
         ranks = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
         self.last_eval_metrics = {n: v / (ranks * max(len(batches), 1)) for n, v in total.items()}
-        return float(packed[0] / packed[1]) if packed[1] else float("nan")
+        return loss_x_weight / weight if weight else float("nan")
 
     def _pipeline_eval(self, batches: list[dict]) -> float:
         """eval_batch averages over data-parallel ranks and broadcasts to all stages; the last stage holds the
         logits (a classifier's accuracy)."""
         accuracy = self.spec.eval_metric == "accuracy"
         counts = torch.zeros(2, dtype=torch.float64, device=self.device)  # correct, predictions
-        it = self._pipe_iter(iter(batches))
+        it = self._pipeline_items(iter(batches))
         losses = []
         for batch in batches:
             out = self.ds.eval_batch(it, num_micro_batches=1, return_logits=accuracy)
             loss, logits = out if accuracy else (out, None)
             losses.append(float(loss.item()))
             if logits is not None and self.ds.is_last_stage():
-                counts += correct_counts(logits, self._inputs(batch)[1])
+                counts += correct_counts(logits, self.objective.inputs(self.policy, batch)[1])
         if accuracy:
             torch.distributed.all_reduce(counts)
             self.last_eval_accuracy = float(counts[0] / counts[1]) if counts[1] else float("nan")
         self.last_eval_metrics = {}
         return sum(losses) / max(len(losses), 1)
 
-    def _inputs(self, batch: dict) -> tuple[Any, torch.Tensor]:
-        inputs, labels = self.spec.batch_to_inputs(batch)
-        return self.to_device(inputs), labels.to(self.device)
-
-    def _pipe_iter(self, batches: Iterator[dict]) -> Iterator[tuple]:
+    def _pipeline_items(self, batches: Iterator[dict]) -> Iterator[tuple]:
+        """The objective's inputs of each batch, in the pipeline's form (pulled as the schedule asks)."""
         for batch in batches:
-            inputs, labels = self._inputs(batch)
+            inputs, labels = self.objective.inputs(self.policy, batch)
             yield pipeline_inputs(inputs), labels
-
-    def to_device(self, value: Any) -> Any:
-        """A batch's inputs on this rank's device; floating inputs (images) in the engine's dtype."""
-        if isinstance(value, torch.Tensor):
-            value = value.to(self.device)
-            return value.to(self.float_dtype) if value.is_floating_point() else value
-        if isinstance(value, (tuple, list)):
-            return type(value)(self.to_device(v) for v in value)
-        if isinstance(value, dict):
-            return {k: self.to_device(v) for k, v in value.items()}
-        return value
 
     # -- parameters ---------------------------------------------------------------------------
 

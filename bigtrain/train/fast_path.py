@@ -29,10 +29,19 @@ log = logging.getLogger("bigtrain")
 LossFn = Callable[[nn.Module, tuple, dict, torch.Tensor], torch.Tensor]
 
 
-def resolve_loss_impl(setting: str, device_name: str, spec: ModelSpec, module: nn.Module | None) -> str:
-    """`train.loss_impl` -> "plain" | "chunked" for this module (None: a pipeline, whose last stage
-    computes the plain loss)."""
-    if setting == "plain":
+def resolve_loss_impl(setting: str, device_name: str, spec: ModelSpec, module: nn.Module | None, tensor: int = 1,
+                      allowed: bool = True) -> str:
+    """`train.loss_impl` -> "plain" | "chunked" for this module (None: a pipeline, whose last stage computes the
+    plain loss), `tensor`-way tensor parallelism, and an objective that `allowed` it or not (`Needs.allows`; one
+    that refuses it refuses an explicit setting in the run config). The one copy of these rules: the builder asks
+    them of the module it built, `bigtrain estimate` and the launcher's memory check of the meta-device module
+    they count."""
+    if setting == "plain" or not allowed:
+        return "plain"
+    if tensor > 1:  # AutoTP's head and loss are DeepSpeed's: the chunked loss has not been proven equal there
+        if setting == "chunked":
+            raise ValueError("train.loss_impl=chunked with tensor parallelism: not supported; set it to auto (or "
+                             "plain)")
         return "plain"
     reason = chunked_unsupported(spec, module)
     if setting == "chunked":

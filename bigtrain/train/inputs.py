@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from bigtrain.config.run_config import DataConfig, ModelConfig
+from bigtrain.config.run_config import DataConfig, ModelConfig, RunConfig
 from bigtrain.data import DataBundle, batches, build_data, iter_eval_batches
 from bigtrain.data.formats import ExampleOptions
 from bigtrain.distributed.world import World
@@ -118,14 +118,24 @@ def patient_barrier(world: World) -> Callable[[], None]:
     return wait
 
 
-def model_overrides(model: ModelConfig, data: TrainingData, seq_len: int) -> dict:
-    """The model's shape where the data decides it (vocabulary, classes, sequence length), then the user's."""
-    from deepspeed.accelerator import get_accelerator
-
-    from bigtrain.models.registry import DataFacts, model_overrides as family_overrides
-    bundle = data.bundle
-    pad = getattr(bundle.tokenizer, "pad_token_id", None)
-    facts = DataFacts(seq_len=seq_len, vocab_size=bundle.vocab_size, num_classes=bundle.num_classes,
-                      pad_token_id=pad if isinstance(pad, int) else None)
-    return family_overrides(model.family, model.size, facts, model.pretrained, model.overrides,
-                            get_accelerator().device_name())
+def model_overrides(run: RunConfig, bundle: DataBundle | None, device_name: str) -> dict:
+    """The overrides the run builds its model with (`bigtrain.models.registry.model_overrides`: what the data
+    decides, the objective's head, then the user's): from the data, or from the run config alone where no data is
+    read (the launcher's memory check: the vocabulary of the BPE the run would train; a tokenizer named is not
+    loaded, so its vocabulary is the model's default)."""
+    from bigtrain.models.registry import DataFacts, model_overrides as overrides_of
+    data, head = run.data, run.objective.declared.head
+    if bundle is None:
+        facts = DataFacts(seq_len=data.seq_len, vocab_size=data.vocab_size if data.tokenizer is None else None,
+                          num_classes=data.num_classes)
+    else:
+        # a scalar head reads each row at its last token that is not the id the rows are padded with
+        pad = getattr(bundle.tokenizer, "pad_token_id", None)
+        if head == "scalar" and bundle.tokenizer is not None:
+            from bigtrain.data.tokenizer import pad_id
+            pad = pad_id(bundle.tokenizer)
+        facts = DataFacts(seq_len=data.seq_len, vocab_size=bundle.vocab_size, num_classes=bundle.num_classes,
+                          pad_token_id=pad if isinstance(pad, int) else None)
+    model = run.model
+    return overrides_of(model.family, model.size, facts, model.pretrained, model.overrides, device_name, head=head,
+                        asked_by=f"objective.kind={run.objective.kind}")

@@ -10,21 +10,18 @@ import logging
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from deepspeed.accelerator import get_accelerator
 
 from bigtrain import models, objectives
-from bigtrain.data.tokenizer import pad_id
-from bigtrain.models.registry import family as model_family
 from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.claim import claim_run_dir
 from bigtrain.checkpoint.resume import ResumePlan, Shape, check_same_model, plan_resume, restore_rng
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 from bigtrain.config.load import to_dict
-from bigtrain.config.run_config import ObjectiveConfig, RunConfig
+from bigtrain.config.run_config import RunConfig
 from bigtrain.distributed.device import fix_cuda_arch_list
 from bigtrain.distributed.lifeline import Lifeline
 from bigtrain.distributed.host import return_freed_memory
@@ -63,64 +60,19 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         lifeline = lifeline or stack.enter_context(contextlib.closing(Lifeline.start(world.rank)))
         stack.callback(claim_run_dir(out, ckpt_dir, world, resume=resume, overwrite=overwrite).release)
         open_run_log(out, world)
-        # config: the DeepSpeed dict comes from `resolve` alone, here and after the micro-batch probe
-        asked = run
-        run, auto_micro = autobatch.defer_auto(run)
-        found = find_checkpoint(ckpt_dir, world) if resume else None
-        config = JobConfig(run, ds_config_path, world, sources, found[1] if found else None)
-        resolved = config.resolve()
-        check_split_layout(asked, Topology.of(resolved.ds_config, world.size))  # sizes a JSON gave, too
-        seed_everything(run.train.seed)
-        # data and model
-        data = build_training_data(run.data, run.model, out, world, run.train.seed)
-        check_objective_data(run.objective, data.bundle)
-        if world.is_main:
-            log.info("data: %s", data.bundle.description)
-        model_build = ModelBuild(run.model.family, run.model.size, {
-            **model_overrides(run.model, data, run.data.seq_len),
-            **objectives.model_overrides(run.objective, model_family(run.model.family).settings_cls,
-                                         pad_id(data.tokenizer) if data.tokenizer is not None else None)})
-        if found:
-            check_same_model(ckpt_dir / found[0], found[1], model_build)
-            check_same_lora(ckpt_dir / found[0], found[1].run_config, run.lora)
-        plan = plan_resume(ckpt_dir, found, Shape.of_job(world.size, resolved.ds_config, resolved.run.pipeline.stages),
-                           world, trust_checkpoint) if found else None
+        config, resolved = resolve_job(run, world, ds_config_path, sources, ckpt_dir if resume else None)
+        run = config.run
+        data = load_data(run, out, world)
+        model_build = describe_model(config, data, ckpt_dir)
+        plan = plan_resume(ckpt_dir, config.found, Shape.of_job(world.size, resolved.ds_config,
+                                                                resolved.run.pipeline.stages),
+                           world, trust_checkpoint) if config.found else None
         spec = build_model(model_build, world)
         task_eval = TaskEvaluator.start(run, spec, data.tokenizer, world.rank, world.size)  # before the engine
-        options = engine_options(resolved.run, token_weighted=data.bundle.stats is not None)
-        # engine, with the probed micro-batch and the universal-load switch resolved into its dict
-        micro = probe_micro_batch(spec, config, resolved, options, data, world) if auto_micro else None
-        if micro is not None or (plan and plan.universal):
-            resolved = config.resolve(micro_batch=micro, load_universal=bool(plan and plan.universal))
-        objective = objectives.build_objective(run.objective, lora=run.lora.r > 0)
-        if objective.reference == "precomputed":  # before the policy: the copy that computes them is freed first
-            data.bundle.stats["reference_logps"] = attach_reference_logps(
-                data.bundle, spec, resolved.ds_config, options.seed, model_build, world)
-        engine = Engine(spec, resolved.ds_config, options, objective)
-        data.set_data_parallel(engine.dp_rank, engine.dp_size)
+        engine, resolved = build_engine(config, resolved, spec, data, model_build, plan)
         saved = resume_from(engine, plan, world, data, run.train.seed, trust_checkpoint) if plan else None
-        if saved and world.is_main:
-            if line := schedule_change_line(found[1].run_config, run, engine.lr(), saved.step):
-                log.warning("%s", line)
-        if world.is_main:
-            log.info("model %s/%s: %.2fM parameters; %s", spec.family, spec.size, spec.num_params / 1e6,
-                     _batch_line(resolved.ds_config, engine, world))
-            if engine.lora:
-                log.info("%s", engine.lora.line)
-        if engine.lora:  # no weight gradients for the frozen base: fewer FLOPs per step than spec's 6N
-            spec = replace(spec, flops_per_sample=training_flops(spec, engine.lora))
-        if objective.pairs:  # a sample is a pair of answers (and a reference's forward passes of them)
-            spec = replace(spec, flops_per_sample=spec.flops_per_sample * objective.flops_factor(),
-                           tokens_per_sample=spec.tokens_per_sample * objective.rows_per_sample())
-            if world.is_main:
-                log.info("objective %s%s: %d %s per step", objective.kind,
-                         f", reference {objective.reference}" if objective.uses_reference else "",
-                         resolved.ds_config["train_batch_size"],
-                         "answers (each beside another for the KL estimate)" if run.objective.layout == "unpaired"
-                         else "pairs")
-        # the loop, then what the run tells its user
-        reporter = Reporter(resolved.run, spec, resolved.ds_config, engine, world, out,
-                            prior=saved)
+        spec = say_what_trains(config, resolved, spec, engine, saved)
+        reporter = Reporter(resolved.run, spec, resolved.ds_config, engine, world, out, prior=saved)
         record = RunRecord(resolved.run, resolved.recorded, world, data, model_build.to_json())
         result = train_loop(engine, world=world, data=data, record=record, reporter=reporter, stop=lifeline,
                             settings=loop_settings(resolved.run, ckpt_dir, stop_after, plan),
@@ -128,12 +80,104 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         summary = finish(resolved, world, out, reporter, result, lifeline, data.bundle.stats)
         if result.diverged:
             raise Diverged(diverged_line(result))
-        if not result.stopped_by and run.train.sample_tokens and data.tokenizer is not None:
-            from bigtrain.train.sample import print_sample
-            with lifeline.bound("the end-of-run sample", end_of_run_bound_s(),
-                                "every rank to run the sample's forward passes"):
-                print_sample(engine, data.tokenizer, run.train.sample_tokens, world, data.bundle.sample_prompt)
+        if not result.stopped_by:
+            end_of_run_sample(engine, data, run, world, lifeline)
         return summary
+
+
+def resolve_job(run: RunConfig, world: World, ds_config_path: str | None, sources: dict[str, str] | None,
+                ckpt_dir: Path | None) -> tuple[JobConfig, Resolved]:
+    """The job's config and its first DeepSpeed dict (which comes from `resolve` alone, here and after the
+    micro-batch probe); with `ckpt_dir` (--resume) the checkpoint to resume from. Seeds every generator."""
+    asked = run
+    run, auto_micro = autobatch.defer_auto(run)
+    found = find_checkpoint(ckpt_dir, world) if ckpt_dir else None
+    config = JobConfig(run, ds_config_path, world, sources, found, auto_micro)
+    resolved = config.resolve()
+    check_split_layout(asked, Topology.of(resolved.ds_config, world.size))  # sizes a JSON gave, too
+    seed_everything(run.train.seed)
+    return config, resolved
+
+
+def load_data(run: RunConfig, out: Path, world: World) -> TrainingData:
+    """The run's data, of the layout its objective reads (one line if not)."""
+    data = build_training_data(run.data, run.model, out, world, run.train.seed)
+    problem = objectives.data_problem(run.objective.kind, run.objective.declared, data.bundle.layout,
+                                      plain_text=data.bundle.stats is None)
+    if problem:
+        raise ValueError(problem)
+    if world.is_main:
+        log.info("data: %s", data.bundle.description)
+    return data
+
+
+def describe_model(config: JobConfig, data: TrainingData, ckpt_dir: Path) -> ModelBuild:
+    """The model this job builds (recorded in every checkpoint for resume and export), the checkpoint's own when
+    resuming (one line if not)."""
+    run = config.run
+    model_build = ModelBuild(run.model.family, run.model.size,
+                             model_overrides(run, data.bundle, get_accelerator().device_name()))
+    if config.found:
+        tag, state = config.found
+        check_same_model(ckpt_dir / tag, state, model_build)
+        check_same_lora(ckpt_dir / tag, state.run_config, run.lora)
+    return model_build
+
+
+def build_engine(config: JobConfig, resolved: Resolved, spec: models.ModelSpec, data: TrainingData,
+                 model_build: ModelBuild, plan: ResumePlan | None) -> tuple[Engine, Resolved]:
+    """The engine, with the probed micro-batch and the universal-load switch resolved into its dict; a precomputed
+    reference's numbers attached to the data first (the copy that computes them is freed before the policy is
+    built)."""
+    run, world = config.run, config.world
+    options = engine_options(resolved.run, token_weighted=data.bundle.stats is not None)
+    micro = probe_micro_batch(spec, config, resolved, options, data, world) if config.auto_micro else None
+    if micro is not None or (plan and plan.universal):
+        resolved = config.resolve(micro_batch=micro, load_universal=bool(plan and plan.universal))
+    objective = objectives.build_objective(run.objective, lora=run.lora.r > 0)
+    if objective.reference == "precomputed":
+        data.bundle.stats["reference_logps"] = attach_reference_logps(
+            data.bundle, spec, resolved.ds_config, options.seed, model_build, world)
+    engine = Engine(spec, resolved.ds_config, options, objective, tokenizer=data.tokenizer)
+    data.set_data_parallel(engine.dp_rank, engine.dp_size)
+    return engine, resolved
+
+
+def say_what_trains(config: JobConfig, resolved: Resolved, spec: models.ModelSpec, engine: Engine,
+                    saved: CheckpointState | None) -> models.ModelSpec:
+    """The start lines (a resume's schedule change, the model and batch, LoRA, the objective), and `spec` with one
+    sample's FLOPs and tokens as this job trains it: no weight gradients for a LoRA base (fewer than spec's 6N),
+    the objective's rows and the frozen forward passes beside them."""
+    world, objective = config.world, engine.objective
+    if saved and world.is_main:
+        if line := schedule_change_line(config.found[1].run_config, config.run, engine.lr(), saved.step):
+            log.warning("%s", line)
+    if world.is_main:
+        log.info("model %s/%s: %.2fM parameters; %s", spec.family, spec.size, spec.num_params / 1e6,
+                 _batch_line(resolved.ds_config, engine, world))
+        if engine.lora:
+            log.info("%s", engine.lora.line)
+    if engine.lora:
+        spec = replace(spec, flops_per_sample=training_flops(spec, engine.lora))
+    rows = objective.declare(objective.settings).rows_per_sample
+    factor = rows * objective.flops_factor()
+    if factor != 1.0 or rows != 1:
+        spec = replace(spec, flops_per_sample=spec.flops_per_sample * factor,
+                       tokens_per_sample=spec.tokens_per_sample * rows)
+    if world.is_main and (rows != 1 or objective.reference != "none"):
+        log.info("objective %s%s: %d %s per step", objective.kind,
+                 f", reference {objective.reference}" if objective.reference != "none" else "",
+                 resolved.ds_config["train_batch_size"], objective.samples)
+    return spec
+
+
+def end_of_run_sample(engine: Engine, data: TrainingData, run: RunConfig, world: World, lifeline: Lifeline) -> None:
+    """A sample from the trained model (train.sample_tokens), every rank taking part, bounded in time."""
+    if not run.train.sample_tokens or data.tokenizer is None:
+        return
+    from bigtrain.train.sample import print_sample
+    with lifeline.bound("the end-of-run sample", end_of_run_bound_s(), "every rank to run the sample's forward passes"):
+        print_sample(engine, data.tokenizer, run.train.sample_tokens, world, data.bundle.sample_prompt)
 
 
 @dataclass
@@ -144,7 +188,8 @@ class JobConfig:
     ds_config_path: str | None
     world: World
     sources: dict[str, str] | None
-    resumed: CheckpointState | None  # a resumed job keeps the checkpoint's global batch
+    found: tuple[str, CheckpointState] | None  # (tag, state) of the checkpoint to resume from
+    auto_micro: bool = False  # batch.micro_batch=auto: the probe decides it
     first: Resolved | None = None
     said: set[str] = field(default_factory=set)  # notes logged already
 
@@ -178,7 +223,7 @@ class JobConfig:
 
     def _resolve(self, run: RunConfig, batch: dict | None, load_universal: bool, out_dir: str | None) -> Resolved:
         # a fixed batch was decided by a first resolution that kept the checkpoint's global batch already
-        resume_batch = self.resumed.ds_config.get("train_batch_size") if self.resumed and not batch else None
+        resume_batch = self.found[1].ds_config.get("train_batch_size") if self.found and not batch else None
         return resolve(run, self.ds_config_path, self.world.size, sources=self.sources, out_dir=out_dir,
                        resume_batch=resume_batch, batch=batch, load_universal=load_universal)
 
@@ -204,21 +249,6 @@ def find_checkpoint(ckpt_dir: Path, world: World) -> tuple[str, CheckpointState]
     if found is None:
         raise ValueError(f"--resume: no complete checkpoint in {ckpt_dir}; drop --resume to start fresh")
     return found
-
-
-def check_objective_data(cfg: ObjectiveConfig, bundle: Any) -> None:
-    """The objective and the data must be of one layout: pairs of answers, KTO's unpaired answers, or single
-    examples (one line if not)."""
-    if cfg.layout == bundle.layout:
-        return
-    have = {"pairs": "preference pairs (chosen / rejected answers)", "unpaired": "kto answers (prompt / completion "
-            "/ label)"}.get(bundle.layout, "plain text" if bundle.stats is None else "single examples")
-    wants = {"pairs": 'preference records ({"prompt", "chosen", "rejected"}, or instruction/input/chosen/rejected)',
-             "unpaired": 'kto records ({"prompt", "completion", "label"})', "rows": "text or single examples"}
-    fits = {"pairs": "dpo, ipo, orpo, simpo or reward", "unpaired": "kto", "rows": "lm"}[bundle.layout]
-    raise ValueError(f"objective.kind={cfg.kind} trains on {wants[cfg.layout]}, and this data is {have}: give such "
-                     f"records, or objective.kind={fits.split(' or ')[0].split(', ')[0]} for this data "
-                     f"({fits})")
 
 
 def build_model(model_build: ModelBuild, world: World) -> models.ModelSpec:

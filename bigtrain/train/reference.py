@@ -1,12 +1,17 @@
-"""The frozen reference model a preference objective compares with (`objective.reference`).
+"""The frozen models beside the policy: the reference an objective compares with (`objective.reference`), and the
+frozen models it declares (`bigtrain.objectives.base.FrozenModel`: a reward model, a teacher). `build_reference`
+and `build_frozen_models` are the only places they are made.
 
 - adapters_off: the policy itself with its LoRA adapters switched off: the base, with no second copy (TRL and
   LLaMA-Factory do this for peft models).
 - copy: a second model built from the same directory and seed as the policy's start, frozen, in its own
   `deepspeed.initialize` engine without an optimizer, partitioned like the policy at ZeRO-3 (offloaded where the
-  policy's parameters are) and whole on each rank below (DeepSpeed-Chat's and OpenRLHF's reference).
+  policy's parameters are) and whole on each rank below (DeepSpeed-Chat's and OpenRLHF's reference). A declared
+  frozen model is the same engine around the model of its own directory.
+- precomputed: none while training; the data carries the copy's numbers (`bigtrain.train.reference_logps`, which
+  builds that copy before the policy and frees it).
 
-Both give the log-probabilities of the same answers, so the same losses.
+Both live references give the log-probabilities of the same answers, so the same losses.
 """
 from __future__ import annotations
 
@@ -16,30 +21,27 @@ from typing import Any, Iterator
 
 import torch
 
+from bigtrain.models.losses import answer_logps
 from bigtrain.models.spec import ModelSpec, call_module, output_logits
 
 DROPPED = ("optimizer", "scheduler", "gradient_clipping", "tensor_parallel", "compile")
 
 
 class Reference:
-    kind = "none"
-
     def logps(self, policy: Any, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
+        """Each row's summed answer log-probability; `policy`: the policy's DeepSpeed engine."""
         raise NotImplementedError
 
 
 class AdaptersOff(Reference):
-    kind = "adapters_off"
-
     @torch.no_grad()
     def logps(self, policy: Any, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
-        from bigtrain.objectives.preference import answer_logps
         with adapters_disabled(policy.module):
             return answer_logps(output_logits(call_module(policy, inputs)), labels)[0]
 
 
 class FrozenCopy(Reference):
-    kind = "copy"
+    """`spec`'s model, frozen, in its own forward-only engine partitioned like the policy."""
 
     def __init__(self, spec: ModelSpec, ds_config: dict, seed: int):
         import deepspeed
@@ -54,16 +56,37 @@ class FrozenCopy(Reference):
         self.ds.eval()
 
     @torch.no_grad()
+    def logits(self, inputs: Any) -> torch.Tensor:
+        return output_logits(call_module(self.ds, inputs))
+
     def logps(self, policy: Any, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
-        from bigtrain.objectives.preference import answer_logps
-        return answer_logps(output_logits(call_module(self.ds, inputs)), labels)[0]
+        return answer_logps(self.logits(inputs), labels)[0]
 
 
-def build_reference(kind: str, spec: ModelSpec, ds_config: dict, seed: int) -> Reference:
+def build_reference(kind: str, spec: ModelSpec, ds_config: dict, seed: int) -> Reference | None:
+    """The reference of the resolved `objective.reference`: None for none and precomputed (the data carries its
+    numbers)."""
     if kind == "adapters_off":
         return AdaptersOff()
-    assert kind == "copy", kind
-    return FrozenCopy(spec, ds_config, seed)
+    if kind == "copy":
+        return FrozenCopy(spec, ds_config, seed)
+    assert kind in ("none", "precomputed"), kind
+    return None
+
+
+def build_frozen_models(declared: tuple, settings: Any, spec: ModelSpec, ds_config: dict,
+                        seed: int) -> dict[str, FrozenCopy]:
+    """Each frozen model an objective declares (`FrozenModel`: the setting naming its directory, its head), built
+    from its directory as the policy's directory is (its data's sequence length), in a forward-only engine
+    partitioned like the policy. A setting left None holds no model."""
+    from bigtrain.models.registry import build_directory
+    built = {}
+    for frozen in declared:
+        directory = getattr(settings, frozen.setting)
+        if directory is not None:
+            model = build_directory(directory, spec.seq_len, frozen.head, f"objective.{frozen.setting}")
+            built[frozen.setting] = FrozenCopy(model, ds_config, seed)
+    return built
 
 
 def reference_config(ds_config: dict) -> dict:

@@ -30,7 +30,8 @@ from bigtrain.distributed.world import World, all_ranks_agree
 from bigtrain.ds.release import release_engine
 from bigtrain.models.spec import ModelSpec
 from bigtrain.train.engine import float_dtype_of
-from bigtrain.train.reference import FrozenCopy
+from bigtrain.train.policy import to_device
+from bigtrain.train.reference import FrozenCopy, build_reference
 
 log = logging.getLogger("bigtrain")
 
@@ -55,7 +56,7 @@ def attach_reference_logps(bundle: DataBundle, spec: ModelSpec, ds_config: dict,
         table = read_table(path, len(part.examples))
         if not all_ranks_agree(table is not None):
             if copy is None:
-                copy = FrozenCopy(spec, ds_config, seed)
+                copy = build_reference("copy", spec, ds_config, seed)
             rows = 2 * int(ds_config["train_micro_batch_size_per_gpu"])  # the rows of training's reference pass
             table = compute_table(copy, spec, part.examples, rows, world)
             if world.local_rank == 0:
@@ -152,7 +153,7 @@ def compute_table(copy: FrozenCopy, spec: ModelSpec, rows: AnswerRows, per_pass:
     values = []
     for p in range(passes):
         inputs, labels = spec.batch_to_inputs(rows.take(padded[p * per_pass:(p + 1) * per_pass].tolist()))
-        values.append(copy.logps(None, on_device(inputs, device), labels.to(device)).float())
+        values.append(copy.logps(None, to_device(inputs, device), labels.to(device)).float())
     local = torch.cat(values)
     gathered = [torch.empty_like(local) for _ in range(world.size)]
     if torch.distributed.is_initialized():
@@ -164,14 +165,6 @@ def compute_table(copy: FrozenCopy, spec: ModelSpec, rows: AnswerRows, per_pass:
         theirs = np.arange(rank, examples, world.size)
         table[theirs] = part[:len(theirs)].cpu().numpy()
     return table
-
-
-def on_device(value: Any, device: str) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {k: on_device(v, device) for k, v in value.items()}
-    return value
 
 
 def free(copy: FrozenCopy) -> None:

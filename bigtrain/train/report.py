@@ -194,7 +194,7 @@ class Reporter:
     def summary(self, result: Any, **extra: Any) -> dict:
         """Collective (gathers every rank's memory). Rates are medians over steps after a 2-step warm-up."""
         samples_per_s = self.meter.samples_per_s()
-        reference = getattr(getattr(self.engine, "reference", None), "ds", None)  # a frozen copy (objective.reference)
+        reference = getattr(self.engine.policy.reference, "ds", None)  # a frozen copy (objective.reference)
         per_rank = {"peak_memory": peak_memory(), "model_state": memory_report(self.engine.ds),
                     "reference": memory_report(reference)["model_state_bytes"] if reference is not None else None}
         gathered: list[Any] = [None] * self.world.size

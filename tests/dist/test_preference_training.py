@@ -155,7 +155,7 @@ def test_the_exported_policy_scores_the_held_out_pairs_as_the_run_did(runs, tmp_
     transformers alone."""
     from transformers import AutoModelForCausalLM
 
-    from bigtrain.objectives.preference import answer_logps
+    from bigtrain.models.losses import answer_logps
     _export(runs / "ref", tmp_path / "policy")
     rows = held_out_pairs(runs / "ref")
     policy = AutoModelForCausalLM.from_pretrained(tmp_path / "policy").eval()
@@ -180,7 +180,7 @@ def test_the_frozen_copys_memory_is_what_the_estimate_counts(runs, name, stage):
     from bigtrain.models import build
     measured = max(summary(runs / name)["reference_state_bytes_per_rank"])
     spec = build("hf", "custom", pretrained=(runs / "base.txt").read_text(), seq_len=48)
-    setup = Setup(world_size=2, zero_stage=stage, precision="fp32", micro_batch=4, pairs=True, reference="copy")
+    setup = Setup(world_size=2, zero_stage=stage, precision="fp32", micro_batch=4, rows_per_sample=2, reference="copy")
     estimated = estimate(shape_from_spec(spec, "fp32"), setup).reference
     print(f"reference copy at ZeRO-{stage} on 2 ranks: measured {measured} B per rank, estimated {estimated:.0f} B")
     assert measured == pytest.approx(estimated, rel=0.01)

@@ -258,12 +258,18 @@ def test_the_chunked_loss_keeps_what_the_estimate_counts(dtype):
 
 def test_the_estimate_resolves_the_loss_as_training_does():
     """train.loss_impl=auto is the chunked loss on a GPU for a plain causal LM (fewer activation bytes), the plain
-    one with explicit plain, a pair objective or tensor parallelism, and on a CPU."""
-    from bigtrain.estimate.shape import chunked_loss_applies
+    one with explicit plain, an objective that refuses it or tensor parallelism, and on a CPU: training's own rules
+    (`fast_path.resolve_loss_impl`), asked of the meta-device module the estimate counts."""
+    from bigtrain.estimate.shape import meta_module
+    from bigtrain.train.fast_path import resolve_loss_impl
     spec = build("gpt2", "small")
-    assert chunked_loss_applies(spec, "auto") and chunked_loss_applies(spec, "chunked", device_name="cpu")
-    assert not chunked_loss_applies(spec, "plain") and not chunked_loss_applies(spec, "auto", device_name="cpu")
-    assert not chunked_loss_applies(spec, "auto", objective="dpo") and not chunked_loss_applies(spec, "auto", tensor=2)
+    meta = meta_module(spec)
+
+    def chunked(setting, device="cuda", tensor=1, allowed=True):
+        return resolve_loss_impl(setting, device, spec, meta, tensor, allowed) == "chunked"
+    assert chunked("auto") and chunked("chunked", device="cpu")
+    assert not chunked("plain") and not chunked("auto", device="cpu")
+    assert not chunked("auto", allowed=False) and not chunked("auto", tensor=2)
     shape = shape_from_spec(spec, "bf16")
     plain = estimate(shape, Setup(world_size=1, micro_batch=8))
     chunked = estimate(shape, Setup(world_size=1, micro_batch=8, chunked_loss=True))
@@ -291,8 +297,8 @@ def test_the_launchers_memory_check_counts_a_pair_objective_as_training_runs_it(
     training resolves objective.reference to; with LoRA the adapters-off reference holds none."""
     from bigtrain.config.load import load_run_config
     dpo = setup_from_run(load_run_config(None, ["objective.kind=dpo"]), 1, 1)
-    assert dpo.pairs and dpo.reference == "copy"
+    assert dpo.rows_per_sample == 2 and dpo.reference == "copy"
     lora = setup_from_run(load_run_config(None, ["objective.kind=dpo", "lora.r=8", "model.family=llama"]), 1, 1)
-    assert lora.pairs and lora.reference == "adapters_off"
+    assert lora.rows_per_sample == 2 and lora.reference == "adapters_off"
     plain = setup_from_run(load_run_config(None, []), 1, 1)
-    assert not plain.pairs and plain.reference == "none"
+    assert plain.rows_per_sample == 1 and plain.reference == "none"

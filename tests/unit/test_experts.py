@@ -8,7 +8,7 @@ import torch
 from bigtrain.config.load import load_run_config
 from bigtrain.ds.generate import build_ds_config
 from bigtrain.ds.lint import DeviceCaps, errors, lint_problems
-from bigtrain.parallel.experts import expert_problem, patch_output_capture_registry, to_transformers_names
+from bigtrain.parallel.experts import expert_problem, output_capture_lookups, to_transformers_names
 
 GPU = DeviceCaps("cuda", fp16=True, bf16=True, local=False)
 
@@ -48,15 +48,37 @@ def test_lint_asks_deepspeeds_autoep_validation():
     assert any("AutoEP does not support hpZ" in str(p) for p in errors(lint_problems(z3, GPU, 4)))
 
 
-def test_the_registry_fix_takes_deepspeeds_dict_style_lookups():
+def test_the_registry_fix_lasts_only_while_autoep_converts_and_a_second_model_is_untouched(tmp_path):
+    """DeepSpeed's dict-style lookups work inside `output_capture_lookups` (what `deepspeed.initialize` runs in for an
+    expert-parallel model, bigtrain.train.assemble); before it, after it and after building the expert-parallel
+    split, transformers' registry is its own: a reference, reward model or teacher built in the same process (or
+    the next job's model) runs as transformers made it."""
+    from transformers import MixtralConfig, MixtralForCausalLM
     from transformers.utils import output_capturing
+
+    from bigtrain.config.topology import Topology
+    from bigtrain.models import build
+    from bigtrain.parallel.split import ModelSplit
     registry = output_capturing._CAN_RECORD_REGISTRY
-    patch_output_capture_registry()
-    assert registry.get("<class 'no.Such'>", "default") == "default"  # DeepSpeed's call: a TypeError unpatched
-    key = next(iter(registry), None)
-    if key is not None:
-        assert registry.get(key) == dict.get(registry, key)  # a class name finds its entry
-    assert patch_output_capture_registry() is False  # once per process
+    own = type(registry).__dict__["get"]
+    config = MixtralConfig(vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=2, num_local_experts=4)
+    MixtralForCausalLM(config).save_pretrained(tmp_path / "mixtral")
+    ModelSplit.for_job(build("hf", "custom", pretrained=str(tmp_path / "mixtral")), Topology(2, expert=2), rank=0)
+    assert type(registry).__dict__["get"] is own  # building the split changes nothing of the process
+    with output_capture_lookups() as needed:
+        assert registry.get("<class 'no.Such'>", "default") == "default"  # DeepSpeed's call: a TypeError unpatched
+        key = next(iter(registry), None)
+        if key is not None:
+            assert registry.get(key) == dict.get(registry, key)  # a class name finds its entry
+    assert needed  # transformers 5.24's registry refuses a default: the fix was needed here
+    assert type(registry).__dict__["get"] is own
+    with pytest.raises(TypeError):
+        registry.get("<class 'no.Such'>", "default")
+    torch.manual_seed(0)
+    second = MixtralForCausalLM(config)  # built after it, as a reference copy would be
+    out = second(torch.tensor([[1, 2, 3]]), output_router_logits=True)
+    assert len(out.router_logits) == 1 and out.router_logits[0].shape[-1] == 4
 
 
 def test_autoeps_names_map_back_to_transformers():

@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from bigtrain.config.load import load_run_config
-from bigtrain.config.run_config import ObjectiveConfig
-from bigtrain.objectives.preference import answer_logps, pair_loss
+from bigtrain.models.losses import answer_logps
+from bigtrain.objectives.kto import KTOSettings
+from bigtrain.objectives.preference import PreferenceSettings, pair_loss
 from bigtrain.objectives.reward import reward_loss
 
 SEQ, VOCAB, PAIRS = 24, 128, 4
@@ -57,9 +58,8 @@ def test_each_pair_objective_is_its_formula(kind, smooth):
     counts = [rng.randint(3, 20) for _ in range(2 * n)]
     logps = [-rng.uniform(0.3, 3.0) * c for c in counts]  # a mean token log-probability below 0, as it must be
     ref = [lp + rng.uniform(-2, 2) for lp in logps]
-    cfg = ObjectiveConfig(kind=kind, beta=0.3, label_smoothing=smooth, simpo_gamma=0.7,
-                          reference="auto" if kind in ("dpo", "ipo") else "auto")
-    loss, metrics = pair_loss(cfg, torch.tensor(logps, dtype=torch.float64), torch.tensor(counts),
+    cfg = PreferenceSettings(beta=0.3, label_smoothing=smooth, simpo_gamma=0.7)
+    loss, metrics = pair_loss(kind, cfg, torch.tensor(logps, dtype=torch.float64), torch.tensor(counts),
                               torch.tensor(ref, dtype=torch.float64) if kind in ("dpo", "ipo") else None)
     want, chosen = by_hand(kind, logps[:n], logps[n:], ref[:n], ref[n:], counts[:n], counts[n:], beta=0.3,
                            smooth=smooth, gamma=0.7)
@@ -72,11 +72,11 @@ def test_each_pair_objective_is_its_formula(kind, smooth):
 
 def test_dpo_is_ln2_when_policy_equals_reference_and_rewards_rank_pairs():
     logps = torch.tensor([-5.0, -7.0, -6.0, -4.0], dtype=torch.float64)
-    loss, metrics = pair_loss(ObjectiveConfig(kind="dpo"), logps, torch.tensor([5, 5, 5, 5]), logps.clone())
+    loss, metrics = pair_loss("dpo", PreferenceSettings(), logps, torch.tensor([5, 5, 5, 5]), logps.clone())
     assert float(loss) == pytest.approx(math.log(2), abs=1e-15)
     assert float(metrics["rewards/accuracies"]) == 0.0  # equal rewards rank no pair right
     better = logps + torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=torch.float64)  # chosen answers more likely
-    _, metrics = pair_loss(ObjectiveConfig(kind="dpo"), better, torch.tensor([5] * 4), logps)
+    _, metrics = pair_loss("dpo", PreferenceSettings(), better, torch.tensor([5] * 4), logps)
     assert float(metrics["rewards/accuracies"]) == 1.0 and float(metrics["rewards/margins"]) == pytest.approx(0.1)
 
 
@@ -95,7 +95,7 @@ def test_the_reward_loss_is_bradley_terry_with_trls_metrics():
 def test_dpo_logits_metrics_are_the_answer_tokens_mean_logit_as_trl_counts_them():
     """TRL's logits/chosen: the next-token logits' mean over the vocabulary, averaged over every chosen answer token
     of the batch (token-weighted, not per row)."""
-    from bigtrain.objectives.preference import answer_logit_sums
+    from bigtrain.models.losses import answer_logit_sums
     torch.manual_seed(0)
     logits = torch.randn(4, 6, 11)  # rows: 2 chosen, then 2 rejected
     labels = torch.full((4, 6), -100)
@@ -103,7 +103,7 @@ def test_dpo_logits_metrics_are_the_answer_tokens_mean_logit_as_trl_counts_them(
     for row, where in answers.items():
         labels[row, list(where)] = 1
     logps, counts = answer_logps(logits, labels)
-    _, metrics = pair_loss(ObjectiveConfig(kind="dpo"), logps, counts, logps.clone(), answer_logit_sums(logits, labels))
+    _, metrics = pair_loss("dpo", PreferenceSettings(), logps, counts, logps.clone(), answer_logit_sums(logits, labels))
 
     def by_hand(rows: tuple[int, ...]) -> float:
         values = [float(logits[r, t - 1].mean()) for r in rows for t in answers[r]]
@@ -254,13 +254,18 @@ def test_a_combination_a_pair_objective_cannot_run_is_one_line(sets, says):
 
 
 def test_a_reward_head_needs_a_family_that_has_one():
-    from bigtrain.models.registry import family
-    from bigtrain.objectives import model_overrides
-    with pytest.raises(ValueError, match="--model hf"):
-        model_overrides(ObjectiveConfig(kind="reward"), family("gpt2").settings_cls, 0)
-    assert model_overrides(ObjectiveConfig(kind="reward"), family("hf").settings_cls, 7) == {
-        "task": "classify", "num_classes": 1, "pad_token_id": 7}
-    assert model_overrides(ObjectiveConfig(kind="dpo"), family("gpt2").settings_cls, 0) == {}
+    """The objective's head (`Needs.head`) is one of the overrides the one `model_overrides` decides: a one-label
+    classifier read at the end-of-text the pair rows are padded with; refused in one line for a family without."""
+    from bigtrain.models.registry import DataFacts, model_overrides
+    facts = DataFacts(seq_len=64, pad_token_id=7)
+    with pytest.raises(ValueError, match="objective.kind=reward puts a scalar head on the model: .*--model hf"):
+        model_overrides("gpt2", "tiny", facts, None, {}, "cpu", head="scalar", asked_by="objective.kind=reward")
+    hf = model_overrides("hf", "custom", facts, None, {}, "cpu", head="scalar")
+    assert {k: hf[k] for k in ("task", "num_classes", "pad_token_id")} == {"task": "classify", "num_classes": 1,
+                                                                             "pad_token_id": 7}
+    assert "task" not in model_overrides("hf", "custom", facts, None, {}, "cpu")
+    assert load_run_config(None, ["objective.kind=reward"]).objective.declared.head == "scalar"
+    assert load_run_config(None, ["objective.kind=dpo"]).objective.declared.head == "own"
 
 
 def test_kto_is_its_formula_with_the_kl_estimate():
@@ -269,7 +274,7 @@ def test_kto_is_its_formula_with_the_kl_estimate():
     logps = [-rng.uniform(5, 30) for _ in range(6)]
     ref = [lp + rng.uniform(-2, 2) for lp in logps]
     good = [True, False, True, True, False, False]
-    cfg = ObjectiveConfig(kind="kto", beta=0.2, desirable_weight=1.5, undesirable_weight=0.7)
+    cfg = KTOSettings(beta=0.2, desirable_weight=1.5, undesirable_weight=0.7)
     kl = 0.3
     loss, metrics = kto_loss(cfg, torch.tensor(logps, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64),
                              torch.tensor(good), torch.tensor(kl, dtype=torch.float64))
@@ -282,7 +287,7 @@ def test_kto_is_its_formula_with_the_kl_estimate():
     chosen = [0.2 * (p - r) for p, r, g in zip(logps, ref, good) if g]
     assert float(metrics["rewards/chosen"]) == pytest.approx(sum(chosen) / 3) and float(metrics["kl"]) == kl
     # the policy as the reference, no KL: every answer's loss is 1 - sigmoid(0) = 0.5, whatever its label
-    same, _ = kto_loss(ObjectiveConfig(kind="kto"), torch.tensor(logps), torch.tensor(logps), torch.tensor(good),
+    same, _ = kto_loss(KTOSettings(), torch.tensor(logps), torch.tensor(logps), torch.tensor(good),
                        torch.tensor(0.0))
     assert float(same) == pytest.approx(0.5)
 
@@ -298,10 +303,10 @@ def test_the_estimate_counts_a_frozen_reference_and_a_pairs_two_rows():
     shape = shape_from_spec(build("llama", "tiny", vocab_size=VOCAB, seq_len=SEQ), "fp32")
     for stage, share in ((1, 1), (3, 2)):
         plain = Setup(world_size=2, zero_stage=stage, precision="fp32", micro_batch=2)
-        lm, dpo = estimate(shape, plain), estimate(shape, replace(plain, pairs=True, reference="copy"))
+        lm, dpo = estimate(shape, plain), estimate(shape, replace(plain, rows_per_sample=2, reference="copy"))
         persistent = shape.persistent_params(plain.param_persistence_threshold) if stage == 3 else 0
         assert dpo.reference == pytest.approx(4 * shape.num_params / share + 4 * persistent)
         assert dpo.activations == pytest.approx(2 * lm.activations) and dpo.params == lm.params
         assert dpo.device_peak > lm.device_peak + dpo.reference - 1
-        off = estimate(shape, replace(plain, pairs=True, reference="adapters_off"))
+        off = estimate(shape, replace(plain, rows_per_sample=2, reference="adapters_off"))
         assert off.reference == 0

@@ -180,7 +180,7 @@ def test_rows_are_padded_with_the_tokenizers_pad_and_score_the_same_at_any_lengt
     SimPO's, KTO's and the precomputed reference's, which read these rows) are the same padded to 64 or to 128."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bigtrain.objectives.preference import answer_logps
+    from bigtrain.models.losses import answer_logps
     tok = AutoTokenizer.from_pretrained(own_pad["llama"])
     short, long = rows_at(own_pad, data, 64), rows_at(own_pad, data, 128)
     assert torch.equal(long["input_ids"][:, :64], short["input_ids"])  # the same rows, more padding
@@ -198,18 +198,19 @@ def test_a_reward_head_reads_each_row_where_transformers_reads_the_conversation_
     """The reward model's spec as a run builds it (the directory's config names the end-of-text as its pad; the
     run's overrides give the tokenizer's pad, which the rows are padded with): a row's reward is the reward of its
     conversation alone, without padding, at 64 and at 128."""
-    from bigtrain import objectives
-    from bigtrain.config.run_config import ObjectiveConfig
-    from bigtrain.data.tokenizer import pad_id
-    from bigtrain.models import build
-    from bigtrain.models.hf import HFSettings
+    from types import SimpleNamespace
+
     from transformers import AutoTokenizer
 
+    from bigtrain.config.load import load_run_config
+    from bigtrain.models import build
+    from bigtrain.train.inputs import overrides_for_run
+
     tok = AutoTokenizer.from_pretrained(own_pad["llama"])
-    overrides = {"pretrained": str(own_pad["llama"]), "seq_len": 128, "vocab_size": len(tok),
-                 "pad_token_id": tok.pad_token_id,
-                 **objectives.model_overrides(ObjectiveConfig(kind="reward"), HFSettings, pad_id(tok))}
-    spec = build("hf", "custom", **overrides)
+    run = load_run_config(None, ["model.family=hf", f"model.pretrained={own_pad['llama']}", "data.seq_len=128",
+                                 "objective.kind=reward"])
+    data = SimpleNamespace(tokenizer=tok, vocab_size=len(tok), num_classes=0)  # what the run's data says
+    spec = build("hf", "custom", **overrides_for_run(run, data, "cpu"))
     assert spec.config.pad_token_id == tok.pad_token_id != tok.eos_token_id
     torch.manual_seed(0)
     model = spec.build(seed=0).eval()

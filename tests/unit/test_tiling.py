@@ -140,7 +140,7 @@ def test_a_run_offloading_hidden_states_trains_alike(one_rank_group, tmp_path, m
     device's); the losses are those of DeepSpeed's checkpointing without it."""
     from launch import TINY
 
-    import bigtrain.parallel.tiling as tiling
+    import bigtrain.parallel.checkpointing as checkpointing
     from bigtrain.distributed.world import World
     from bigtrain.config.flags import build_run_parser as build_parser, run_config_from_args
     from bigtrain.train.job import train
@@ -150,8 +150,8 @@ def test_a_run_offloading_hidden_states_trains_alike(one_rank_group, tmp_path, m
         managers.append(install(*args, **kwargs))
         return managers[-1]
 
-    install = tiling.install_hidden_state_offload
-    monkeypatch.setattr(tiling, "install_hidden_state_offload", recording)
+    install = checkpointing.install_hidden_state_offload
+    monkeypatch.setattr(checkpointing, "install_hidden_state_offload", recording)
     losses = {}
     for offload in ("false", "true"):
         args = build_parser().parse_args(["--out", str(tmp_path / offload), *TINY, "--model", "llama", "--steps", "3",

@@ -1,4 +1,6 @@
-"""Documented dataclass fields: `doc(default, text)` keeps the help text beside the default."""
+"""Documented dataclass fields: `doc(default, text)` keeps the help text beside the default. The run config's sections
+(`bigtrain.config`) and the objectives' own settings (`bigtrain.objectives`, which the run config's `objective`
+section is assembled from) are written with it."""
 from __future__ import annotations
 
 from dataclasses import Field, field
