@@ -195,19 +195,7 @@ def run_estimate(args: argparse.Namespace) -> int:
              if req.lora_r else "")
           + objective_line(req))
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
-    if base.frozen_params:
-        print(f"params include the objective's frozen models ({base.frozen_params / 1e6:,.1f}M parameters), "
-              "partitioned like the policy's at ZeRO-3")
-    if base.reference == "copy":
-        print("params include the frozen reference model (objective.reference=copy): its weights, partitioned like "
-              "the policy's at ZeRO-3; with LoRA, objective.reference=adapters_off (the default) holds no copy; "
-              "objective.reference=precomputed holds none while training")
-    if shape.vocab:
-        print("loss: " + ("over chunks of the logits (train.loss_impl=auto on a GPU; plain keeps them whole)"
-                          if base.chunked_loss else "the plain cross-entropy over the whole logits"))
-    if base.reference == "precomputed":
-        print("objective.reference=precomputed: a frozen copy computes the reference's log-probabilities before "
-              "training (forward passes only) and is freed; training holds no reference model")
+    print_notes(base, shape)
     print("GiB. GPU/rank = params + optim + the larger of acts (end of forward) and grads + buffers (end of "
           "backward); buffers: gradient buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"
           f"fits: GPU/rank <= {100 * (1 - args.headroom):.0f}% of --gpu-mem"
@@ -231,6 +219,23 @@ def run_estimate(args: argparse.Namespace) -> int:
     print(f"  bigtrain train --model {req.family} --size {req.size} "
           f"{run_settings(best.setup, req.overrides, args.tiled_mlp)}{objective}")
     return 0
+
+
+def print_notes(base: Setup, shape: ModelShape) -> None:
+    """What the table's terms hold beyond the policy: its frozen models, the loss's form."""
+    if base.frozen_params:
+        print(f"params include the objective's frozen models ({base.frozen_params / 1e6:,.1f}M parameters), "
+              "partitioned like the policy's at ZeRO-3")
+    if base.reference == "copy":
+        print("params include the frozen reference model (objective.reference=copy): its weights, partitioned like "
+              "the policy's at ZeRO-3; with LoRA, objective.reference=adapters_off (the default) holds no copy; "
+              "objective.reference=precomputed holds none while training")
+    if shape.vocab:
+        print("loss: " + ("over chunks of the logits (train.loss_impl=auto on a GPU; plain keeps them whole)"
+                          if base.chunked_loss else "the plain cross-entropy over the whole logits"))
+    if base.reference == "precomputed":
+        print("objective.reference=precomputed: a frozen copy computes the reference's log-probabilities before "
+              "training (forward passes only) and is freed; training holds no reference model")
 
 
 def objective_line(req: Request) -> str:

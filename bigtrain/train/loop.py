@@ -81,27 +81,15 @@ def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Ba
     # The step clock runs from one step's end to the next, like a hand-written loop's: everything
     # the loop does between steps (stop flag, logging) counts; eval and checkpoints restart it.
     reporter.clock_restart()
-    stopped_by = ""
     while step < settings.steps:
-        stop.set_phase(f"training step {step + 1}")
-        lr = engine.lr()  # the rate this step's update uses (the scheduler moves on after it)
-        loss, stop_now, metrics = reduce_step(engine.train_step(train_batches), stop.requested, engine.step_metrics)
         step += 1
-        reporter.on_step(step, loss, lr, metrics)
-        result.losses.append(loss)
+        loss, stop_now = one_step(engine, train_batches, step, stop, reporter, result)
         if problem := loss_problem(loss, settings.max_loss):
-            result.diverged, result.stopped_by = f"step {step}: {problem}", "diverged"
-            if saved_at == step - 1:  # that checkpoint holds the very weights that gave this loss
-                result.set_aside = checkpoint.set_aside(result.last_checkpoint, world)
-                newest = checkpoint.newest_complete(settings.ckpt_dir)
-                result.last_checkpoint = settings.ckpt_dir / newest if newest else None
+            diverge(result, f"step {step}: {problem}", settings, world, weights_saved=saved_at == step - 1)
             break
         last = step == settings.steps
-        eval_due = (settings.eval_interval and step % settings.eval_interval == 0) or last
-        evaluated = eval_due and (settings.eval_batches > 0 or task_eval is not None)
-        if evaluated:
-            stop.set_phase(f"evaluating at step {step}")
-            _evaluate(engine, data, settings.eval_batches, step, reporter, result, task_eval)
+        evaluated = evaluate_if_due(engine, data, settings, step, last, stop, reporter, result, task_eval)
+        stopped_by = ""
         if settings.stop_after is not None and step >= settings.stop_after and not last:
             stop_now, stopped_by = True, stop.reason or "stop_after"
         periodic = settings.ckpt_interval and step % settings.ckpt_interval == 0
@@ -111,15 +99,8 @@ def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Ba
             result.stopped_by = "diverged"
             break
         if save:
-            what = f"saving the checkpoint of step {step}"
-            with stop.bound(what, collective_timeout_s() + 60, "every rank to write its part") \
-                    if (last or stop_now) else _phase(stop, what):
-                state = record.state_at(step, reporter.losses, reporter.history())
-                path = checkpoint.save(engine.ds, settings.ckpt_dir, step, state, world, settings.keep_last)
-            result.last_checkpoint, saved_at = path, step
-            if world.is_main:
-                log.info("saved checkpoint %s", path)
-            notify("checkpoint", step, {"path": str(path)})
+            result.last_checkpoint, saved_at = save_checkpoint(engine, settings, record, reporter, world, stop, step,
+                                                               bounded=last or stop_now), step
         if stop_now:
             result.stopped_by = stopped_by or stop.reason or "a stop request on another rank"
             if world.is_main:
@@ -129,6 +110,54 @@ def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Ba
             reporter.clock_restart()
     result.last_step = step
     return result
+
+
+def one_step(engine: Engine, batches: Iterator[dict], step: int, stop: Lifeline, reporter: Any,
+             result: LoopResult) -> tuple[float, bool]:
+    """Training step `step`, its loss and metrics averaged over the ranks with the stop flag (one collective);
+    returns (the loss, whether any rank was asked to stop)."""
+    stop.set_phase(f"training step {step}")
+    lr = engine.lr()  # the rate this step's update uses (the scheduler moves on after it)
+    loss, stop_now, metrics = reduce_step(engine.train_step(batches), stop.requested, engine.step_metrics)
+    reporter.on_step(step, loss, lr, metrics)
+    result.losses.append(loss)
+    return loss, stop_now
+
+
+def diverge(result: LoopResult, what: str, settings: LoopSettings, world: World, weights_saved: bool) -> None:
+    """The run stops without a save; when the last checkpoint holds the very weights that gave this loss
+    (`weights_saved`), it is set aside and the newest complete one before it is the last."""
+    result.diverged, result.stopped_by = what, "diverged"
+    if weights_saved:
+        result.set_aside = checkpoint.set_aside(result.last_checkpoint, world)
+        newest = checkpoint.newest_complete(settings.ckpt_dir)
+        result.last_checkpoint = settings.ckpt_dir / newest if newest else None
+
+
+def evaluate_if_due(engine: Engine, data: Batches, settings: LoopSettings, step: int, last: bool, stop: Lifeline,
+                    reporter: Any, result: LoopResult, task_eval: Any) -> bool:
+    """Evaluate at every eval_interval-th step and the last (held-out batches, lm-eval tasks); whether it did."""
+    due = (settings.eval_interval and step % settings.eval_interval == 0) or last
+    if not (due and (settings.eval_batches > 0 or task_eval is not None)):
+        return False
+    stop.set_phase(f"evaluating at step {step}")
+    _evaluate(engine, data, settings.eval_batches, step, reporter, result, task_eval)
+    return True
+
+
+def save_checkpoint(engine: Engine, settings: LoopSettings, record: CheckpointRecord, reporter: Any, world: World,
+                    stop: Lifeline, step: int, bounded: bool) -> Path:
+    """The checkpoint of `step`; `bounded` (the last save, or one on a stop): a peer that never joins it ends the
+    job with a line."""
+    what = f"saving the checkpoint of step {step}"
+    with stop.bound(what, collective_timeout_s() + 60, "every rank to write its part") if bounded \
+            else _phase(stop, what):
+        state = record.state_at(step, reporter.losses, reporter.history())
+        path = checkpoint.save(engine.ds, settings.ckpt_dir, step, state, world, settings.keep_last)
+    if world.is_main:
+        log.info("saved checkpoint %s", path)
+    notify("checkpoint", step, {"path": str(path)})
+    return path
 
 
 def loss_problem(loss: float, max_loss: float | None) -> str | None:
