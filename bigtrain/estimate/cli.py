@@ -126,6 +126,7 @@ class Request:
     loss_impl: str = "auto"  # train.loss_impl: auto and chunked compute the loss over chunks of the logits on a GPU
     chunked_allowed: bool = True  # whether the objective allows the chunked loss
     frozen_params: int = 0  # the parameters of the frozen models the objective holds beside the policy
+    generates: bool = False  # the objective samples completions before its loss
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
@@ -166,7 +167,8 @@ def request_from_args(args: argparse.Namespace) -> Request:
                    micro or 1, run.parallel.tensor, run.parallel.sequence, run.lora.r, run.parallel.expert,
                    run.objective.kind if "objective.kind" in given else "", needs.rows_per_sample,
                    resolve_reference(needs, run.objective.reference, run.lora.r > 0), run.train.loss_impl,
-                   needs.allows("chunked_loss"), frozen_params(run.objective, overrides.get("seq_len")))
+                   needs.allows("chunked_loss"), frozen_params(run.objective, overrides.get("seq_len")),
+                   needs.generates)
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -196,6 +198,9 @@ def run_estimate(args: argparse.Namespace) -> int:
           + objective_line(req))
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
     print_notes(base, shape)
+    if req.generates:
+        print(f"objective {req.objective} generates before its loss: the generation's cache (and weights gathered "
+              "for it at ZeRO-3) are not counted here")
     print("GiB. GPU/rank = params + optim + the larger of acts (end of forward) and grads + buffers (end of "
           "backward); buffers: gradient buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"
           f"fits: GPU/rank <= {100 * (1 - args.headroom):.0f}% of --gpu-mem"

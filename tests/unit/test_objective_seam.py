@@ -93,3 +93,35 @@ def test_the_estimate_counts_a_new_objectives_frozen_model(toy):
     on the one rank at ZeRO-1, in fp32."""
     assert toy["frozen_params"] == toy["teacher_params"] > 0
     assert toy["estimated_frozen_bytes"] == 4 * (toy["teacher_params"] + toy["policy_params"])
+
+
+def test_the_policys_generate_is_transformers_generate_on_the_plain_module(one_rank_group):
+    """`Policy.generate` (the slot an online-RL objective samples through): greedy completions of left-padded prompts
+    on the training engine are transformers' `generate` on the same weights, what follows a first end-of-text
+    padding; the engine is back in training mode after it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bigtrain.config.load import load_run_config
+    from bigtrain.ds.resolve import resolve
+    from bigtrain.models import build
+    from bigtrain.train.engine import Engine, EngineOptions
+    run = load_run_config(None, ["model.family=llama", "model.size=tiny", "precision=fp32", "zero.stage=1",
+                                 "batch.micro_batch=2", "batch.global_batch=2"])
+    spec = build("llama", "tiny", vocab_size=64, seq_len=32)
+    tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=5)
+    engine = Engine(spec, resolve(run, None, 1).ds_config, EngineOptions(seed=1), tokenizer=tokenizer)
+    prompts = torch.randint(6, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(prompts)
+    prompts[1, :3], mask[1, :3] = 0, 0  # a shorter prompt, left-padded
+    out = engine.policy.generate(prompts, mask, max_new_tokens=8, temperature=0.0)
+    plain = spec.build(seed=1).eval()
+    want = plain.generate(prompts, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)
+    for row in want[:, 7:]:  # the first end-of-text ends a completion
+        ends = (row == 5).nonzero()
+        if len(ends):
+            row[int(ends[0]) + 1:] = 0
+    assert torch.equal(out.input_ids, want) and out.response_start_idx.tolist() == [7, 7]
+    assert engine.ds.module.training
