@@ -35,7 +35,7 @@ class ToySettings:
 class ToyLoss(Objective):
     needs = Needs(layout="rows", references=("copy",), frozen_models=(FrozenModel("teacher"),), dropout=False,
                   refuses={"packing": "the toy reads whole rows", "pipeline": "not supported",
-                           "tensor": "not supported", "sequence": "not supported", "compile": "not supported",
+                           "tensor": "not supported", "compile": "not supported",
                            "chunked_loss": "not supported"})
     Settings = ToySettings
     summary = "a test-only objective"
@@ -63,7 +63,8 @@ def rows() -> dict:
 def refusals(load: Any, base: list[str]) -> dict[str, str]:
     said = {}
     for name, sets in {"packing": ["data.packing=true"], "adapters_off": ["objective.reference=adapters_off"],
-                       "none": ["objective.reference=none"], "scale": ["objective.scale=0"]}.items():
+                       "none": ["objective.reference=none"], "scale": ["objective.scale=0"],
+                       "sequence": ["parallel.sequence=2", "objective.teacher=somewhere"]}.items():
         try:
             load(None, base + sets)
         except ValueError as err:

@@ -17,6 +17,7 @@ from bigtrain.config.sections import (ActivationCheckpointConfig, BatchConfig, C
                                       OptimizerConfig, ParallelConfig, PipelineConfig, ScheduleConfig, TrainConfig,
                                       ZeroConfig)
 from bigtrain.config.topology import Topology
+from bigtrain.objectives import resolve_reference
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 __all__ = ["RunConfig", "Precision", "OffloadDevice", "check_combinations", "ModelConfig", "DataConfig",
@@ -102,6 +103,14 @@ def objective_problems(run: RunConfig) -> list[str]:
     if split:
         problems.append(f"objective.kind={kind} with parallel.tensor={run.parallel.tensor} / parallel.sequence="
                         f"{run.parallel.sequence}: {why[split[0]]}; train it with ZeRO (and LoRA)")
+    beside = [f"objective.{frozen.setting}" for frozen in needs.frozen_models
+              if getattr(run.objective.settings, frozen.setting) is not None]
+    beside += ["objective.reference=copy"] if resolve_reference(needs, run.objective.reference, run.lora.r > 0) \
+        == "copy" else []
+    if run.parallel.sequence > 1 and beside:
+        problems.append(f"parallel.sequence={run.parallel.sequence} with {' and '.join(beside)}: Ulysses replaces "
+                        "transformers' attention for the whole process, so the frozen model beside the policy would "
+                        "run with it; set parallel.sequence=1 (ZeRO-3 shards the models instead)")
     if run.data.packing and not needs.allows("packing"):
         problems.append(f"objective.kind={kind} with data.packing=true: {why['packing']}; set data.packing=false")
     if run.objective.reference == "adapters_off" and run.lora.r == 0:

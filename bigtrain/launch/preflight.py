@@ -98,10 +98,10 @@ def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int |
     from bigtrain.estimate.shape import frozen_params, meta_module, shape_from_spec, spec_hidden
     from bigtrain.models import build
     from bigtrain.train.fast_path import resolve_loss_impl
-    from bigtrain.train.inputs import model_overrides
+    from bigtrain.train.inputs import overrides_for_run
     if run.model.pretrained:
         return ["memory: not estimated for a pretrained model directory (use `bigtrain estimate`)"], []
-    spec = build(run.model.family, run.model.size, **model_overrides(run, None, device_name))
+    spec = build(run.model.family, run.model.size, **overrides_for_run(run, None, device_name))
     meta = meta_module(spec)
     shape = shape_from_spec(spec, run.precision, meta)
     chunked = resolve_loss_impl(run.train.loss_impl, device_name, spec, meta, run.parallel.tensor,

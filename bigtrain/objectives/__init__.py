@@ -52,8 +52,8 @@ Online RL (GRPO, RLOO; issue 38) on this seam:
   `policy.frozen("reward_model").logits(...)`), the group advantages, the old and reference log-probabilities
   (`policy.answer_logps` under no_grad, `policy.reference_logps`); it returns them per micro-batch.
 - `micro_loss(policy, item, step)`: `policy.answer_logps` of the completions (labels -100 on the prompt), the
-  clipped ratio and KL terms, TRL's aggregation; metrics under TRL's names (they reach the log line, summary.json
-  and the monitors as every objective's do).
+  clipped ratio and KL terms, TRL's aggregation; metrics under TRL's names, the step's split in time among them
+  (`time/generation`, ...): an objective's metrics reach the log line, summary.json and the monitors.
 - `flops_factor` adds generation (2N per generated token, a forward) and the frozen models' forwards.
 On-policy distillation: the same with `frozen_models=(FrozenModel("teacher"),)` and the generalized JSD between
 `policy.logits` and `policy.frozen("teacher").logits` on the student's completions.

@@ -2,8 +2,10 @@
 and the frozen models the objective declares). The stepper (`bigtrain.train.engine`) then only steps.
 
 What wraps a plain module, and in which order, is `parallelize` (torchtitan's parallelize_fn): one function, each
-wrapper in the module named for it. Nothing it does reaches another model of the process: every change is made on
-this module's instances, or (AutoEP's registry lookups) undone when `deepspeed.initialize` returns.
+wrapper in the module named for it. What it changes is this module's own instances, or (AutoEP's registry lookups)
+undone when `deepspeed.initialize` returns, so that a reference, reward model or teacher built beside it runs as
+built. One exception is DeepSpeed's design: Ulysses replaces transformers' sdpa attention for the whole process,
+which is why the run config refuses sequence parallelism with a frozen model beside the policy.
 """
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ def patient_barrier(world: World) -> Callable[[], None]:
     return wait
 
 
-def model_overrides(run: RunConfig, bundle: DataBundle | None, device_name: str) -> dict:
+def overrides_for_run(run: RunConfig, bundle: DataBundle | None, device_name: str) -> dict:
     """The overrides the run builds its model with (`bigtrain.models.registry.model_overrides`: what the data
     decides, the objective's head, then the user's): from the data, or from the run config alone where no data is
     read (the launcher's memory check: the vocabulary of the BPE the run would train; a tokenizer named is not

@@ -36,7 +36,7 @@ from bigtrain.config.topology import Topology
 from bigtrain.parallel.lora import check_same_lora, training_flops
 from bigtrain.train import autobatch
 from bigtrain.train.engine import Engine, EngineOptions, start_schedule
-from bigtrain.train.inputs import TrainingData, build_training_data, model_overrides
+from bigtrain.train.inputs import TrainingData, build_training_data, overrides_for_run
 from bigtrain.train.loop import Diverged, LoopResult, LoopSettings, train_loop
 from bigtrain.train.process import end_of_run_bound_s
 from bigtrain.train.reference_logps import attach_reference_logps
@@ -116,7 +116,7 @@ def describe_model(config: JobConfig, data: TrainingData, ckpt_dir: Path) -> Mod
     resuming (one line if not)."""
     run = config.run
     model_build = ModelBuild(run.model.family, run.model.size,
-                             model_overrides(run, data.bundle, get_accelerator().device_name()))
+                             overrides_for_run(run, data.bundle, get_accelerator().device_name()))
     if config.found:
         tag, state = config.found
         check_same_model(ckpt_dir / tag, state, model_build)

@@ -73,6 +73,8 @@ def test_the_config_rules_read_a_new_objectives_declaration(toy):
     assert said["none"] == ("objective.kind=toy compares with a reference model: set objective.reference to auto or "
                             "copy")
     assert said["scale"].startswith("objective.scale=0.0: must be > 0")
+    assert said["sequence"].startswith("parallel.sequence=2 with objective.teacher and objective.reference=copy: "
+                                       "Ulysses replaces transformers' attention for the whole process")
     assert toy["wrong_data"].startswith("objective.kind=toy trains on text or single examples, and this data is "
                                         "preference pairs")
     assert toy["data_for_it"].endswith("or objective.kind=lm for this data (lm, toy)")

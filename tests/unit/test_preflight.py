@@ -14,7 +14,7 @@ from bigtrain.estimate.shape import shape_from_spec
 from bigtrain.models import build
 from bigtrain.launch.hosts import HostEntry, HostfileError, read_hostfile, world_size
 from bigtrain.launch.preflight import add_preflight_parser, check_host, check_hosts, run_preflight
-from bigtrain.train.inputs import model_overrides
+from bigtrain.train.inputs import overrides_for_run
 from launch import REPO
 from messages import naming
 
@@ -120,7 +120,7 @@ def test_world_size_batch_triple_and_memory_are_printed(tmp_path, capsys):
     assert naming(out, "batch: ", "train_batch_size 32", "micro 2", "accum 4", "data-parallel 4"), out
     run = load_run_config(None, ["model.size=tiny", "data.vocab_size=512", "data.seq_len=64", "precision=bf16",
                                  "batch.global_batch=32", "batch.micro_batch=2"])
-    spec = build("gpt2", "tiny", **model_overrides(run, None, "cuda"))  # the run's model, from its config alone
+    spec = build("gpt2", "tiny", **overrides_for_run(run, None, "cuda"))  # the run's model, from its config alone
     assert spec.num_params == build("gpt2", "tiny", vocab_size=512, seq_len=64, n_positions=128).num_params
     expected = estimate(shape_from_spec(spec, "bf16"), setup_from_run(run, 4, 2)).device_peak / 2**30
     assert naming(out, "memory per rank", "zero1", "bf16", "micro-batch 2", f"{expected:.2f} GiB"), out
