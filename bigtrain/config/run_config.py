@@ -103,14 +103,7 @@ def objective_problems(run: RunConfig) -> list[str]:
     if split:
         problems.append(f"objective.kind={kind} with parallel.tensor={run.parallel.tensor} / parallel.sequence="
                         f"{run.parallel.sequence}: {why[split[0]]}; train it with ZeRO (and LoRA)")
-    beside = [f"objective.{frozen.setting}" for frozen in needs.frozen_models
-              if getattr(run.objective.settings, frozen.setting) is not None]
-    beside += ["objective.reference=copy"] if resolve_reference(needs, run.objective.reference, run.lora.r > 0) \
-        == "copy" else []
-    if run.parallel.sequence > 1 and beside:
-        problems.append(f"parallel.sequence={run.parallel.sequence} with {' and '.join(beside)}: Ulysses replaces "
-                        "transformers' attention for the whole process, so the frozen model beside the policy would "
-                        "run with it; set parallel.sequence=1 (ZeRO-3 shards the models instead)")
+    problems += frozen_model_problems(run)
     if run.data.packing and not needs.allows("packing"):
         problems.append(f"objective.kind={kind} with data.packing=true: {why['packing']}; set data.packing=false")
     if run.objective.reference == "adapters_off" and run.lora.r == 0:
@@ -130,3 +123,18 @@ def objective_problems(run: RunConfig) -> list[str]:
         problems.append(f"{', '.join(explicit)} with objective.kind={kind}: {why[mode]}; set it to auto (or false / "
                         "plain)")
     return problems
+
+
+def frozen_model_problems(run: RunConfig) -> list[str]:
+    """Ulysses replaces transformers' attention for the whole process (DeepSpeed's design): a frozen model beside
+    the policy (a reference copy, an objective's own) would run with it."""
+    needs = run.objective.declared
+    beside = [f"objective.{frozen.setting}" for frozen in needs.frozen_models
+              if getattr(run.objective.settings, frozen.setting) is not None]
+    if resolve_reference(needs, run.objective.reference, run.lora.r > 0) == "copy":
+        beside.append("objective.reference=copy")
+    if run.parallel.sequence == 1 or not beside:
+        return []
+    return [f"parallel.sequence={run.parallel.sequence} with {' and '.join(beside)}: Ulysses replaces transformers' "
+            "attention for the whole process, so the frozen model beside the policy would run with it; set "
+            "parallel.sequence=1 (ZeRO-3 shards the models instead)"]
