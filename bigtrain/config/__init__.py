@@ -1,6 +1,5 @@
-"""The typed run config: its sections (`run_config`, `sections`; fields documented with
-`bigtrain.fields`), YAML and `--set`
-loading (`load`), named presets (`presets`) and the cross-field rules (`rules`).
+"""The typed run config: its sections (`run_config`, `sections`, `objective`; fields documented with
+`bigtrain.fields`), YAML and `--set` loading (`load`), named presets (`presets`) and the cross-field rules (`rules`).
 
 `from bigtrain.config import RunConfig` is the short way in; nothing here imports DeepSpeed.
 """
