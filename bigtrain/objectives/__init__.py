@@ -1,6 +1,7 @@
 """Training objectives: what a micro-batch's loss and metrics are, and a declaration of what each needs of a run.
-The stepper (bigtrain.train.engine) calls one method and knows no objective by name; nothing outside this package
-names an objective kind but `OBJECTIVES`, the one table of kinds below (tests/unit/test_objective_seam.py checks).
+The stepper (bigtrain.train.engine) calls an objective's methods and knows none by name; nothing outside this
+package names an objective kind but `OBJECTIVES`, the one table of kinds below (tests/unit/test_objective_seam.py
+checks).
 
     lm        the model's own loss: next-token cross-entropy (plain, chunked, sequence-parallel, token-weighted,
               a mixture of experts' router term), a classifier's cross-entropy        (causal_lm.py)
@@ -17,7 +18,8 @@ What an objective is (base.py):
   Read by the config rules (bigtrain.config.objective, bigtrain.config.run_config), hence lint; by `bigtrain
   estimate` and the launcher's memory check (rows, the reference, the frozen models, the chunked loss); by the
   builder (bigtrain.train.assemble: dropout, compile and chunked loss, the reference and frozen models) and the job
-  (the data layout, the head, FLOPs).
+  (the data layout, the head, FLOPs). `bigtrain estimate` says of an objective that generates that the generation's
+  memory is not counted yet.
 - `Settings`: a keyword-only dataclass of its own hyper-parameters, each field `bigtrain.fields.doc(default, text)`.
   The run config's `objective` section is every objective's settings side by side (`--set objective.beta=0.2`,
   `objective: {kind: dpo, beta: 0.2}`); a name several objectives share is one field (their texts joined; where
@@ -38,7 +40,8 @@ estimate/ or launch/):
    (plus `inputs`, `begin_step`, `eval_loss` where the defaults do not fit).
 2. A new data layout: its rows in bigtrain/data (the format, a bundle whose `layout` names it) and a line in
    `bigtrain.data.dataset.LAYOUTS`.
-3. The kind in `OBJECTIVES`. `bigtrain configs`, the docs test and `--set objective.FIELD=...` see its settings.
+3. The kind in `OBJECTIVES`. The run config then takes it and its settings (YAML, `--set objective.FIELD=...`, the
+   docs test's key check), its rules refuse what it declares, and the job, builder and estimates follow its needs.
 
 Online RL (GRPO, RLOO; issue 38) on this seam:
 - `Needs(layout="prompts", generates=True, frozen_models=(FrozenModel("reward_model", head="scalar"),), refuses=
