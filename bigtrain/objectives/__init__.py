@@ -28,7 +28,8 @@ What an objective is (base.py):
 - The per-step methods, given a `Policy` (`bigtrain.train.policy.PolicyModel`): `inputs` (a batch on the device),
   `begin_step` (what the step's micro-batches share), `micro_loss`, `eval_loss`. A Policy gives the model's own
   loss (`forward_with_loss`), logits, answer log-probabilities, a reference's, a frozen model's logits
-  (`frozen(setting)`), the tokenizer, and `generate` (completions for left-padded prompts).
+  (`frozen(setting)`), the tokenizer, and `generate` (a round of completions for left-padded prompts, through
+  bigtrain.rollout.generate).
 
 Objective modules are imported by the run config, which loads without torch: they import torch inside the
 functions that compute.
@@ -50,18 +51,21 @@ Online RL (GRPO, RLOO; issue 38) on this seam:
   epsilon, num_iterations, rewards, reward_weights, reward_model (a directory, or None: `FrozenModel` settings left
   None hold no model).
 - `inputs`: prompt rows (a "prompts" layout in bigtrain/data: prompt ids left-padded, the record's other columns).
-- `begin_step(policy, micro)`: `policy.generate(prompt_ids, prompt_mask, max_new_tokens=..., ...)` for the step's
-  prompts, the rewards (user functions get `policy.tokenizer`'s decoded completions; a reward model through
-  `policy.frozen("reward_model").logits(...)`), the group advantages, the old and reference log-probabilities
-  (`policy.answer_logps` under no_grad, `policy.reference_logps`); it returns them per micro-batch.
+- `begin_step(policy, micro)`: `policy.generate(prompt_ids, prompt_mask, Sampling(...), rng, gather=..., logps=...)`
+  for the step's prompts (bigtrain.rollout.generate; `rng`, the objective's own `SampleRNG`), the rewards
+  (bigtrain.rollout.rewards, with `policy.tokenizer`'s decoded completions; a reward model through
+  `policy.frozen("reward_model").logits(...)`), the group advantages (bigtrain.rollout.advantages), the old and
+  reference log-probabilities (`policy.logits` under no_grad, `policy.reference_logps`); it returns them per
+  micro-batch. bigtrain/rollout/__init__.py holds the step's plan.
 - `micro_loss(policy, item, step)`: `policy.answer_logps` of the completions (labels -100 on the prompt), the
   clipped ratio and KL terms, TRL's aggregation; metrics under TRL's names, the step's split in time among them
   (`time/generation`, ...): an objective's metrics reach the log line, summary.json and the monitors.
 - `flops_factor` adds generation (2N per generated token, a forward) and the frozen models' forwards.
 On-policy distillation: the same with `frozen_models=(FrozenModel("teacher"),)` and the generalized JSD between
 `policy.logits` and `policy.frozen("teacher").logits` on the student's completions.
-Not carried by the seam yet: an objective's own state in checkpoints (a sampler's generator), and the generation
-terms of `bigtrain estimate` (the KV cache, weights gathered at ZeRO-3); the frozen models' weights it counts.
+Not carried by the seam yet: an objective's own state in checkpoints (its SampleRNG's `state_dict`, per rank, beside
+the data sampler's), and the generation terms of `bigtrain estimate` (the KV cache, weights gathered at ZeRO-3); the
+frozen models' weights it counts.
 """
 from __future__ import annotations
 

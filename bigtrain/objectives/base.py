@@ -102,9 +102,11 @@ class Policy(Protocol):
     def frozen(self, setting: str) -> Any:
         """The frozen model declared as `FrozenModel(setting)`: `.logits(inputs)` without a graph."""
 
-    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int,
-                 **sampling: Any) -> Any:
-        """Completions sampled from the policy for left-padded prompts (every rank calls it alike)."""
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Any, rng: Any, *,
+                 gather: bool = True, logps: bool = False) -> Any:
+        """Completions sampled from the policy for left-padded prompts, every rank calling it together: a
+        `bigtrain.rollout.generate.Rollout` drawn with `Sampling` from the objective's own `SampleRNG` (with the
+        sampling distribution's log-probabilities when `logps`)."""
 
 
 class Objective:

@@ -109,24 +109,12 @@ class PolicyModel:
         assert setting in self.frozen_models, f"no frozen model was built for objective.{setting}"
         return self.frozen_models[setting]
 
-    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, max_new_tokens: int,
-                 **sampling: Any) -> Any:
-        """DeepSpeed's rollout on the engine's own module, in eval mode (`HybridEngineRollout`: every rank decodes
-        the same number of steps, so ZeRO-3's parameter gathers meet; what follows a completion's first
-        end-of-text is padding). `sampling`: `SamplingConfig`'s temperature (0: greedy), top_p, top_k,
-        n_samples_per_prompt. Returns its `RolloutBatch` (prompt and completion ids, their attention mask, where
-        the completions start). The speed of generation (weights gathered once per round at ZeRO-3) is this
-        method's alone: an objective does not change with it."""
-        from deepspeed.runtime.rollout import HybridEngineRollout, RolloutRequest, SamplingConfig
-        module = self.ds.module
-        was_training = module.training
-        module.eval()
-        try:
-            return HybridEngineRollout(self.ds, self.tokenizer).generate(
-                RolloutRequest(prompt_ids, prompt_mask), SamplingConfig(max_new_tokens=max_new_tokens, **sampling))
-        finally:
-            module.train(was_training)
-
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Any, rng: Any, *,
+                 gather: bool = True, logps: bool = False) -> Any:
+        """One generation round on the engine's own module (`bigtrain.rollout.generate`: every rank calls it together;
+        eval mode for the round; `gather` the ZeRO-3 weights once instead of at every decode step)."""
+        from bigtrain.rollout.generate import generate
+        return generate(self.ds, self.tokenizer, prompt_ids, prompt_mask, sampling, rng, gather=gather, logps=logps)
 
 def weigh(mean: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor | None,
           router: torch.Tensor | None = None) -> torch.Tensor:

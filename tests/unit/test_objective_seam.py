@@ -24,9 +24,12 @@ FORMATS = PACKAGE / "data"
 
 def kind_names(tree: ast.AST, kinds: set[str]) -> list[int]:
     """The lines of `tree` holding a string constant that is an objective kind (a comparison `kind != "lm"`, a
-    table, a message listing them word for word)."""
-    return sorted({node.lineno for node in ast.walk(tree)
-                   if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in kinds})
+    table, a default, a message listing them word for word); a name stored under such a key (`metrics["reward"] =
+    ...`, TRL's metric) is a metric's name, not a kind's decision."""
+    stored = {id(node.slice) for node in ast.walk(tree) if isinstance(node, ast.Subscript)
+              and isinstance(node.ctx, ast.Store)}
+    return sorted({node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                   and isinstance(node.value, str) and node.value in kinds and id(node) not in stored})
 
 
 def test_no_file_outside_objectives_names_an_objective_kind():
@@ -41,8 +44,9 @@ def test_no_file_outside_objectives_names_an_objective_kind():
 
 
 def test_the_scan_finds_a_kind_named_in_code():
-    code = 'if objective.kind != "lm":\n    x = 1\nfits = {"pairs": "dpo"}\nsaid = f"objective.kind={kind}"\n'
-    assert kind_names(ast.parse(code), set(OBJECTIVES)) == [1, 3]
+    code = ('if objective.kind != "lm":\n    x = 1\nfits = {"pairs": "dpo"}\nsaid = f"objective.kind={kind}"\n'
+            'metrics["reward"] = 1.0\nkind: str = "kto"\n')
+    assert kind_names(ast.parse(code), set(OBJECTIVES)) == [1, 3, 6]
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +101,10 @@ def test_the_estimate_counts_a_new_objectives_frozen_model(toy):
     assert toy["estimated_frozen_bytes"] == 4 * (toy["teacher_params"] + toy["policy_params"])
 
 
-def test_the_policys_generate_is_transformers_generate_on_the_plain_module(one_rank_group):
-    """`Policy.generate` (the slot an online-RL objective samples through): greedy completions of left-padded prompts
-    on the training engine are transformers' `generate` on the same weights, what follows a first end-of-text
-    padding; the engine is back in training mode after it."""
+def test_the_policys_generate_is_the_rollouts_on_the_plain_module(one_rank_group):
+    """`Policy.generate` (what an online-RL objective samples through): a greedy round of completions of
+    left-padded prompts on the training engine is `bigtrain.rollout.generate`'s on the plain module with the same
+    weights (tests/unit/test_rollout_generate.py holds that one to transformers); the engine trains again after."""
     from types import SimpleNamespace
 
     import torch
@@ -108,6 +112,7 @@ def test_the_policys_generate_is_transformers_generate_on_the_plain_module(one_r
     from bigtrain.config.load import load_run_config
     from bigtrain.ds.resolve import resolve
     from bigtrain.models import build
+    from bigtrain.rollout.generate import SampleRNG, Sampling, generate
     from bigtrain.train.engine import Engine, EngineOptions
     run = load_run_config(None, ["model.family=llama", "model.size=tiny", "precision=fp32", "zero.stage=1",
                                  "batch.micro_batch=2", "batch.global_batch=2"])
@@ -117,13 +122,10 @@ def test_the_policys_generate_is_transformers_generate_on_the_plain_module(one_r
     prompts = torch.randint(6, 64, (2, 7), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(prompts)
     prompts[1, :3], mask[1, :3] = 0, 0  # a shorter prompt, left-padded
-    out = engine.policy.generate(prompts, mask, max_new_tokens=8, temperature=0.0)
-    plain = spec.build(seed=1).eval()
-    want = plain.generate(prompts, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=None,
-                          pad_token_id=0)
-    for row in want[:, 7:]:  # the first end-of-text ends a completion
-        ends = (row == 5).nonzero()
-        if len(ends):
-            row[int(ends[0]) + 1:] = 0
-    assert torch.equal(out.input_ids, want) and out.response_start_idx.tolist() == [7, 7]
+    greedy = Sampling(max_new_tokens=8, temperature=0.0)
+    out = engine.policy.generate(prompts, mask, greedy, SampleRNG(0, 0, "cpu"), logps=True)
+    want = generate(spec.build(seed=1), tokenizer, prompts, mask, greedy, SampleRNG(0, 0, "cpu"), logps=True)
+    assert torch.equal(out.completion_ids, want.completion_ids) and out.completion_ids.shape == (2, 8)
+    assert torch.equal(out.completion_mask, want.completion_mask)
+    assert torch.allclose(out.logps, want.logps, atol=1e-5)
     assert engine.ds.module.training
