@@ -33,9 +33,21 @@ class ModelBuild:
     family: str
     size: str
     overrides: dict = field(default_factory=dict)
+    hub: dict | None = None  # a Hub model.pretrained: {repo_id, revision, commit} (`bigtrain.models.hub`)
 
     def to_json(self) -> dict:
-        return {"family": self.family, "size": self.size, "overrides": dict(self.overrides)}
+        out = {"family": self.family, "size": self.size, "overrides": dict(self.overrides)}
+        return {**out, "hub": dict(self.hub)} if self.hub else out
+
+    def here(self) -> "ModelBuild":
+        """This build with its pretrained directory on this machine: a Hub model's snapshot that is not here (an
+        export on another machine, a cleaned cache) is fetched again at the commit the run trained from."""
+        pretrained = self.overrides.get("pretrained")
+        if not self.hub or not pretrained or Path(pretrained).is_dir():
+            return self
+        from bigtrain.models.hub import resolve_model_dir
+        found = resolve_model_dir(self.hub["repo_id"], self.hub["commit"])
+        return ModelBuild(self.family, self.size, {**self.overrides, "pretrained": found.path}, self.hub)
 
 
 @dataclass(frozen=True)
@@ -135,7 +147,8 @@ def _tokenizer(stored: str | None, run_dir: Path | None, saved_run_dir: str | No
 def _model_build(raw: Any) -> ModelBuild | None:
     if not isinstance(raw, dict) or not {"family", "size"} <= set(raw):
         return None
-    return ModelBuild(str(raw["family"]), str(raw["size"]), dict(raw.get("overrides") or {}))
+    hub = raw.get("hub") if isinstance(raw.get("hub"), dict) else None
+    return ModelBuild(str(raw["family"]), str(raw["size"]), dict(raw.get("overrides") or {}), hub)
 
 
 def _relative(path: Path, start: Path) -> str:

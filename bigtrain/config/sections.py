@@ -15,17 +15,23 @@ OffloadDevice = Literal["none", "cpu", "nvme"]
 @dataclass
 class ModelConfig:
     family: Literal["gpt2", "llama", "hf", "encoder", "transformer", "resnet"] = doc(
-        "gpt2", "Model family; 'hf' is any local Hugging Face directory (model.pretrained), 'transformer' = encoder.")
+        "gpt2", "Model family; 'hf' is any Hugging Face model (model.pretrained), 'transformer' = encoder.")
     size: str | None = doc(None, "Named size (see `bigtrain models`); 'custom' takes its shape from overrides. "
                            "Default: mini, or the shape of the model.pretrained directory.")
     overrides: dict = doc(dict, "Family config overrides, e.g. {n_layer: 4, n_embd: 256}.")
-    pretrained: str | None = doc(None, "Local Hugging Face directory (config.json [+ weights, tokenizer]) to start "
-                                 "from (gpt2, llama, hf); its tokenizer is the default data.tokenizer.")
+    pretrained: str | None = doc(None, "Hugging Face model to start from (gpt2, llama, hf): a local directory "
+                                 "(config.json [+ weights, tokenizer]) or a Hub name (org/name, downloaded once per "
+                                 "node into the Hugging Face cache); its tokenizer is the default data.tokenizer.")
+    revision: str | None = doc(None, "Branch, tag or commit of a Hub model.pretrained (default main); the commit it "
+                               "named is kept in summary.json and every checkpoint, and --resume and export use it.")
 
     def __post_init__(self) -> None:
         self.family = canonical(self.family)  # "transformer" is the encoder classifier
         if self.size is None:
             self.size = default_size(self.family, self.pretrained)
+        if self.revision is not None and not self.pretrained:
+            raise ValueError(f"model.revision={self.revision!r} picks a version of a Hub model.pretrained, and "
+                             "model.pretrained is not set; give --set model.pretrained=ORG/NAME or drop model.revision")
 
 
 @dataclass

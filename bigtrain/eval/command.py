@@ -20,7 +20,7 @@ def run_eval(args: argparse.Namespace, world: World) -> int:
     from bigtrain.eval.harness import require_lm_eval
     from bigtrain.eval.target import target_kind
     from bigtrain.eval.tasks import load_tasks, split_names, task_manager
-    target_kind(args.target, args.tag)  # a wrong path is one line before anything is imported or indexed
+    target_kind(args.target, args.tag, args.revision)  # a wrong path: one line before anything is imported
     names = split_names(args.tasks)
     require_lm_eval()
     manager = task_manager(args.include_path, names)
@@ -28,11 +28,12 @@ def run_eval(args: argparse.Namespace, world: World) -> int:
     from bigtrain.eval.target import load_target
     if args.zero3:  # rank 0 consolidates; every rank holds 1/N of each weight on its device
         from bigtrain.eval.partitioned import zero3_target
-        full = load_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint) if world.is_main else None
+        full = load_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint,
+                           args.revision) if world.is_main else None
         target = zero3_target(full, world)
         del full
     else:
-        target = load_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint)
+        target = load_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint, args.revision, world)
         from deepspeed.accelerator import get_accelerator
         target.model.to(get_accelerator().current_device_name())
 

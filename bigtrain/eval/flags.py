@@ -6,15 +6,18 @@ import argparse
 from bigtrain.config.flags import FlagParser
 
 EPILOG = """TARGET is a run folder (its newest complete checkpoint, or --tag, consolidated in memory; a LoRA run
-with its adapters merged) or a Hugging Face model directory (a `bigtrain export`, any local causal LM, a peft
-adapter directory). Tasks are lm-eval's (their data from the Hugging Face cache or hub) or your own: a folder of
+with its adapters merged), a Hugging Face model directory (a `bigtrain export`, any local causal LM, a peft
+adapter directory) or a Hugging Face Hub name (org/name, --revision; downloaded once per node into the HF cache). Tasks are lm-eval's (their data from the Hugging Face cache or hub) or your own: a folder of
 task YAML files given with --include-path (dataset_path: json, data_files: your files; docs/evaluation.md).
 With --num-gpus N the forward passes are split over N ranks, which give exactly the numbers one rank gives."""
 
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
     """The flags every rank reads (the verb's own launch flags are added by `add_eval_parser`)."""
-    p.add_argument("target", help="run folder (--out of a run, its checkpoints/ or a step_NNNNNN dir) or model dir")
+    p.add_argument("target", help="run folder (--out of a run, its checkpoints/ or a step_NNNNNN dir), model dir, "
+                                  "or a Hugging Face Hub name (org/name)")
+    p.add_argument("--revision", default=None,
+                   help="a Hub TARGET's branch, tag or commit (default main)")
     p.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names")
     p.add_argument("--include-path", action="append", default=[],
                    metavar="DIR", help="a folder of your own lm-eval task YAML files (repeatable)")
@@ -29,7 +32,8 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
                         "DIR/eval_results.json for a model directory)")
     p.add_argument("--tag", default=None, help="run folder: the checkpoint to evaluate, e.g. step_000120 or 120 "
                                                "(default: the newest complete one)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer dir or name (default: the run's, or the directory's)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer dir or Hub name (default: the run's, or the model directory's)")
     p.add_argument("--zero3", action="store_true",
                    help="a model too large for one device: hold it as ZeRO-3 partitions over the ranks (1/N of each "
                         "weight per device; rank 0 consolidates it in host memory); every rank then runs every "

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-WHAT = ("give a run folder (a run's --out, its checkpoints/ or one step_NNNNNN directory) or a Hugging Face model "
-        "directory (config.json and weights, e.g. a `bigtrain export`)")
+WHAT = ("give a run folder (a run's --out, its checkpoints/ or one step_NNNNNN directory), a Hugging Face model "
+        "directory (config.json and weights, e.g. a `bigtrain export`) or a Hugging Face Hub name (org/name)")
 
 
 @dataclass
@@ -28,10 +28,17 @@ class Target:
     checkpoint: Path | None = None  # the tag directory of a run folder
 
 
-def target_kind(path: str | Path, tag: str | None = None) -> str:
-    """"model" (a model directory) or "run" (a folder with bigtrain checkpoints), from the files alone and at once;
-    ValueError (one line) for anything else."""
+def target_kind(path: str | Path, tag: str | None = None, revision: str | None = None) -> str:
+    """"model" (a model directory), "run" (a folder with bigtrain checkpoints) or "hub" (a Hub name), from the files
+    alone and at once; ValueError (one line) for anything else."""
+    from bigtrain.models.hub import is_hub_name
     directory = Path(path).expanduser()
+    if is_hub_name(str(path)):
+        if tag is not None:
+            raise ValueError(f"--tag {tag}: {path} is a Hugging Face Hub model, not a run folder; drop --tag")
+        return "hub"
+    if revision is not None:
+        raise ValueError(f"--revision {revision}: {path} is not a Hugging Face Hub name (org/name); drop --revision")
     if not directory.is_dir():
         raise ValueError(f"{path}: no such directory; {WHAT}")
     if (directory / "config.json").is_file() or (directory / "adapter_config.json").is_file():
@@ -46,9 +53,21 @@ def target_kind(path: str | Path, tag: str | None = None) -> str:
 
 
 def load_target(path: str | Path, tag: str | None = None, tokenizer: str | None = None,
-                trust_checkpoint: bool = False) -> Target:
-    """The model at `path`; ValueError (one line) for anything that is not a run folder or a model directory."""
-    if target_kind(path, tag) == "model":
+                trust_checkpoint: bool = False, revision: str | None = None, world: Any = None) -> Target:
+    """The model at `path`; ValueError (one line) for anything that is not a run folder, a model directory or a Hub
+    name. A Hub name (or a Hub --tokenizer) is downloaded once per node (`bigtrain.models.hub`): `world` when every
+    rank of a launch loads it."""
+    from bigtrain.models.hub import is_hub_name, resolve_model_dir
+    kind = target_kind(path, tag, revision)
+    if tokenizer and is_hub_name(tokenizer):
+        tokenizer = resolve_model_dir(tokenizer, what="--tokenizer", kind="tokenizer", world=world).path
+    if kind == "hub":
+        source = resolve_model_dir(str(path), revision, what="TARGET", world=world)
+        target = _model_directory(Path(source.path), tokenizer)
+        target.description = f"Hub model {source.repo_id} at commit {source.commit[:12]}"
+        target.default_out = Path("eval") / f"{source.repo_id.replace('/', '--')}.json"
+        return target
+    if kind == "model":
         return _model_directory(Path(path).expanduser().resolve(), tokenizer)
     return _run_folder(Path(path).expanduser(), tag, tokenizer, trust_checkpoint)
 
@@ -81,7 +100,7 @@ def _run_folder(directory: Path, tag: str | None, tokenizer: str | None, trust_c
     from bigtrain.parallel.lora import saved_lora
 
     found = locate_checkpoint(directory, tag)
-    mb = found.state.model_build
+    mb = found.state.model_build.here()  # a Hub model's snapshot fetched again (its commit) where it is gone
     spec = models.build(mb.family, mb.size, **mb.overrides)
     if spec.hf_class is None or spec.modality != "text":
         raise ValueError(f"{found.tag_dir} holds a {mb.family} {spec.modality} model; lm-eval scores causal language "

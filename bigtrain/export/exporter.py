@@ -66,7 +66,7 @@ def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None,
     found = locate_checkpoint(path, tag)
     out = Path(out).expanduser()
     check_out_dir(out, force, protected=found.tag_dir)
-    mb = found.state.model_build
+    mb = found.state.model_build.here()  # a Hub model's snapshot fetched again (its commit) where it is gone
     spec = models.build(mb.family, mb.size, **mb.overrides)
     lora = saved_lora(found.state.run_config)
     if adapter:
@@ -106,7 +106,8 @@ def _export_lora(tmp: Path, out: Path, found: Located, spec: models.ModelSpec, c
                  lora: LoraConfig, tok: Any, tok_source: str | None, max_shard_size: str | int,
                  adapter: bool) -> ExportResult:
     """The LoRA run's merged model or adapter directory into the staging directory `tmp`, verified."""
-    written = write_lora(tmp, spec, consolidated.tensors, lora, tok, max_shard_size, adapter_only=adapter)
+    written = write_lora(tmp, spec, consolidated.tensors, lora, tok, max_shard_size, adapter_only=adapter,
+                         hub=found.state.model_build.hub)
     del consolidated.tensors
     if tok is not None:
         tok.save_pretrained(str(tmp))
@@ -126,6 +127,9 @@ def tokenizer_source(found: Located, override: str | None) -> str | None:
         return override
     trained = found.state.tokenizer_dir  # stored relative to the run: found where the run is now
     if trained:
+        mb = found.state.model_build
+        if not trained.is_dir() and mb is not None and mb.hub and str(trained) == mb.overrides.get("pretrained"):
+            return mb.here().overrides["pretrained"]  # the Hub model's own tokenizer, fetched again at its commit
         if not trained.is_dir():
             raise ValueError(f"the run's tokenizer directory {trained} is gone; pass --tokenizer DIR")
         return str(trained)

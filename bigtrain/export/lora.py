@@ -57,15 +57,18 @@ def trained_model(spec: ModelSpec, tensors: Mapping[str, Any], lora: LoraConfig,
 
 
 def write_lora(out: Path, spec: ModelSpec, tensors: Mapping[str, Any], lora: LoraConfig, tokenizer: Any = None,
-               max_shard_size: str | int = MAX_SHARD_SIZE, adapter_only: bool = False) -> LoraWritten:
+               max_shard_size: str | int = MAX_SHARD_SIZE, adapter_only: bool = False,
+               hub: dict | None = None) -> LoraWritten:
     """Write the merged model (`save_pretrained`) or, with `adapter_only`, the adapter directory into `out`;
-    both reloaded and compared with the trained model's logits."""
+    both reloaded and compared with the trained model's logits. `hub`: the base came from the Hub
+    ({repo_id, commit}): the adapter names it so (peft loads its base by name and revision), not by a cache path."""
     model = trained_model(spec, tensors, lora, tokenizer)
     trained = fixed_logits(model, spec)
     scale = f"alpha/r = {lora.alpha:g}/{lora.r}"
     if adapter_only:
-        base = str(Path(spec.pretrained).resolve())
+        base = hub["repo_id"] if hub else str(Path(spec.pretrained).resolve())
         model.peft_config[ADAPTER].base_model_name_or_path = base  # what PeftModel.from_pretrained(DIR) loads
+        model.peft_config[ADAPTER].revision = hub["commit"] if hub else None
         model.save_pretrained(str(out), safe_serialization=True)
         (out / "README.md").unlink(missing_ok=True)  # peft's empty model-card template
         num = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)

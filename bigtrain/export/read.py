@@ -48,11 +48,16 @@ def load_exported(directory: str | Path) -> nn.Module:
 
 
 def load_adapter(directory: str | Path, base: str | Path | None = None) -> nn.Module:
-    """An adapter export on its base (the directory its adapter_config.json names, or `base`), as a user loads
-    it; ValueError (one line) when the base directory is gone."""
+    """An adapter export on its base (the directory or Hub name its adapter_config.json names, at its revision, or
+    `base`), as a user loads it; ValueError (one line) when the base directory is gone."""
     from peft import PeftModel
+
+    from bigtrain.models.hub import is_hub_name, resolve_model_dir
     directory = Path(directory)
-    base = base or json.loads((directory / ADAPTER_FILES[0]).read_text()).get("base_model_name_or_path")
+    config = json.loads((directory / ADAPTER_FILES[0]).read_text())
+    base = base or config.get("base_model_name_or_path")
+    if base and is_hub_name(str(base)):
+        base = resolve_model_dir(str(base), config.get("revision"), what="the adapter's base model").path
     if not base or not Path(base).is_dir():
         raise ValueError(f"the adapter in {directory} is for the base model {base}, which is not a directory here; "
                          "pass the base model directory")

@@ -65,11 +65,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def rank_args(args: argparse.Namespace) -> list[str]:
     """The flags each launched rank gets: everything but the launch flags, paths made absolute (a rank on another
     node starts in its home directory)."""
-    out = [os.path.abspath(args.target), "--tasks", args.tasks, "--batch-size", str(args.batch_size)]
+    from bigtrain.models.hub import is_hub_name
+    target = args.target if is_hub_name(args.target) else os.path.abspath(args.target)
+    out = [target, "--tasks", args.tasks, "--batch-size", str(args.batch_size)]
     for path in args.include_path:
         out += ["--include-path", os.path.abspath(path)]
     for flag, value in (("--num-fewshot", args.num_fewshot), ("--limit", args.limit), ("--tag", args.tag),
-                        ("--tokenizer", args.tokenizer), ("--out", args.out and os.path.abspath(args.out))):
+                        ("--tokenizer", args.tokenizer), ("--out", args.out and os.path.abspath(args.out)),
+                        ("--revision", args.revision)):
         if value is not None:
             out += [flag, str(value)]
     return out + (["--trust-checkpoint"] if args.trust_checkpoint else []) + (["--zero3"] if args.zero3 else [])

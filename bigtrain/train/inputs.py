@@ -1,16 +1,13 @@
 """The runner's view of the data: the run config mapped onto `bigtrain.data`, and what the model needs from it."""
 from __future__ import annotations
 
-import itertools
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-import torch
+from typing import Any, Iterator
 
 from bigtrain.config.run_config import DataConfig, ModelConfig, RunConfig
 from bigtrain.data import DataBundle, batches, build_data, iter_eval_batches
 from bigtrain.data.formats import ExampleOptions
+from bigtrain.distributed.patient import patient_barrier
 from bigtrain.distributed.world import World
 
 
@@ -81,7 +78,7 @@ def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, wor
         val_fraction=data.val_fraction, seed=seed,
         image_size=data.image_size, num_classes=data.num_classes, text_field=data.text_field,
         label_field=data.label_field, synthetic_samples=data.synthetic_samples, is_writer=world.is_main,
-        barrier=patient_barrier(world), is_local_writer=world.local_rank == 0, split=data.split,
+        barrier=patient_barrier(world.size), is_local_writer=world.local_rank == 0, split=data.split,
         revision=data.revision, streaming=data.streaming, hash_content=data.hash_content, num_proc=data.num_proc,
         examples=ExampleOptions(data.format, data.chat_template, data.train_on_prompt, data.long_examples,
                                 data.packing))
@@ -93,29 +90,6 @@ def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, wor
     elif has_tokenizer_dir and bundle.tokenizer_dir is not None:  # trained here, or a prepared corpus's own
         tokenizer_dir = bundle.tokenizer_dir
     return TrainingData(bundle, seed=seed, tokenizer_dir=tokenizer_dir if has_tokenizer_dir else None)
-
-
-_BARRIER_JOBS = itertools.count()
-
-
-def patient_barrier(world: World) -> Callable[[], None]:
-    """A barrier without the collective timeout, for waiting on data work: rank 0 may tokenize a corpus for longer
-    than DEEPSPEED_TIMEOUT. A rank that dies meanwhile still ends the job (the peer watch)."""
-    if world.size == 1 or not torch.distributed.is_initialized():
-        return lambda: None
-    store = torch.distributed.distributed_c10d._get_default_store()
-    calls = itertools.count()
-    job = next(_BARRIER_JOBS)  # the store outlives a job: a process that runs several must not reuse keys
-
-    def wait() -> None:
-        key = f"bigtrain/data-barrier/{job}/{next(calls)}"
-        store.add(key, 1)
-        for n in itertools.count():
-            if store.add(key, 0) >= world.size:
-                return
-            time.sleep(min(1.0, 0.01 * 2 ** n))
-
-    return wait
 
 
 def overrides_for_run(run: RunConfig, bundle: DataBundle | None, device_name: str) -> dict:

@@ -62,8 +62,10 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         open_run_log(out, world)
         config, resolved = resolve_job(run, world, ds_config_path, sources, ckpt_dir if resume else None)
         run = config.run
-        data = load_data(run, out, world)
-        model_build = describe_model(config, data, ckpt_dir)
+        # Hub names downloaded once per node (the checkpoint's commit on resume); the run config keeps the names
+        here, hub = local_models(run, world, config.found[1].model_build if config.found else None)
+        data = load_data(here, out, world)
+        model_build = describe_model(config, data, ckpt_dir, here, hub.get("model"))
         plan = plan_resume(ckpt_dir, config.found, Shape.of_job(world.size, resolved.ds_config,
                                                                 resolved.run.pipeline.stages),
                            world, trust_checkpoint) if config.found else None
@@ -77,7 +79,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         result = train_loop(engine, world=world, data=data, record=record, reporter=reporter, stop=lifeline,
                             settings=loop_settings(resolved.run, ckpt_dir, stop_after, plan),
                             start_step=saved.step if saved else 0, task_eval=task_eval)
-        summary = finish(resolved, world, out, reporter, result, lifeline, data.bundle.stats)
+        summary = finish(resolved, world, out, reporter, result, lifeline, data.bundle.stats, hub)
         if result.diverged:
             raise Diverged(diverged_line(result))
         if not result.stopped_by:
@@ -111,17 +113,40 @@ def load_data(run: RunConfig, out: Path, world: World) -> TrainingData:
     return data
 
 
-def describe_model(config: JobConfig, data: TrainingData, ckpt_dir: Path) -> ModelBuild:
+def describe_model(config: JobConfig, data: TrainingData, ckpt_dir: Path, here: RunConfig,
+                   hub: dict | None) -> ModelBuild:
     """The model this job builds (recorded in every checkpoint for resume and export), the checkpoint's own when
-    resuming (one line if not)."""
+    resuming (one line if not). `here`: the run config with its model a local directory (`local_models`); `hub`:
+    the Hub commit it came from."""
     run = config.run
     model_build = ModelBuild(run.model.family, run.model.size,
-                             overrides_for_run(run, data.bundle, get_accelerator().device_name()))
+                             overrides_for_run(here, data.bundle, get_accelerator().device_name()), hub)
     if config.found:
         tag, state = config.found
         check_same_model(ckpt_dir / tag, state, model_build)
         check_same_lora(ckpt_dir / tag, state.run_config, run.lora)
     return model_build
+
+
+def local_models(run: RunConfig, world: World, saved: ModelBuild | None) -> tuple[RunConfig, dict]:
+    """The run config with model.pretrained and data.tokenizer as local directories (Hub names downloaded once per
+    node, `bigtrain.models.hub`), and {"model"|"tokenizer": {repo_id, revision, commit}} for those from the Hub. A
+    resumed run uses the commit its checkpoint recorded, wherever the branch points now."""
+    from bigtrain.models.hub import is_hub_name, resolve_model_dir
+    model, data, hub = run.model, run.data, {}
+    if model.pretrained and (is_hub_name(model.pretrained) or model.revision):
+        pinned = saved.hub if saved and saved.hub and saved.hub.get("repo_id") == model.pretrained else None
+        source = resolve_model_dir(model.pretrained, pinned["commit"] if pinned else model.revision, world=world)
+        hub["model"] = {**source.record(), **({"revision": pinned["revision"]} if pinned else {})}
+        if world.is_main:
+            log.info("model %s at commit %s%s: %s", source.repo_id, source.commit,
+                     " (the checkpoint's)" if pinned else "", source.path)
+        model = replace(model, pretrained=source.path, revision=None)
+    if is_hub_name(data.tokenizer):
+        source = resolve_model_dir(data.tokenizer, what="data.tokenizer", kind="tokenizer", world=world)
+        hub["tokenizer"] = source.record()
+        data = replace(data, tokenizer=source.path)
+    return replace(run, model=model, data=data), hub
 
 
 def build_engine(config: JobConfig, resolved: Resolved, spec: models.ModelSpec, data: TrainingData,
@@ -309,12 +334,13 @@ def loop_settings(run: RunConfig, ckpt_dir: Path, stop_after: int | None, plan: 
 
 
 def finish(resolved: Resolved, world: World, out: Path, reporter: Reporter, result: LoopResult,
-           lifeline: Lifeline, data_stats: dict | None = None) -> dict:
+           lifeline: Lifeline, data_stats: dict | None = None, hub: dict | None = None) -> dict:
     """The run's summary (every rank's memory figures: an all-gather), written with its loss plot by rank 0.
     `data_stats`: chat/instruction examples' counts and padding, kept as "data" with the rate of real (not
-    padding) tokens, which is what packing raises."""
+    padding) tokens, which is what packing raises. `hub`: the Hub models it used, at their commits."""
     with lifeline.bound("the run summary", end_of_run_bound_s(), "every rank's memory figures (an all-gather)"):
-        summary = reporter.summary(result, run_config=to_dict(resolved.run), ds_config=resolved.recorded)
+        summary = reporter.summary(result, run_config=to_dict(resolved.run), ds_config=resolved.recorded,
+                                   **({"hub": hub} if hub else {}))
     if data_stats:
         real = summary.get("tokens_per_s", 0.0) * (1 - data_stats["pad_share"])
         summary["data"] = {**data_stats, "real_tokens_per_s": real}
