@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable
 from urllib.parse import unquote, urlparse
 
 
@@ -56,6 +57,7 @@ class FakeHub:
         self.requests: list[str] = []
         self.cut_after: int | None = None  # bytes of a file body sent before the connection drops (None: all)
         self.body_delay = 0.0  # seconds before each file body is sent: a slow download that others overlap
+        self.on_request: Callable[[str], None] | None = None  # called with "METHOD /path" as each request arrives
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -84,6 +86,8 @@ class FakeHub:
         url = urlparse(request.path)
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
         self.requests.append(f"{request.command} {url.path}")
+        if self.on_request is not None:
+            self.on_request(self.requests[-1])
         if parts[:2] == ["api", "models"] and (len(parts) == 4 or len(parts) >= 6 and parts[4] in ("revision", "tree")):
             repo_id = "/".join(parts[2:4])
             route, revision = (parts[4], parts[5]) if len(parts) > 4 else ("revision", "main")

@@ -128,7 +128,7 @@ def tokenizer_source(found: Located, override: str | None) -> str | None:
     trained = found.state.tokenizer_dir  # stored relative to the run: found where the run is now
     if trained:
         mb = found.state.model_build
-        if not trained.is_dir() and mb is not None and mb.hub and str(trained) == mb.overrides.get("pretrained"):
+        if not trained.is_dir() and mb is not None and mb.hub and trained.name == mb.hub["commit"]:
             return mb.here().overrides["pretrained"]  # the Hub model's own tokenizer, fetched again at its commit
         if not trained.is_dir():
             raise ValueError(f"the run's tokenizer directory {trained} is gone; pass --tokenizer DIR")
