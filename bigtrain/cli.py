@@ -30,6 +30,7 @@ VERBS = [
     "bigtrain.bench.cli:add_bench_parser",
     "bigtrain.metrics.plot:add_plot_parser",
     "bigtrain.data.prepare.cli:add_prepare_parser",
+    "bigtrain.recipes.cli:add_recipes_parser",
 ]
 
 

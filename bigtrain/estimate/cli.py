@@ -127,6 +127,7 @@ class Request:
     chunked_allowed: bool = True  # whether the objective allows the chunked loss
     frozen_params: int = 0  # the parameters of the frozen models the objective holds beside the policy
     generates: bool = False  # the objective samples completions before its loss
+    pretrained: str | None = None  # model.pretrained as given (a Hub name; overrides hold its shape's directory)
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
@@ -145,8 +146,9 @@ def request_from_args(args: argparse.Namespace) -> Request:
     if "model.size" not in given and not model.pretrained:
         raise ValueError("--size is missing: give a named size (see `bigtrain models`), or --set model.pretrained=DIR")
     overrides = dict(model.overrides)
-    if model.pretrained:
-        overrides["pretrained"] = model.pretrained
+    if model.pretrained:  # its shape: a local directory, or a Hub model's config.json (`bigtrain.models.hub`)
+        from bigtrain.models.hub import shape_dir
+        overrides["pretrained"] = shape_dir(model.pretrained, model.revision)
     image = modality(model.family, overrides) == "image"
     if "data.seq_len" in given:
         if image:
@@ -168,7 +170,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
                    run.objective.kind if "objective.kind" in given else "", needs.rows_per_sample,
                    resolve_reference(needs, run.objective.reference, run.lora.r > 0), run.train.loss_impl,
                    needs.allows("chunked_loss"), frozen_params(run.objective, overrides.get("seq_len")),
-                   needs.generates)
+                   needs.generates, model.pretrained)
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -222,8 +224,12 @@ def run_estimate(args: argparse.Namespace) -> int:
     if req.reference == "precomputed":  # the one reference the default does not choose
         objective += " --set objective.reference=precomputed"
     print(f"  bigtrain train --model {req.family} --size {req.size} "
-          f"{run_settings(best.setup, req.overrides, args.tiled_mlp)}{objective}")
+          f"{run_settings(best.setup, {**req.overrides, **_given(req)}, args.tiled_mlp)}{objective}")
     return 0
+
+
+def _given(req: Request) -> dict[str, Any]:
+    return {"pretrained": req.pretrained} if req.pretrained else {}
 
 
 def print_notes(base: Setup, shape: ModelShape) -> None:
@@ -305,8 +311,8 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--size", default=None, help="named size (see `bigtrain models`), or custom with "
                                                 "--set model.overrides.KEY=VALUE (model.size)")
     p.add_argument("--pretrained", default=None, metavar="DIR",
-                   help="a local Hugging Face model directory: its config.json gives the shape, no weights read "
-                        "(model.pretrained)")
+                   help="a Hugging Face model directory or Hub name (org/name): its config.json gives the shape, no "
+                        "weights read or downloaded (model.pretrained)")
     p.add_argument("--num-gpus", type=_positive_int, default=8, help="GPUs (ranks) per node (default 8)")
     p.add_argument("--num-nodes", type=_positive_int, default=1, help="nodes (default 1)")
     p.add_argument("--gpu-mem", default="80GiB",

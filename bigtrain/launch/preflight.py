@@ -94,20 +94,11 @@ def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int |
                   headroom: float = 0.1, device_name: str = "cuda") -> tuple[list[str], list[str]]:
     """(lines, problems): the estimated peak per rank on `device_name` ranks, and a problem if it does not
     fit `gpu_mem`."""
-    from bigtrain.estimate.memory_model import estimate, fits, setup_from_run
-    from bigtrain.estimate.shape import frozen_params, meta_module, shape_from_spec, spec_hidden
-    from bigtrain.models import build
-    from bigtrain.train.fast_path import resolve_loss_impl
-    from bigtrain.train.inputs import overrides_for_run
+    from bigtrain.estimate.memory_model import fits
+    from bigtrain.estimate.of_run import estimate_run
     if run.model.pretrained:
         return ["memory: not estimated for a pretrained model directory (use `bigtrain estimate`)"], []
-    spec = build(run.model.family, run.model.size, **overrides_for_run(run, None, device_name))
-    meta = meta_module(spec)
-    shape = shape_from_spec(spec, run.precision, meta)
-    chunked = resolve_loss_impl(run.train.loss_impl, device_name, spec, meta, run.parallel.tensor,
-                                run.objective.declared.allows("chunked_loss")) == "chunked"
-    est = estimate(shape, setup_from_run(run, world, gpus_per_node, shape.hidden or spec_hidden(spec), chunked,
-                                         frozen_params(run.objective, run.data.seq_len)))
+    est, _ = estimate_run(run, world, gpus_per_node, device_name)
     gib = 2**30
     lines = [f"memory per rank (estimate, {est.setup.label}, {run.precision}, micro-batch {est.setup.micro_batch}): "
              f"{est.device_peak / gib:.2f} GiB on the device (model states {est.model_states / gib:.2f}, "

@@ -38,6 +38,7 @@ TORCH_BIN = ("pytorch_model*.bin", "pytorch_model.bin.index.json")
 KINDS = ("model", "tokenizer", "config")  # what a caller reads: everything, the tokenizer only, the config only
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+SHAPES = Path(__file__).with_name("shapes")  # config.json of the Hub models the recipes name (no weights)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,19 @@ def resolve_model_dir(ref: str, revision: str | None = None, *, what: str = "mod
         if not (revision and _COMMIT.fullmatch(revision)):
             _write_ref(ref, revision or "main", commit)  # what an offline run later finds the branch at
     return ModelSource(path, ref, revision, commit)
+
+
+def shape_dir(ref: str, revision: str | None = None, what: str = "model.pretrained") -> str:
+    """A directory with the config.json of `ref`, for what reads a model's shape only (`bigtrain estimate`, the
+    recipes' memory): a local directory as it is; a Hub model whose shape bigtrain ships (bigtrain/models/shapes/
+    ORG--NAME/config.json: the models the recipes name, at their main) without a download; any other Hub model's
+    config.json alone, from the cache or the Hub."""
+    if not is_hub_name(ref):
+        return resolve_model_dir(ref, revision, what=what).path
+    shipped = SHAPES / ref.replace("/", "--")
+    if revision is None and (shipped / "config.json").is_file():
+        return str(shipped)
+    return resolve_model_dir(ref, revision, what=what, kind="config").path
 
 
 def _agreed_commit(repo_id: str, revision: str | None, what: str, world: Any) -> str:

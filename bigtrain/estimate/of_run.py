@@ -1,0 +1,39 @@
+"""The memory of one run config as it would train: its model built (shape only), its own setup (ZeRO stage,
+offload, checkpointing, splits, LoRA, objective) at a world size, estimated by the memory model. `bigtrain
+preflight` (the launcher's memory check) and `bigtrain recipes` ask it; `bigtrain estimate` tabulates every setup
+instead.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from bigtrain.estimate.memory_model import MemoryEstimate, estimate, setup_from_run
+
+if TYPE_CHECKING:
+    from bigtrain.config.run_config import RunConfig
+    from bigtrain.models.spec import ModelSpec
+
+
+def estimate_run(run: RunConfig, world: int, gpus_per_node: int,
+                 device_name: str = "cuda") -> tuple[MemoryEstimate, ModelSpec]:
+    """The estimate of `run` on `world` ranks (`gpus_per_node` per node) of `device_name`, and the model's spec.
+    The model's overrides are the runner's (`bigtrain.train.inputs.overrides_for_run`, from the run config alone:
+    a tokenizer named is not loaded, so its vocabulary is the model's default); a Hub model.pretrained is its shape
+    alone (`bigtrain.models.hub.shape_dir`: the shapes bigtrain ships, else its config.json)."""
+    from bigtrain.estimate.shape import frozen_params, meta_module, shape_from_spec, spec_hidden
+    from bigtrain.models import build
+    from bigtrain.models.hub import shape_dir
+    from bigtrain.train.fast_path import resolve_loss_impl
+    from bigtrain.train.inputs import overrides_for_run
+    if run.model.pretrained:
+        run = replace(run, model=replace(run.model, pretrained=shape_dir(run.model.pretrained, run.model.revision),
+                                         revision=None))
+    spec = build(run.model.family, run.model.size, **overrides_for_run(run, None, device_name))
+    meta = meta_module(spec)
+    shape = shape_from_spec(spec, run.precision, meta)
+    chunked = resolve_loss_impl(run.train.loss_impl, device_name, spec, meta, run.parallel.tensor,
+                                run.objective.declared.allows("chunked_loss")) == "chunked"
+    setup = setup_from_run(run, world, gpus_per_node, shape.hidden or spec_hidden(spec), chunked,
+                           frozen_params(run.objective, run.data.seq_len))
+    return estimate(shape, setup), spec
