@@ -23,6 +23,7 @@ VERBS = [
     "bigtrain.estimate.cli:add_estimate_parser",
     "bigtrain.export.cli:add_export_parser",
     "bigtrain.launch.eval:add_eval_parser",
+    "bigtrain.launch.generate:add_generate_parser",
     "bigtrain.models.cli:add_models_parser",
     "bigtrain.launch.preflight:add_preflight_parser",
     "bigtrain.launch.ray_train:add_ray_train_parser",

@@ -25,17 +25,8 @@ def run_eval(args: argparse.Namespace, world: World) -> int:
     require_lm_eval()
     manager = task_manager(args.include_path, names)
     tasks = load_tasks(names, manager)  # before the model: a wrong name or missing data costs no loading
-    from bigtrain.eval.target import load_target
-    if args.zero3:  # rank 0 consolidates; every rank holds 1/N of each weight on its device
-        from bigtrain.eval.partitioned import zero3_target
-        full = load_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint,
-                           args.revision) if world.is_main else None
-        target = zero3_target(full, world)
-        del full
-    else:
-        target = load_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint, args.revision, world)
-        from deepspeed.accelerator import get_accelerator
-        target.model.to(get_accelerator().current_device_name())
+    from bigtrain.eval.partitioned import held_target
+    target = held_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint, args.revision, world, args.zero3)
 
     from bigtrain.eval.lm import RankSplitLM
     from bigtrain.eval.runner import evaluate, results_table, write_results

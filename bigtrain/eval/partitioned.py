@@ -1,4 +1,5 @@
-"""`bigtrain eval --zero3`: a model too large for one device, held as ZeRO-3 partitions over the ranks.
+"""`bigtrain eval --zero3` (and `bigtrain generate` / `chat --zero3`): a model too large for one device, held as
+ZeRO-3 partitions over the ranks.
 
 Rank 0 alone consolidates the model in host memory (as for any `bigtrain eval`); every rank then builds the same
 architecture under ZeRO-3 (transformers' `from_config` inside `deepspeed.zero.Init`: each rank's device holds 1/N
@@ -45,3 +46,17 @@ def zero3_target(full: Target | None, world: World) -> Target:
     module.bigtrain_hf_ds_config = hf_config  # transformers keeps only a weak reference to it
     return Target(module, tokenizer, f"{description}, as ZeRO-3 partitions over {world.size} ranks", default_out,
                   full.checkpoint if full else None)
+
+
+def held_target(path: str, tag: str | None, tokenizer: str | None, trust_checkpoint: bool, revision: str | None,
+                world: World, zero3: bool) -> Target:
+    """The model at `path` as every rank holds it: whole on each rank's device, or (`zero3`) consolidated by rank 0
+    alone and partitioned over all ranks (`zero3_target`). A Hub name is fetched once per node."""
+    from bigtrain.eval.target import load_target
+    if zero3:  # rank 0 consolidates; every rank holds 1/N of each weight on its device
+        full = load_target(path, tag, tokenizer, trust_checkpoint, revision) if world.is_main else None
+        return zero3_target(full, world)
+    from deepspeed.accelerator import get_accelerator
+    target = load_target(path, tag, tokenizer, trust_checkpoint, revision, world)
+    target.model.to(get_accelerator().current_device_name())
+    return target

@@ -1,4 +1,4 @@
-"""What `bigtrain eval TARGET` evaluates: a run folder's checkpoint consolidated in memory, or a model directory.
+"""What `bigtrain eval TARGET` evaluates (and `bigtrain generate` / `chat` talk to): a run folder's checkpoint consolidated in memory, or a model directory.
 
 A run folder (its --out, its checkpoints/ or one step_NNNNNN directory) is read the way `bigtrain export` reads it
 (`bigtrain.export`: locate, consolidate, rebuild; a LoRA run's adapters merged the same way), but nothing is
@@ -103,8 +103,8 @@ def _run_folder(directory: Path, tag: str | None, tokenizer: str | None, trust_c
     mb = found.state.model_build.here()  # a Hub model's snapshot fetched again (its commit) where it is gone
     spec = models.build(mb.family, mb.size, **mb.overrides)
     if spec.hf_class is None or spec.modality != "text":
-        raise ValueError(f"{found.tag_dir} holds a {mb.family} {spec.modality} model; lm-eval scores causal language "
-                         "models (gpt2, llama, or an hf causal LM)")
+        raise ValueError(f"{found.tag_dir} holds a {mb.family} {spec.modality} model; evaluation (lm-eval) and "
+                         "generation need a causal language model (gpt2, llama, or an hf causal LM)")
     source = tokenizer_source(found, tokenizer)
     if not source:
         raise ValueError(f"{found.tag_dir}: the run recorded no tokenizer; pass --tokenizer DIR")
@@ -130,6 +130,6 @@ def _run_folder(directory: Path, tag: str | None, tokenizer: str | None, trust_c
 def _check_causal(architectures: list[str], where: str) -> None:
     if any(a.endswith(("ForSequenceClassification", "ForTokenClassification", "ForImageClassification"))
            for a in architectures):
-        raise ValueError(f"{where} is a {architectures[0]}; lm-eval scores causal language models "
-                         "(AutoModelForCausalLM)")
+        raise ValueError(f"{where} is a {architectures[0]}; evaluation (lm-eval) and generation need a causal "
+                         "language model (AutoModelForCausalLM)")
 
