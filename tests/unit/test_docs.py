@@ -134,6 +134,8 @@ def test_every_command_in_the_docs_uses_flags_and_keys_that_exist():
     verbs, run_parser = parsers()
     found = [c for page in PAGES for c in commands(page)]
     assert len(found) > 40 and {c.kind for c in found} == {"verb", "run"}  # the reader reads them
+    verbs_used = {c.tokens[0] for c in found if c.kind == "verb"}
+    assert {"train", "eval", "export", "generate", "chat", "recipes"} <= verbs_used, verbs_used
     wrong = [p for c in found for p in problems(c, verbs, run_parser)]
     assert not wrong, "\n".join(wrong)
 
@@ -153,12 +155,14 @@ def test_the_reader_finds_what_is_wrong():
     verbs, run_parser = parsers()
     text = ("```bash\ndeepspeed --num_gpus 2 bigtrain/run.py --size tiny --stepz 3 \\\n    --set zero.stag=3\n```\n"
             "Run `bigtrain estimate --model gpt2 --set model.overrides.n_layer=2 --gpu-memory 80` or "
-            "`bigtrain train --steps 3 --set data.seq_len.x=1`; `bigtrain evaluate --x`.\n")
+            "`bigtrain train --steps 3 --set data.seq_len.x=1`; `bigtrain evaluate --x`; "
+            "`bigtrain generate runs/x --max-tokens 5`; `bigtrain chat Qwen/Qwen3-8B --temprature 0.7`.\n")
     wrong = [p for c in commands(REPO / "docs" / "check.md", text) for p in problems(c, verbs, run_parser)]
     assert [w.split(": ", 1)[1] for w in wrong] == [
         "bigtrain/run.py has no flag --stepz", "--set zero.stag: no field 'stag' in ZeroConfig",
         "bigtrain estimate has no flag --gpu-memory", "--set data.seq_len.x: data.seq_len is a value, not a section",
-        "bigtrain has no verb 'evaluate'"], wrong
+        "bigtrain has no verb 'evaluate'", "bigtrain generate has no flag --max-tokens",
+        "bigtrain chat has no flag --temprature"], wrong
 
 
 def test_the_readme_is_a_front_page():
