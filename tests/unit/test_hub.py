@@ -238,3 +238,30 @@ def test_a_run_config_with_a_revision_and_no_model():
     run = load_run_config(None, ["model.family=hf", "model.pretrained=org/name", "model.revision=v1"])
     assert (run.model.pretrained, run.model.revision, run.model.size) == ("org/name", "v1", "custom")
     assert json.loads(json.dumps(run.model.__dict__))["revision"] == "v1"
+
+
+def test_eval_and_generate_take_a_hub_target(tmp_path):
+    """A Hub name is a TARGET of its own kind, passed to launched ranks as it is (not made a path)."""
+    import argparse
+
+    from bigtrain.eval.target import target_kind
+    from bigtrain.launch.eval import rank_args as eval_rank_args
+    from bigtrain.launch.generate import rank_args as generate_rank_args
+    assert target_kind("org/tiny") == "hub"
+    with pytest.raises(ValueError) as err:
+        target_kind("org/tiny", tag="step_000001")
+    assert naming(str(err.value), "--tag", "Hub model")
+    args = argparse.Namespace(target="org/tiny", tasks="a", batch_size=8, include_path=[], num_fewshot=None,
+                              limit=None, tag=None, tokenizer=None, out=None, revision="v1", trust_checkpoint=False,
+                              zero3=True)
+    assert eval_rank_args(args)[0] == "org/tiny" and "--revision" in eval_rank_args(args)
+    from bigtrain.cli import build_parser
+    parsed = build_parser().parse_args(["chat", "org/tiny", "--revision", "v1", "--zero3", "--num-gpus", "2",
+                                        "--do-sample", "false", "--system", "be brief"])
+    ranks = generate_rank_args(parsed)
+    assert ranks[:4] == ["--mode", "chat", "org/tiny", "--zero3"]
+    assert ranks[ranks.index("--do-sample") + 1] == "false" and ranks[ranks.index("--system") + 1] == "be brief"
+    from bigtrain.generate.flags import build_rank_parser
+    rank = build_rank_parser().parse_args(["--local_rank=1", *ranks])  # what a launched rank reads back
+    assert (rank.mode, rank.target, rank.revision, rank.do_sample, rank.system, rank.zero3) == \
+        ("chat", "org/tiny", "v1", False, "be brief", True)

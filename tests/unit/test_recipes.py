@@ -100,3 +100,19 @@ def test_the_recipes_and_shapes_ship_in_the_wheel(tmp_path):
     wanted = {f"bigtrain/recipes/{r.path.name}" for r in ALL}
     wanted |= {f"bigtrain/models/shapes/{p.parent.name}/config.json" for p in SHAPES.glob("*/config.json")}
     assert wanted <= names, sorted(wanted - names)
+
+
+def test_estimate_takes_a_hub_name_and_reads_only_its_shape(capsys, monkeypatch, tmp_path):
+    """A shipped shape needs no download; any other name only its config.json (here: none, offline: one line)."""
+    from huggingface_hub import constants
+
+    from bigtrain.cli import main
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert main(["estimate", "--model", "hf", "--pretrained", "Qwen/Qwen3-8B", "--num-gpus", "8", "--gpu-mem", "80",
+                 "--seq-len", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert naming(out, "8,190.7M parameters") and naming(out, "bigtrain train", "model.pretrained=Qwen/Qwen3-8B")
+    assert main(["estimate", "--model", "hf", "--pretrained", "someone/unknown-model", "--gpu-mem", "80"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and naming(err, "someone/unknown-model", "not in the local Hugging Face cache")
