@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,9 @@ def _download(repo_id: str, revision: str | None, commit: str, kind: str, what: 
         _check_space(sum(sizes[f] for f in files), repo_id)
         log.info("downloading %s%s (commit %s): %d files, %.2f GB, into %s", repo_id, _at(revision), commit[:12],
                  len(files), sum(sizes[f] for f in files) / 1e9, constants.HF_HUB_CACHE)
+        started = time.perf_counter()
         path = snapshot_download(repo_id, revision=commit, allow_patterns=files, tqdm_class=_bar_class())
+        log.info("downloaded %s in %.0f s", repo_id, time.perf_counter() - started)
     except ValueError:
         raise
     except OSError as err:
@@ -261,11 +264,14 @@ def _hub_error_line(err: Exception, repo_id: str, revision: str | None, what: st
     return f"{what}={repo_id!r}: the Hugging Face Hub answered {type(err).__name__}: {first}"
 
 
+_NO_CONNECTION = {"OfflineModeIsEnabled", "ConnectError", "ConnectTimeout", "TimeoutException", "NetworkError",
+                  "ConnectionError"}  # by name: huggingface_hub's HTTP client (httpx, requests) varies by version
+
+
 def _unreachable(err: Exception) -> bool:
     """A connection that could not be made (no network, a firewall, a Hub down), not an answer."""
-    import httpx2  # huggingface_hub's HTTP client
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-    if isinstance(err, (OfflineModeIsEnabled, httpx2.ConnectError, httpx2.TimeoutException)):
+    from huggingface_hub.errors import HfHubHTTPError
+    if {c.__name__ for c in type(err).__mro__} & _NO_CONNECTION:
         return True
     status = getattr(getattr(err, "response", None), "status_code", None)
     return isinstance(err, HfHubHTTPError) and status is not None and status >= 500
