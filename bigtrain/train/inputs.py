@@ -1,14 +1,19 @@
 """The runner's view of the data: the run config mapped onto `bigtrain.data`, and what the model needs from it."""
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
+from bigtrain.checkpoint.state import ModelBuild
 from bigtrain.config.run_config import DataConfig, ModelConfig, RunConfig
 from bigtrain.data import DataBundle, batches, build_data, iter_eval_batches
 from bigtrain.data.formats import ExampleOptions
 from bigtrain.distributed.patient import patient_barrier
 from bigtrain.distributed.world import World
+
+log = logging.getLogger("bigtrain")
 
 
 def model_modality(model: ModelConfig) -> str:
@@ -113,3 +118,24 @@ def overrides_for_run(run: RunConfig, bundle: DataBundle | None, device_name: st
     model = run.model
     return overrides_of(model.family, model.size, facts, model.pretrained, model.overrides, device_name, head=head,
                         asked_by=f"objective.kind={run.objective.kind}")
+
+
+def local_models(run: RunConfig, world: World, saved: ModelBuild | None) -> tuple[RunConfig, dict]:
+    """The run config with model.pretrained and data.tokenizer as local directories (Hub names downloaded once per
+    node, `bigtrain.models.hub`), and {"model"|"tokenizer": {repo_id, revision, commit}} for those from the Hub. A
+    resumed run uses the commit its checkpoint recorded, wherever the branch points now."""
+    from bigtrain.models.hub import is_hub_name, resolve_model_dir
+    model, data, hub = run.model, run.data, {}
+    if model.pretrained and (is_hub_name(model.pretrained) or model.revision):
+        pinned = saved.hub if saved and saved.hub and saved.hub.get("repo_id") == model.pretrained else None
+        source = resolve_model_dir(model.pretrained, pinned["commit"] if pinned else model.revision, world=world)
+        hub["model"] = {**source.record(), **({"revision": pinned["revision"]} if pinned else {})}
+        if world.is_main:
+            log.info("model %s at commit %s%s: %s", source.repo_id, source.commit,
+                     " (the checkpoint's)" if pinned else "", source.path)
+        model = replace(model, pretrained=source.path, revision=None)
+    if is_hub_name(data.tokenizer):
+        source = resolve_model_dir(data.tokenizer, what="data.tokenizer", kind="tokenizer", world=world)
+        hub["tokenizer"] = source.record()
+        data = replace(data, tokenizer=source.path)
+    return replace(run, model=model, data=data), hub

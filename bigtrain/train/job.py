@@ -36,7 +36,7 @@ from bigtrain.config.topology import Topology
 from bigtrain.parallel.lora import check_same_lora, training_flops
 from bigtrain.train import autobatch
 from bigtrain.train.engine import Engine, EngineOptions, start_schedule
-from bigtrain.train.inputs import TrainingData, build_training_data, overrides_for_run
+from bigtrain.train.inputs import TrainingData, build_training_data, local_models, overrides_for_run
 from bigtrain.train.loop import Diverged, LoopResult, LoopSettings, train_loop
 from bigtrain.train.process import end_of_run_bound_s
 from bigtrain.train.reference_logps import attach_reference_logps
@@ -126,27 +126,6 @@ def describe_model(config: JobConfig, data: TrainingData, ckpt_dir: Path, here: 
         check_same_model(ckpt_dir / tag, state, model_build)
         check_same_lora(ckpt_dir / tag, state.run_config, run.lora)
     return model_build
-
-
-def local_models(run: RunConfig, world: World, saved: ModelBuild | None) -> tuple[RunConfig, dict]:
-    """The run config with model.pretrained and data.tokenizer as local directories (Hub names downloaded once per
-    node, `bigtrain.models.hub`), and {"model"|"tokenizer": {repo_id, revision, commit}} for those from the Hub. A
-    resumed run uses the commit its checkpoint recorded, wherever the branch points now."""
-    from bigtrain.models.hub import is_hub_name, resolve_model_dir
-    model, data, hub = run.model, run.data, {}
-    if model.pretrained and (is_hub_name(model.pretrained) or model.revision):
-        pinned = saved.hub if saved and saved.hub and saved.hub.get("repo_id") == model.pretrained else None
-        source = resolve_model_dir(model.pretrained, pinned["commit"] if pinned else model.revision, world=world)
-        hub["model"] = {**source.record(), **({"revision": pinned["revision"]} if pinned else {})}
-        if world.is_main:
-            log.info("model %s at commit %s%s: %s", source.repo_id, source.commit,
-                     " (the checkpoint's)" if pinned else "", source.path)
-        model = replace(model, pretrained=source.path, revision=None)
-    if is_hub_name(data.tokenizer):
-        source = resolve_model_dir(data.tokenizer, what="data.tokenizer", kind="tokenizer", world=world)
-        hub["tokenizer"] = source.record()
-        data = replace(data, tokenizer=source.path)
-    return replace(run, model=model, data=data), hub
 
 
 def build_engine(config: JobConfig, resolved: Resolved, spec: models.ModelSpec, data: TrainingData,
