@@ -29,7 +29,12 @@ def estimate_run(run: RunConfig, world: int, gpus_per_node: int,
     if run.model.pretrained:
         run = replace(run, model=replace(run.model, pretrained=shape_dir(run.model.pretrained, run.model.revision),
                                          revision=None))
-    spec = build(run.model.family, run.model.size, **overrides_for_run(run, None, device_name))
+    overrides = overrides_for_run(run, None, device_name)
+    if run.objective.declared.head == "scalar":  # estimated as the causal LM it is built from, as `bigtrain estimate`
+        # does: a classifier's forward finds each row's last token by value, which the meta device cannot read, and
+        # the one-label head holds less than the vocabulary's
+        overrides = {k: v for k, v in overrides.items() if k not in ("task", "num_classes", "pad_token_id")}
+    spec = build(run.model.family, run.model.size, **overrides)
     meta = meta_module(spec)
     shape = shape_from_spec(spec, run.precision, meta)
     chunked = resolve_loss_impl(run.train.loss_impl, device_name, spec, meta, run.parallel.tensor,
