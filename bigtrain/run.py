@@ -16,6 +16,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(_here))
 
 from bigtrain.config.flags import build_run_parser, config_sources, run_config_from_args  # noqa: E402
+from bigtrain.distributed.op_builds import use_environment_ops_dir  # noqa: E402
 from bigtrain.distributed.op_locks import check_build_locks  # noqa: E402
 
 
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_config_from_args(args)
         # before the process group: DeepSpeed builds its CPU all-reduce op there, and a killed build's lock
         # would hang it (and the engine's FusedAdam / CPU Adam build later) without a word
+        use_environment_ops_dir()  # the ops of this environment, which its locks guard
         lock_warnings = check_build_locks()
     except ValueError as err:
         if os.environ.get("RANK", "0") == "0":  # every rank finds it; one says it

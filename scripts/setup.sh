@@ -36,9 +36,10 @@ if ! command -v g++ >/dev/null 2>&1 && ! command -v c++ >/dev/null 2>&1; then
   fi
 fi
 # DeepSpeed JIT-builds its CPU ops at first use. The shared-memory all-reduce is used by every
-# multi-rank CPU job (~1 min to build on 2 cores): build it once here, into the torch_extensions
-# cache the ranks load from, instead of inside the first run. CPU Adam (optimizer offload only,
-# ~3 min of CPU) is built too when BIGTRAIN_PREBUILD_CPU_ADAM=1.
+# multi-rank CPU job (~1 min to build on 2 cores): build it once here, into the folder the ranks load
+# from (this environment's own under ~/.cache/torch_extensions, or TORCH_EXTENSIONS_DIR when set:
+# bigtrain/distributed/op_builds.py), instead of inside the first run. CPU Adam (optimizer offload
+# only, ~3 min of CPU) is built too when BIGTRAIN_PREBUILD_CPU_ADAM=1.
 if [ "${BIGTRAIN_PREBUILD_CPU_ADAM:-}" = 1 ]; then
   echo "setup: building DeepSpeed's shared-memory all-reduce op and CPU Adam (once; later runs only load them)"
 else
@@ -46,6 +47,9 @@ else
 fi
 OPS_LOG=.venv/deepspeed_ops_build.log
 if ! .venv/bin/python - >"$OPS_LOG" 2>&1 <<'PY'
+from bigtrain.distributed.op_builds import use_environment_ops_dir
+
+print(f"ops folder: {use_environment_ops_dir()}")  # before DeepSpeed is imported: where the ranks will look
 from deepspeed.accelerator import get_accelerator
 
 accelerator = get_accelerator()

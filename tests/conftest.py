@@ -55,6 +55,8 @@ def _guarded_popen_init(self, args, *rest, **kwargs):
 
 def pytest_configure(config):
     subprocess.Popen.__init__ = _guarded_popen_init
+    from bigtrain.distributed.op_builds import use_environment_ops_dir
+    use_environment_ops_dir()  # DeepSpeed's ops built in this process (one_rank_group) go where the ranks' go
 
 
 def pytest_itemcollected(item):

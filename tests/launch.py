@@ -24,6 +24,8 @@ def rank_env(**extra: str) -> dict:
     env.update(OMP_NUM_THREADS="1", DEEPSPEED_TIMEOUT="2", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.update(extra)
+    from bigtrain.distributed.op_builds import use_environment_ops_dir
+    use_environment_ops_dir(env)  # where bigtrain's own launches build DeepSpeed's ops (a test's value kept)
     return env
 
 

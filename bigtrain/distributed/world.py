@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from bigtrain.distributed.host import tune_cpu_rank
+from bigtrain.distributed.op_builds import build_lines, comm_op, use_environment_ops_dir
 from bigtrain.distributed.op_locks import clear_stale_build_locks
 from bigtrain.distributed.rendezvous import single_process_env
 
@@ -39,6 +40,10 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
     if get_accelerator().device_name() == "cpu" and not torch.distributed.is_initialized():
         tune_cpu_rank()  # before gloo starts its threads, so they inherit the binding
     minutes = timeout_minutes or collective_timeout_s() / 60
+    use_environment_ops_dir()  # this environment's builds (unless TORCH_EXTENSIONS_DIR is set), for every op
+    if not torch.distributed.is_initialized() and os.environ.get("LOCAL_RANK", "0") == "0":
+        for line in build_lines([comm_op()]):  # one line per machine while its ranks wait for the build
+            print(f"bigtrain: {line}", file=sys.stderr, flush=True)
     for lock in clear_stale_build_locks():  # DeepSpeed builds its CPU ops (shm all-reduce) while it joins
         print(f"bigtrain: removed {lock}, a stale lock of a killed op build that every rank would wait on forever",
               file=sys.stderr, flush=True)

@@ -44,12 +44,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from bigtrain.launch.console import copy_filtered
     from bigtrain.distributed.rendezvous import free_port
     from bigtrain.launch.hosts import ranks_here
-    from bigtrain.launch.train import launcher_command, thread_env
+    from bigtrain.launch.train import launch_env, launcher_command
     num_ranks = args.num_gpus or ranks_here(args.hostfile)
     port = args.master_port or (None if args.hostfile else free_port())
     cmd = launcher_command(rank_args(args), args.num_gpus, args.hostfile, port, [], args.verbose,
                            module="bigtrain.eval")
-    env = thread_env(num_ranks)
+    env = launch_env(num_ranks, args.verbose)
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     piped = None if args.verbose else subprocess.PIPE

@@ -63,15 +63,27 @@ def detected_accelerator() -> str | None:
         return None
 
 
+def launch_env(num_ranks: int, verbose: bool = False) -> dict:
+    """The launcher's and its ranks' environment (`thread_env`), with the accelerator detected once here unless
+    --verbose: DeepSpeed's "Setting accelerator to CPU" is then said by neither the launcher nor any rank."""
+    env = thread_env(num_ranks)
+    if not verbose and "DS_ACCELERATOR" not in env and (name := detected_accelerator()):
+        env["DS_ACCELERATOR"] = name
+    return env
+
+
 def thread_env(num_ranks: int) -> dict:
     """The ranks' environment: the cores split between the ranks unless the user chose OMP_NUM_THREADS,
     and glibc malloc keeping freed memory unless GLIBC_TUNABLES is set (docs/benchmarks.md has the numbers;
-    each rank also pins itself to its share of the cores, see `distributed.host.bind_to_cores`)."""
+    each rank also pins itself to its share of the cores, see `distributed.host.bind_to_cores`); DeepSpeed's
+    ops built in this environment's folder (`distributed.op_builds`)."""
     env = dict(os.environ)
     if "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(num_ranks, 1)))
     env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from bigtrain.distributed.op_builds import use_environment_ops_dir
+    use_environment_ops_dir(env)  # DeepSpeed's ops built once for this environment, not over another's
     from bigtrain.distributed.device import fix_cuda_arch_list
     fix_cuda_arch_list(env)  # the ranks would otherwise fail building DeepSpeed's FusedAdam
     return env
@@ -112,9 +124,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     port = args.master_port or (None if args.hostfile else free_port())
     cmd = launcher_command(args.run_args, args.num_gpus or (None if args.hostfile else num_ranks), args.hostfile,
                            port, args.launcher_arg, args.verbose)
-    env = thread_env(num_ranks)
-    if not args.verbose and "DS_ACCELERATOR" not in env and (name := detected_accelerator()):
-        env["DS_ACCELERATOR"] = name
+    env = launch_env(num_ranks, args.verbose)
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     # DeepSpeed's single-node runner dies on SIGTERM without telling its ranks; run it in a
     # session of its own and pass SIGTERM/SIGINT to the whole session, so every rank saves.

@@ -24,6 +24,7 @@ from bigtrain.config.load import to_dict
 from bigtrain.config.run_config import RunConfig
 from bigtrain.distributed.device import fix_cuda_arch_list
 from bigtrain.distributed.lifeline import Lifeline
+from bigtrain.distributed.op_builds import build_lines, optimizer_op
 from bigtrain.distributed.host import return_freed_memory
 from bigtrain.distributed.world import World
 from bigtrain.ds.resolve import Resolved, resolve
@@ -96,6 +97,9 @@ def resolve_job(run: RunConfig, world: World, ds_config_path: str | None, source
     found = find_checkpoint(ckpt_dir, world) if ckpt_dir else None
     config = JobConfig(run, ds_config_path, world, sources, found, auto_micro)
     resolved = config.resolve()
+    if world.is_main:  # DeepSpeed builds the optimizer's op inside the engine, saying nothing for minutes
+        for line in build_lines([optimizer_op(resolved.ds_config)]):
+            log.info("%s", line)
     check_split_layout(asked, Topology.of(resolved.ds_config, world.size))  # sizes a JSON gave, too
     seed_everything(run.train.seed)
     return config, resolved

@@ -106,6 +106,8 @@ def test_bigtrain_eval_equals_lm_evals_command_on_the_export_the_run_and_two_ran
     two = json.loads((root / "two_ranks.json").read_text())
     assert two["bigtrain"]["ranks"] == 2 and two["results"] == reference
     assert naming(proc.stdout, "sounds_mc", "acc") and naming(proc.stdout, "with 2 rank(s)", "two_ranks.json")
+    # the accelerator is detected once, in `bigtrain eval`, quietly: neither the launcher nor a rank says it
+    assert "Setting accelerator" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
 
 
 def test_zero3_partitions_over_two_ranks_give_lm_evals_numbers(root: Path, lm_eval_cli: dict) -> None:
