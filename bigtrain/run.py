@@ -18,6 +18,7 @@ if __package__ in (None, ""):
 from bigtrain.config.flags import build_run_parser, config_sources, run_config_from_args  # noqa: E402
 from bigtrain.distributed.op_builds import use_environment_ops_dir  # noqa: E402
 from bigtrain.distributed.op_locks import check_build_locks  # noqa: E402
+from bigtrain.train.precheck import check_run, checked_by_launcher  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         quiet_hf_progress_bars()
     try:
         run = run_config_from_args(args)
+        if not checked_by_launcher():  # started by a launcher directly: the mistakes that need no process group
+            check_run(run, resume=args.resume, overwrite=args.overwrite)
         # before the process group: DeepSpeed builds its CPU all-reduce op there, and a killed build's lock
         # would hang it (and the engine's FusedAdam / CPU Adam build later) without a word
         use_environment_ops_dir()  # the ops of this environment, which its locks guard

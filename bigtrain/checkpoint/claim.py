@@ -28,6 +28,7 @@ LOCK_NAME = ".bigtrain.lock"
 # What describes one run in its folder, removed with its checkpoints by --overwrite; the data cache and a
 # trained tokenizer are keyed by their sources and stay (the next run reuses them when they match).
 RUN_FILES = ("summary.json", "loss.png", "csv", "tensorboard")
+BOTH_FLAGS = "--resume continues the run in --out and --overwrite deletes it: give one of them"
 
 
 class RunDirLock:
@@ -44,10 +45,7 @@ class RunDirLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            return (f"{folder} is in use by another bigtrain job ({holder}); wait for it to end, or give this run "
-                    "another --out")
+            return _in_use(folder, fd)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
                   .encode(), 0)
@@ -58,6 +56,57 @@ class RunDirLock:
         for fd in self._fds:
             os.close(fd)  # closing the descriptor drops the flock
         self._fds.clear()
+
+
+def _in_use(folder: Path, fd: int) -> str:
+    """The line for a folder whose lock another job holds (`fd`: the lock file, closed here)."""
+    holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
+    os.close(fd)
+    return f"{folder} is in use by another bigtrain job ({holder}); wait for it to end, or give this run another --out"
+
+
+def held_by_another(folder: Path) -> str | None:
+    """The in-use line when a job holds `folder`'s lock, found without taking it (a shared lock for a moment, which
+    every rank of a starting job may take at once) and without creating anything; None otherwise."""
+    try:
+        fd = os.open(folder / LOCK_NAME, os.O_RDONLY)
+    except OSError:  # no lock file: no job has run here, or the folder does not exist yet
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return _in_use(folder, fd)
+    os.close(fd)  # closing drops the shared lock
+    return None
+
+
+def run_dir_problem(out: Path, ckpt_dir: Path, *, resume: bool, overwrite: bool) -> str | None:
+    """What `claim_run_dir` would refuse, found before any rank starts, reading only (`bigtrain train` and run.py ask
+    it first): the flags, a job holding the folders, an earlier run's checkpoints. The claim checks again."""
+    if resume and overwrite:
+        return BOTH_FLAGS
+    for folder in run_folders(out, ckpt_dir):
+        if problem := held_by_another(folder):
+            return problem
+    if resume or overwrite:
+        return None
+    complete = complete_tags(ckpt_dir)
+    return earlier_run_line(ckpt_dir, complete) if complete else None
+
+
+def run_folders(out: Path, ckpt_dir: Path) -> list[Path]:
+    """The folders a run writes and locks: OUT, and the checkpoint directory when it lies elsewhere."""
+    return [out] + ([] if ckpt_dir.resolve().is_relative_to(out.resolve()) else [ckpt_dir])
+
+
+def complete_tags(ckpt_dir: Path, tags: list[str] | None = None) -> list[str]:
+    tags = checkpoint_tags(ckpt_dir) if tags is None else tags
+    return [tag for tag in tags if check_complete(ckpt_dir / tag) is None]
+
+
+def earlier_run_line(ckpt_dir: Path, complete: list[str]) -> str:
+    return (f"{ckpt_dir} holds the checkpoints of an earlier run (newest {complete[-1]}): continue that run with "
+            "--resume, give this run another --out, or pass --overwrite to delete them first")
 
 
 def claim_run_dir(out: Path, ckpt_dir: Path, world: World, *, resume: bool, overwrite: bool) -> RunDirLock:
@@ -77,8 +126,8 @@ def claim_run_dir(out: Path, ckpt_dir: Path, world: World, *, resume: bool, over
 
 def _claim_on_rank_0(out: Path, ckpt_dir: Path, lock: RunDirLock, resume: bool, overwrite: bool) -> str | None:
     if resume and overwrite:
-        return "--resume continues the run in --out and --overwrite deletes it: give one of them"
-    for folder in [out] + ([] if ckpt_dir.resolve().is_relative_to(out.resolve()) else [ckpt_dir]):
+        return BOTH_FLAGS
+    for folder in run_folders(out, ckpt_dir):
         problem = lock.acquire(folder)
         if problem:
             lock.release()
@@ -86,15 +135,14 @@ def _claim_on_rank_0(out: Path, ckpt_dir: Path, lock: RunDirLock, resume: bool, 
     if resume:
         return None
     tags = checkpoint_tags(ckpt_dir)
-    complete = [tag for tag in tags if check_complete(ckpt_dir / tag) is None]
+    complete = complete_tags(ckpt_dir, tags)
     if not complete:  # only the debris of a save that was killed: never resumable, and in this run's way
         if tags:
             remove_earlier_run(out, ckpt_dir, tags, run_files=False)
             log.warning("removed %d incomplete checkpoint(s) left in %s by an earlier job", len(tags), ckpt_dir)
         return None
     if not overwrite:
-        return (f"{ckpt_dir} holds the checkpoints of an earlier run (newest {complete[-1]}): continue that run with "
-                "--resume, give this run another --out, or pass --overwrite to delete them first")
+        return earlier_run_line(ckpt_dir, complete)
     remove_earlier_run(out, ckpt_dir, tags)
     log.warning("--overwrite: removed %d checkpoint(s) of an earlier run from %s (newest %s) and its summary",
                 len(tags), ckpt_dir, tags[-1])

@@ -114,6 +114,8 @@ class Renderer:
         if not answer:
             raise ValueError(f"a preference record's {which!r} conversation has no turn after the prompt (chosen and "
                              "rejected are the same turns): there is no answer to compare")
+        if not self.template:
+            raise ValueError(no_template_line(self.tok, f"{self.fmt} records of messages"))
         return self.conversation_answer(chat_messages(head) if head else [], chat_messages(answer))
 
     def conversation_answer(self, prompt: list[dict], answer: list[dict]) -> tuple[list[int], list[int]]:
@@ -232,8 +234,17 @@ def sharegpt_messages(turns: Any) -> list[dict]:
     return messages
 
 
-def no_template_line(tokenizer: Any) -> str:
-    return (f"data.format=chat: the tokenizer {str(getattr(tokenizer, 'name_or_path', '')) or '(trained here)'!r} "
+def check_template(formats: list[str], tokenizer: Any) -> None:
+    """ValueError (one line) when `formats` hold conversations and the tokenizer (None: one still to be trained,
+    which has none) has no chat template to render them with."""
+    found = [f for f in formats if f in TEMPLATED]
+    if found and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(no_template_line(tokenizer, f"data.format={found[0]}"))
+
+
+def no_template_line(tokenizer: Any, what: str = "data.format=chat") -> str:
+    """`what` needs conversations rendered, and the tokenizer has no chat template (GPT-2's has none)."""
+    return (f"{what}: the tokenizer {str(getattr(tokenizer, 'name_or_path', '')) or '(trained here)'!r} "
             "has no chat template to render conversations with; give one with data.chat_template=FILE (prepare "
             "--chat-template FILE: a Jinja file, or the template text), or use a tokenizer that has one")
 

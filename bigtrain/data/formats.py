@@ -87,3 +87,10 @@ def no_text_field_line(field: str, where: str, keys: Any) -> str:
     return (f"data.text_field={field!r}: {where} has no such field; it has {keys}. Set data.text_field (prepare "
             f"--text-field) to the one holding the text, or for chat / instruction examples give records with "
             f"{shapes} (data.format)")
+
+
+def missing_fields(keys: Iterable[str], formats: Iterable[str]) -> list[str]:
+    """The required fields that records with `keys` lack for the nearest of `formats` (the one they hold most of)."""
+    keys = set(keys)
+    gaps = [[f for f in required(FIELDS[fmt]) if f not in keys] for fmt in formats]
+    return min(gaps, key=len) if gaps else []

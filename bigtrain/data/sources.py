@@ -266,11 +266,13 @@ def detect_format(src: Source, declared: str) -> str:
             raise ValueError(f"data.format={declared}: {src.text!r} is plain text, not records; give jsonl / json / "
                              "parquet records (or hf:NAME) with the format's fields, or set data.format=text")
         return declared
-    keys = _first_keys(src)
+    keys = first_keys(src)
     return "text" if keys is None else format_of(keys)
 
 
-def _first_keys(src: Source) -> list[str] | None:
+def first_keys(src: Source) -> list[str] | None:
+    """The columns of a Parquet file or a hub dataset, the keys of a JSON source's first record (None: plain text,
+    or a first record that cannot be read here: the reader names its line later)."""
     if src.kind == "hub":  # every rank looks: as a stream, so that none downloads the dataset for it
         records = load_hub(replace(src, streaming=True))
         names = records.column_names

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bigtrain.data.blocks import TokenBlocks, block_count
-from bigtrain.data.chat import no_template_line, read_chat_template
+from bigtrain.data.chat import check_template, read_chat_template
 from bigtrain.data.dataset import ConcatRows, DataBundle, split_rows
-from bigtrain.data.formats import FIELDS, PAIR_FORMATS, PROMPT_FORMATS, TEMPLATED, UNPAIRED_FORMATS, ExampleOptions
+from bigtrain.data.formats import FIELDS, PAIR_FORMATS, PROMPT_FORMATS, UNPAIRED_FORMATS, ExampleOptions
 from bigtrain.data.mixture import MixtureSampler, parse_mixture
 from bigtrain.data.prepare.core import identity, prepare, text_source
 from bigtrain.data.prepare.pieces import BPE_TRAIN_BYTES, iter_documents
@@ -44,14 +44,13 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
     examples = examples or ExampleOptions()
     mixture = parse_mixture(source)
     entries = mixture or [(source, 1.0)]
-    parts = [_part(text, split, revision, streaming) for text, _ in entries]
-    formats = _formats(parts, examples)
+    parts = [source_part(text, split, revision, streaming) for text, _ in entries]
+    formats = source_formats(parts, examples)
     fields = [text_field if f == "text" or isinstance(p, Path) else tuple(FIELDS[f]) for p, f in zip(parts, formats)]
     tok, tok_dir = _tokenizer(parts, tokenizer, vocab_size, tokenizer_dir, fields, is_writer, barrier)
     if examples.chat_template:
         tok.chat_template = read_chat_template(examples.chat_template)
-    if set(formats) & set(TEMPLATED) and not getattr(tok, "chat_template", None):  # every rank says so, before any prepares
-        raise ValueError(no_template_line(tok))
+    check_template(formats, tok)  # every rank says so, before any prepares
     writers = (is_writer, is_writer if is_local_writer is None else is_local_writer)
     options = {"text_field": text_field, "hash_content": hash_content, "num_proc": num_proc, "seq_len": seq_len}
     corpora = [_corpus(part, tok, cache_dir, writers, barrier, {**options, "fmt": f})
@@ -90,7 +89,7 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
     return DataBundle(ConcatRows(trains), ConcatRows(vals), tok, len(tok), 0, desc, make_sampler, tok_dir)
 
 
-def _part(text: str, split: str, revision: str | None, streaming: bool) -> Part:
+def source_part(text: str, split: str, revision: str | None, streaming: bool) -> Part:
     path = Path(text).expanduser()
     if is_prepared(path):
         return path
@@ -99,7 +98,7 @@ def _part(text: str, split: str, revision: str | None, streaming: bool) -> Part:
     return text_source(text, split, revision, streaming)
 
 
-def _formats(parts: list[Part], options: ExampleOptions) -> list[str]:
+def source_formats(parts: list[Part], options: ExampleOptions) -> list[str]:
     """Each part's format: text, or an example format (a prepared one's manifest says; data.format or the first
     record of a source); ValueError for text mixed with examples, or packing asked of text."""
     found = []

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 log = logging.getLogger("bigtrain")
+INCLUDE = "train.eval_include_path"  # where a run's local task folder is given, for the lines that name it
 
 
 @dataclass
@@ -50,8 +51,7 @@ class TaskEvaluator:
         check_layout(run)
         from bigtrain.eval.tasks import load_tasks, split_names, task_manager
         names = split_names(train.eval_tasks)
-        include = [train.eval_include_path] if train.eval_include_path else []
-        tasks = load_tasks(names, task_manager(include, names))
+        tasks = load_tasks(names, task_manager(train.eval_include_path, names, INCLUDE), include_flag=INCLUDE)
         if rank == 0:
             log.info("eval tasks: %s at every evaluation%s", ", ".join(names),
                      f" (at most {train.eval_limit:g} documents each)" if train.eval_limit else "")
@@ -71,6 +71,16 @@ class TaskEvaluator:
         if self.world > 1:
             torch.distributed.broadcast_object_list(found, src=0)  # the ranks' listeners hear the same numbers
         return found[0] or {}
+
+
+def check_tasks(run: Any) -> None:
+    """ValueError (one line) for train.eval_tasks on a layout lm-eval cannot follow, a task folder that is not there or
+    a name no task file defines: what can be known before any rank starts (no model, no task data)."""
+    if not run.train.eval_tasks:
+        return
+    check_layout(run)
+    from bigtrain.eval.tasks import check_task_names, split_names
+    check_task_names(split_names(run.train.eval_tasks), run.train.eval_include_path, INCLUDE)
 
 
 def check_layout(run: Any) -> None:

@@ -2,12 +2,15 @@
 
 Every problem is one line naming the task: an unknown name (with the nearest known names), a local folder that
 does not exist, a task whose data cannot be had here (not in the Hugging Face cache, no network, a local file
-gone), with what makes it available.
+gone), with what makes it available. `include_flag` names where the local folders came from in those lines:
+`bigtrain eval --include-path`, or a run's `train.eval_include_path`.
 """
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -15,6 +18,9 @@ from typing import Any, Sequence
 from bigtrain.eval.harness import require_lm_eval
 
 DOCS = "docs/evaluation.md, 'A local task'"
+INCLUDE_FLAG = "--include-path"
+# a task's, group's or tag's name as task YAML files write it: `task: NAME`, `group: NAME`, `tag: NAME` or a list item
+NAME_LINE = re.compile(rb"^\s*(?:(?:task|group|tag)\s*:|-)\s*[\"']?([\w.-]+)[\"']?\s*$", re.MULTILINE)
 
 
 @dataclass
@@ -37,17 +43,12 @@ def split_names(tasks: str | Sequence[str]) -> list[str]:
 
 
 def task_manager(include_path: str | Path | Sequence[str | Path] | None = None,
-                 names: Sequence[str] = ()) -> Any:
+                 names: Sequence[str] = (), include_flag: str = INCLUDE_FLAG) -> Any:
     """lm-eval's TaskManager over the local task folders in `include_path` and lm-eval's own tasks; over the local
-    folders alone when they hold every one of `names` (indexing lm-eval's ~15000 task files takes ~8 s here)."""
+    folders alone when they hold every one of `names` (indexing lm-eval's ~15000 task files takes 8-24 s here)."""
     require_lm_eval()
-    paths = [include_path] if isinstance(include_path, (str, Path)) else list(include_path or [])
-    for path in paths:
-        if not Path(path).expanduser().is_dir():
-            raise ValueError(f"--include-path {path}: no such directory; give a folder of lm-eval task YAML files "
-                             f"({DOCS})")
     from lm_eval.tasks import TaskManager
-    folders = [str(Path(p).expanduser().resolve()) for p in paths]
+    folders = task_folders(include_path, include_flag)
     with quiet_lm_eval():
         if folders and names:
             local = TaskManager(include_path=folders, include_defaults=False)
@@ -56,12 +57,46 @@ def task_manager(include_path: str | Path | Sequence[str | Path] | None = None,
         return TaskManager(include_path=folders or None)
 
 
-def load_tasks(names: Sequence[str], manager: Any, num_fewshot: int | None = None) -> TaskSet:
-    """The tasks `names` with their data; ValueError (one line) for an unknown name or data that cannot be had."""
+def task_folders(include_path: str | Path | Sequence[str | Path] | None, include_flag: str = INCLUDE_FLAG) -> list[str]:
+    """The local task folders, resolved; ValueError (one line) for one that does not exist."""
+    paths = [include_path] if isinstance(include_path, (str, Path)) else list(include_path or [])
+    for path in paths:
+        if not Path(path).expanduser().is_dir():
+            raise ValueError(f"{include_flag} {path}: no such directory; give a folder of lm-eval task YAML files "
+                             f"({DOCS})")
+    return [str(Path(p).expanduser().resolve()) for p in paths]
+
+
+def check_task_names(names: Sequence[str], include_path: Any = None, include_flag: str = INCLUDE_FLAG) -> None:
+    """`load_tasks`' line for a name no task file defines, in about a second, without lm-eval's index (reading its
+    ~14000 task files takes 8-40 s here): every task, group and tag name lm-eval knows is written in one of those YAML
+    files or the local folders' (its TaskIndex reads them from there), so a name that is no word of any of them is
+    none; the nearest names come from the files' `task:`, `group:` and `tag:` lines. A name that is such a word is
+    left to `load_tasks`, which the ranks run with the data."""
+    require_lm_eval()
+    folders = task_folders(include_path, include_flag)
+    spec = importlib.util.find_spec("lm_eval")
+    roots = [Path(p) / "tasks" for p in (spec.submodule_search_locations or [])] if spec else []
+    text = b"\n".join(p.read_bytes() for root in [*roots, *map(Path, folders)] for p in root.rglob("*.yaml"))
+    for name in names:
+        if Path(name).is_file() or re.search(rb"(?<![\w.-])" + re.escape(name.encode()) + rb"(?![\w.-])", text):
+            continue
+        written = {m.decode(errors="replace") for m in NAME_LINE.findall(text)}
+        raise ValueError(unknown_task_line(name, sorted(written), folders, include_flag))
+
+
+def check_known(names: Sequence[str], manager: Any, include_flag: str = INCLUDE_FLAG) -> None:
+    """ValueError (one line, with the nearest names) for a name that is no task, group or tag of `manager`."""
     known = set(manager.all_tasks)
     for name in names:
         if name not in known and not Path(name).is_file():
-            raise ValueError(unknown_task_line(name, manager.all_tasks, manager.include_path))
+            raise ValueError(unknown_task_line(name, manager.all_tasks, manager.include_path, include_flag))
+
+
+def load_tasks(names: Sequence[str], manager: Any, num_fewshot: int | None = None,
+               include_flag: str = INCLUDE_FLAG) -> TaskSet:
+    """The tasks `names` with their data; ValueError (one line) for an unknown name or data that cannot be had."""
+    check_known(names, manager, include_flag)
     from lm_eval.tasks import get_task_dict
     task_dict: dict = {}
     for name in names:  # one at a time: a failure names its task
@@ -73,12 +108,15 @@ def load_tasks(names: Sequence[str], manager: Any, num_fewshot: int | None = Non
     return TaskSet(list(names), manager, task_dict)
 
 
-def unknown_task_line(name: str, known: Sequence[str], include_path: Any = None) -> str:
+def unknown_task_line(name: str, known: Sequence[str], include_path: Any = None,
+                      include_flag: str = INCLUDE_FLAG) -> str:
     """One line: the name is no task lm-eval knows, the nearest names it does, and where local tasks come from."""
     near = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
     hint = f"; nearest: {', '.join(near)}" if near else ""
-    where = "" if include_path else f"; a task of your own needs its folder: --include-path DIR ({DOCS})"
-    folders = " (nor one in the --include-path folders)" if include_path else ""
+    given = f"{include_flag}=DIR" if include_flag.startswith("train.") else f"{include_flag} DIR"
+    where = "" if include_path else f"; a task of your own needs its folder: {given} ({DOCS})"
+    folders = f" (nor one in the {include_flag} folder{'' if include_flag.startswith('train.') else 's'})" \
+        if include_path else ""
     return f"unknown task {name!r}: no lm-eval task, group or tag{folders} has that name{hint}{where}"
 
 

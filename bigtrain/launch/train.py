@@ -3,8 +3,10 @@
 The ranks run `python -m bigtrain.run` (the launcher's `--module`), so an installed package
 needs no checkout. The console shows bigtrain's lines: the launcher's INFO lines and DeepSpeed's
 per-process accelerator warning stay out (`--verbose` shows them; each rank keeps DeepSpeed's
-log in OUT/logs/rank{R}.log either way). A run config that does not load is one line before any rank starts,
-and a rank's own stop is not repeated by the launcher's line (`bigtrain.launch.console`).
+log in OUT/logs/rank{R}.log either way). A run config that does not load, and the mistakes that need no rank (an
+output folder holding another run, a model directory of another family, data of the wrong shape, an unknown
+evaluation task: `bigtrain.train.precheck`) are one line before any rank starts, and a rank's own stop is not
+repeated by the launcher's line (`bigtrain.launch.console`).
 """
 from __future__ import annotations
 
@@ -89,18 +91,32 @@ def thread_env(num_ranks: int) -> dict:
     return env
 
 
-def check_run_args(run_args: list[str]) -> str | None:
-    """The run config's one-line complaint about these arguments, before any rank starts (None: it loads)."""
+def check_run_args(run_args: list[str], files_here: bool = True) -> str | None:
+    """The one-line complaint about these arguments, before any rank starts (None: none found): the run config, and
+    with `files_here` (rank 0 runs on this machine) what needs no rank (`bigtrain.train.precheck`: the output folder,
+    the model directory, the data's format and first records, the evaluation tasks)."""
     from bigtrain.config.flags import build_run_parser, run_config_from_args
     parser = build_run_parser()
     args, unknown = parser.parse_known_args(run_args)
     if unknown:
         return unknown_flag_line(unknown[0], parser)
     try:
-        run_config_from_args(args)
+        run = run_config_from_args(args)
+        if files_here:
+            from bigtrain.train.precheck import check_run
+            check_run(run, resume=args.resume, overwrite=args.overwrite)
     except ValueError as err:
         return str(err)
     return None
+
+
+def rank_0_here(hostfile: str | None) -> bool:
+    """Whether rank 0 runs on this machine (DeepSpeed puts it on the hostfile's first host), whose folders the
+    launching process can then check as rank 0 will see them."""
+    if not hostfile:
+        return True
+    from bigtrain.launch.hosts import is_local, read_hostfile
+    return is_local(read_hostfile(hostfile)[0].host)
 
 
 def unknown_flag_line(flag: str, run_parser: argparse.ArgumentParser) -> str:
@@ -116,7 +132,8 @@ def unknown_flag_line(flag: str, run_parser: argparse.ArgumentParser) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    if problem := check_run_args(args.run_args):
+    checked = rank_0_here(args.hostfile)
+    if problem := check_run_args(args.run_args, files_here=checked):
         print(f"bigtrain: {problem}", file=sys.stderr)
         return 2
     num_ranks = args.num_gpus or (ranks_here(args.hostfile) if args.hostfile else default_num_ranks())
@@ -125,6 +142,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     cmd = launcher_command(args.run_args, args.num_gpus or (None if args.hostfile else num_ranks), args.hostfile,
                            port, args.launcher_arg, args.verbose)
     env = launch_env(num_ranks, args.verbose)
+    if checked:
+        from bigtrain.train.precheck import CHECKED_ENV
+        env[CHECKED_ENV] = "1"  # the ranks need not look again before their process group
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     # DeepSpeed's single-node runner dies on SIGTERM without telling its ranks; run it in a
     # session of its own and pass SIGTERM/SIGINT to the whole session, so every rank saves.

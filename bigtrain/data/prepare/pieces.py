@@ -202,15 +202,21 @@ def iter_documents(src: Source, text_field: Field, max_bytes: int | None = None)
     """The source's texts in order, streamed (chunks of large .txt files as separate texts; every string of an
     example record joined), up to max_bytes."""
     seen = 0
+    for record in iter_records(src, text_field):
+        text = record if isinstance(record, str) else record_text(record)
+        yield text
+        seen += len(text)
+        if max_bytes is not None and seen >= max_bytes:
+            return
+
+
+def iter_records(src: Source, text_field: Field) -> Iterator[Any]:
+    """The source's texts, or for example columns (a tuple) its records, in order and streamed, each checked as
+    prepare's workers check it (a record without a format's field is one line naming the file and the line)."""
     for piece, docs in plan(src, text_field, PIECE_BYTES, Path("/nonexistent-spool")):
         batches = [(docs, True, 0)] if docs is not None else read_piece(piece, text_field)
         for texts, _, _ in batches:
-            for text in texts:
-                text = text if isinstance(text, str) else record_text(text)
-                yield text
-                seen += len(text)
-                if max_bytes is not None and seen >= max_bytes:
-                    return
+            yield from texts
 
 
 # --- reading a piece (in a worker) -----------------------------------------------------------
@@ -308,9 +314,12 @@ def _record(record: object, fields: tuple[str, ...], where: str | Callable[[], s
     if isinstance(record, dict) and all(f in record for f in required(fields)):
         return record
     where = where() if callable(where) else where
-    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-    raise ValueError(f"a record in {where} has no {', '.join(required(fields))} (it has {keys}); every record of "
-                     "one source must be in one format: set data.format to the one it holds, or fix the record")
+    if not isinstance(record, dict):
+        raise ValueError(f"a record in {where} is {type(record).__name__}, not an object with {columns(fields)}")
+    missing = [f for f in required(fields) if f not in record]
+    raise ValueError(f"a record in {where} has no {', '.join(repr(f) for f in missing)} (it has {sorted(record)}); "
+                     "every record of one source must be in one format: set data.format to the one it holds, or fix "
+                     "the record")
 
 
 def _txt_chunks(piece: Piece, batch_bytes: int) -> Iterator[tuple[list[str], bool, int]]:

@@ -143,7 +143,7 @@ def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Pa
     with open(tmp["tokens"], "wb") as out, open(tmp["mask"], "wb") as mask_out, \
             open(tmp["records"] if keep else os.devnull, "w", encoding="utf-8") as records_out:
         for records, _, nbytes in read_piece(piece, fields, state["batch_bytes"]):
-            ids, mask, doc_ends, first = _render(records, state["render"], state["dtype"], piece.path)
+            ids, mask, doc_ends, first = render_records(records, state["render"], state["dtype"], piece.path)
             out.write(ids.tobytes())
             mask_out.write(mask.tobytes())
             if keep:  # one line per prompt: a prompt renders to one example, never to none
@@ -174,7 +174,7 @@ def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Pa
     return marker
 
 
-def _render(records: list[dict], render: Any, dtype: np.dtype,
+def render_records(records: list[dict], render: Any, dtype: np.dtype,
             where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Ids and mask of the records, where each example ends, and where its answer starts (see shard_paths)."""
     flat: list[int] = []

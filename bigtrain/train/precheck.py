@@ -1,0 +1,78 @@
+"""A run's mistakes that need no rank, found before any starts: `bigtrain train` checks in the launching process
+before the launcher starts, and bigtrain/run.py before the process group when no launching process did (a direct
+`deepspeed bigtrain/run.py`). Each check is the one the ranks run later, called from both places:
+
+    the output folder   another job in it, an earlier run's checkpoints    checkpoint.claim.run_dir_problem
+    the model           a directory of another family, no trainable class  train.inputs.model_modality
+    the data            its format, its first records read and rendered    data.peek
+    objective x data    pairs for dpo/ipo/orpo/simpo/reward, kto answers   check_objective_data (job.py too)
+    evaluation tasks    names, the local task folder, the layout           eval.during_training.check_tasks
+
+What needs the ranks stays with them: the DeepSpeed config at the world size, the checkpoint's bytes on --resume, a
+hub source, a tokenizer still to be trained, a task's data.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from bigtrain.config.run_config import ObjectiveConfig, RunConfig
+
+CHECKED_ENV = "BIGTRAIN_PRECHECKED"  # set by `bigtrain train` for its ranks: the launching process checked already
+
+
+def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False) -> None:
+    """ValueError (one line, the ranks' own) for the first mistake found."""
+    from bigtrain.checkpoint.claim import run_dir_problem
+    out = Path(run.train.out_dir)
+    problem = run_dir_problem(out, Path(run.checkpoint.dir or out / "checkpoints"), resume=resume, overwrite=overwrite)
+    if problem:
+        raise ValueError(problem)
+    from bigtrain.train.inputs import model_modality
+    if model_modality(run.model) == "text":
+        check_text_data(run)
+    from bigtrain.eval.during_training import check_tasks
+    check_tasks(run)
+
+
+def check_text_data(run: RunConfig) -> None:
+    """The data source's format against the objective, then its first records (text data only)."""
+    from bigtrain.data.formats import ExampleOptions
+    from bigtrain.data.peek import check_first_records, peek_source
+    from bigtrain.train.inputs import default_tokenizer
+    data = run.data
+    options = ExampleOptions(data.format, data.chat_template, data.train_on_prompt, data.long_examples, data.packing)
+    if data.source == "synthetic":
+        return
+    peek = peek_source(data.source, options, data.split, data.revision, data.streaming)
+    if peek is None:  # a hub source: the ranks stream it
+        return
+    check_objective_data(run.objective, peek.layout, peek.plain, peek.keys)
+    check_first_records(peek, default_tokenizer(data, run.model), options, seq_len=data.seq_len,
+                        val_fraction=data.val_fraction, text_field=data.text_field)
+
+
+def check_objective_data(cfg: ObjectiveConfig, layout: str, plain: bool, keys: list[str] | None = None) -> None:
+    """The objective and the data must be of one layout: pairs of answers, KTO's unpaired answers, or single
+    examples (one line if not). `plain`: the data is plain text; `keys`: its first record's, when it is records."""
+    if cfg.layout == layout:
+        return
+    from bigtrain.data.formats import PAIR_FORMATS, UNPAIRED_FORMATS, missing_fields
+    wants = {"pairs": 'preference records ({"prompt", "chosen", "rejected"}, or instruction/input/chosen/rejected)',
+             "unpaired": 'kto records ({"prompt", "completion", "label"})', "rows": "text or single examples"}
+    if plain and keys is not None and cfg.layout != "rows":  # records of no format: what the nearest one lacks
+        lacks = ", ".join(map(repr, missing_fields(keys, PAIR_FORMATS if cfg.layout == "pairs" else UNPAIRED_FORMATS)))
+        raise ValueError(f"objective.kind={cfg.kind} trains on {wants[cfg.layout]}, and the records of this data have "
+                         f"no {lacks} (the first has {sorted(keys)}): give every record {lacks}, or set data.format "
+                         "to the format they hold")
+    have = {"pairs": "preference pairs (chosen / rejected answers)", "unpaired": "kto answers (prompt / completion "
+            "/ label)"}.get(layout, "plain text" if plain else "single examples")
+    fits = {"pairs": "dpo, ipo, orpo, simpo or reward", "unpaired": "kto", "rows": "lm"}[layout]
+    raise ValueError(f"objective.kind={cfg.kind} trains on {wants[cfg.layout]}, and this data is {have}: give such "
+                     f"records, or objective.kind={fits.split(' or ')[0].split(', ')[0]} for this data "
+                     f"({fits})")
+
+
+def checked_by_launcher() -> bool:
+    """Whether `bigtrain train` checked this run before starting this rank."""
+    return os.environ.get(CHECKED_ENV) == "1"

@@ -1,0 +1,184 @@
+"""The mistakes that need no rank (issue 37 §3), each found by the ranks' own check called before any rank starts
+(bigtrain/train/precheck.py): the output folder, the data's shape and first records, the evaluation task names. The
+launches themselves are tests/dist/test_precheck_runs.py; here the checks, and run.py started without a launcher."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from local_chat import make_chat_tokenizer, preference_pairs, write_jsonl
+from messages import naming
+
+from bigtrain.checkpoint import store
+from bigtrain.checkpoint.claim import RunDirLock, run_dir_problem
+from bigtrain.checkpoint.state import CheckpointState
+from bigtrain.data.formats import ExampleOptions
+from bigtrain.data.peek import PEEK_RECORDS, check_first_records, peek_source
+
+REPO = Path(__file__).resolve().parents[2]
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """A chat tokenizer, one without a template (GPT-2's has none), and preference records right and wrong."""
+    root = tmp_path_factory.mktemp("precheck")
+    tok = make_chat_tokenizer(root / "chat_tok")
+    tok.chat_template = None
+    tok.save_pretrained(str(root / "plain_tok"))
+    (root / "plain_tok" / "chat_template.jinja").unlink(missing_ok=True)
+    pairs = preference_pairs(40)
+    return {"root": root, "chat_tok": root / "chat_tok", "plain_tok": root / "plain_tok",
+            "pairs": write_jsonl(root / "pairs.jsonl", pairs),
+            "no_rejected": write_jsonl(root / "no_rejected.jsonl", [{k: v for k, v in r.items() if k != "rejected"}
+                                                                  for r in pairs]),
+            "same": write_jsonl(root / "same.jsonl", [dict(r, rejected=r["chosen"]) for r in pairs]),
+            "same_long": write_jsonl(root / "same_long.jsonl",  # the same answers for longer than the look
+                                     [dict(r, rejected=r["chosen"]) for r in preference_pairs(PEEK_RECORDS)]
+                                     + preference_pairs(10, seed=1))}
+
+
+def check(source: Path, tokenizer: Path | None, fmt: str = "auto") -> None:
+    options = ExampleOptions(format=fmt)
+    peek = peek_source(str(source), options)
+    check_first_records(peek, str(tokenizer) if tokenizer else None, options, seq_len=SEQ, val_fraction=0.05,
+                        text_field="text")
+
+
+# -- the data ------------------------------------------------------------------------------------------------------
+
+
+def test_a_record_without_rejected_names_rejected_alone(files):
+    with pytest.raises(ValueError) as err:
+        check(files["no_rejected"], files["chat_tok"], fmt="preference")
+    line = str(err.value)
+    assert naming(line, "no_rejected.jsonl line 1", "has no 'rejected'", "data.format") and "'chosen' (" not in line
+    assert "no 'chosen'" not in line and "chosen, rejected" not in line
+
+
+def test_records_of_no_format_against_a_pair_objective_name_the_missing_field(files):
+    """format auto: records with prompt and chosen only are no format at all; dpo names what they lack."""
+    from bigtrain.config.run_config import ObjectiveConfig
+    from bigtrain.train.precheck import check_objective_data
+    peek = peek_source(str(files["no_rejected"]), ExampleOptions())
+    assert peek.plain and peek.keys == ["prompt", "chosen"]
+    with pytest.raises(ValueError) as err:
+        check_objective_data(ObjectiveConfig(kind="dpo"), peek.layout, peek.plain, peek.keys)
+    assert naming(str(err.value), "objective.kind=dpo", "no 'rejected'", "data.format")
+    plain = files["root"] / "plain.txt"
+    plain.write_text("the cat sat on the mat\n" * 50)
+    peek = peek_source(str(plain), ExampleOptions())
+    with pytest.raises(ValueError) as err:
+        check_objective_data(ObjectiveConfig(kind="dpo"), peek.layout, peek.plain, peek.keys)
+    assert naming(str(err.value), "objective.kind=dpo", "plain text", "objective.kind=lm")
+
+
+def test_conversations_without_a_chat_template_name_data_chat_template(files):
+    with pytest.raises(ValueError) as err:
+        check(files["pairs"], files["plain_tok"])
+    line = str(err.value)
+    assert naming(line, "pairs.jsonl", "no chat template", "data.chat_template=FILE", str(files["plain_tok"]))
+    assert "Cannot use chat template functions" not in line  # transformers' own text
+
+
+def test_pairs_whose_answers_are_all_the_same_are_the_ranks_line_when_the_look_reads_the_whole_source(files):
+    check(files["pairs"], files["chat_tok"])  # right records: nothing to say
+    with pytest.raises(ValueError) as err:
+        check(files["same"], files["chat_tok"])
+    assert naming(str(err.value), "same.jsonl", "0 of 40 preference pairs", "the same tokens")
+    # longer than the look: its first pairs are no verdict on the rest (the ranks count them all)
+    check(files["same_long"], files["chat_tok"])
+
+
+# -- the output folder ---------------------------------------------------------------------------------------------
+
+
+def test_an_output_folder_held_by_a_job_or_holding_a_run_is_found_without_taking_it(tmp_path):
+    out = tmp_path / "run"
+    assert run_dir_problem(out, out / "checkpoints", resume=False, overwrite=False) is None
+    assert not out.exists()  # looked at, not made
+    held = RunDirLock()
+    assert held.acquire(out) is None  # another job, running
+    problem = run_dir_problem(out, out / "checkpoints", resume=False, overwrite=False)
+    assert naming(problem, str(out), "in use by another bigtrain job", f"pid {os.getpid()}", "another --out")
+    held.release()
+    # every rank of a starting job looks at once: their looks do not stop each other
+    fds = [os.open(out / ".bigtrain.lock", os.O_RDONLY) for _ in range(2)]
+    import fcntl
+    fcntl.flock(fds[0], fcntl.LOCK_SH | fcntl.LOCK_NB)
+    assert run_dir_problem(out, out / "checkpoints", resume=False, overwrite=False) is None
+    for fd in fds:
+        os.close(fd)
+    tag = out / "checkpoints" / "step_000004"
+    tag.mkdir(parents=True)
+    torch.save({"rank": 0}, tag / "rng_rank0.pt")
+    store.write_marker(tag, CheckpointState(step=4, world_size=1))
+    problem = run_dir_problem(out, out / "checkpoints", resume=False, overwrite=False)
+    assert naming(problem, "earlier run", "step_000004", "--resume", "--overwrite")
+    assert run_dir_problem(out, out / "checkpoints", resume=True, overwrite=False) is None
+    assert run_dir_problem(out, out / "checkpoints", resume=False, overwrite=True) is None
+    assert tag.exists()  # --overwrite deletes when the job claims the folder, never in a look
+    assert naming(run_dir_problem(out, out / "checkpoints", resume=True, overwrite=True), "give one of them")
+
+
+# -- evaluation tasks ----------------------------------------------------------------------------------------------
+
+
+def test_task_names_are_checked_in_a_second_without_lm_evals_index(monkeypatch, tmp_path):
+    pytest.importorskip("lm_eval")
+    import lm_eval.tasks
+
+    from bigtrain.eval.tasks import check_task_names
+
+    def no_index(*args, **kwargs):
+        raise AssertionError("lm-eval's index of every task file was built")
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", no_index)
+    start = time.monotonic()
+    check_task_names(["hellaswag", "arc_easy"], None, "train.eval_include_path")  # lm-eval's own: left to the ranks
+    with pytest.raises(ValueError) as err:
+        check_task_names(["hellaswagg"], None, "train.eval_include_path")
+    line = str(err.value)
+    assert naming(line, "unknown task 'hellaswagg'", "nearest: hellaswag", "train.eval_include_path=DIR")
+    assert "--include-path" not in line  # a run's folder is a setting, not bigtrain eval's flag
+    with pytest.raises(ValueError) as err:
+        check_task_names(["sounds"], tmp_path / "nowhere", "train.eval_include_path")
+    assert naming(str(err.value), "train.eval_include_path", "nowhere", "no such directory")
+    (tmp_path / "mine.yaml").write_text("task: sounds_mc\ndataset_path: json\n")
+    check_task_names(["sounds_mc"], tmp_path, "train.eval_include_path")
+    with pytest.raises(ValueError) as err:
+        check_task_names(["sounds_mx"], tmp_path, "--include-path")
+    assert naming(str(err.value), "'sounds_mx'", "nearest: sounds_mc", "--include-path folders")
+    assert time.monotonic() - start < 30  # lm-eval's index takes 8-40 s here; the look reads files only
+
+
+# -- run.py, started without a launcher ------------------------------------------------------------------------------
+
+
+def test_run_py_started_directly_says_the_mistake_before_its_process_group(files, tmp_path):
+    """`deepspeed bigtrain/run.py` (here one process): the data's mistake before any process group, log or cache."""
+    from local_hf import decoder_config
+    from transformers import AutoModelForCausalLM
+    model = tmp_path / "llama"
+    AutoModelForCausalLM.from_config(decoder_config("llama", 400)).save_pretrained(model)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (files["chat_tok"] / name).exists():
+            (model / name).write_bytes((files["chat_tok"] / name).read_bytes())
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(REPO / "bigtrain" / "run.py"), "--model", "hf", "--set",
+                           f"model.pretrained={model}", "--data", str(files["same"]), "--set", "objective.kind=dpo",
+                           "--set", f"data.seq_len={SEQ}", "--steps", "1", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert naming(proc.stderr, "bigtrain:", "0 of 40 preference pairs", "the same tokens")
+    assert "Traceback" not in proc.stderr and "ranks:" not in proc.stderr
+    assert not out.exists()  # no rank log, no data cache: no process group was made
+
