@@ -17,12 +17,8 @@ from bigtrain.distributed.world import World
 def run_eval(args: argparse.Namespace, world: World) -> int:
     """Evaluate `args.target` on `args.tasks` as rank `world.rank` of `world.size`; 0 when done (ValueError, one
     line, for a user's mistake)."""
-    from bigtrain.eval.harness import require_lm_eval
-    from bigtrain.eval.target import target_kind
-    from bigtrain.eval.tasks import load_tasks, split_names, task_manager
-    target_kind(args.target, args.tag, args.revision)  # a wrong path: one line before anything is imported
-    names = split_names(args.tasks)
-    require_lm_eval()
+    from bigtrain.eval.tasks import load_tasks, task_manager
+    names = check_eval_args(args)
     manager = task_manager(args.include_path, names)
     tasks = load_tasks(names, manager)  # before the model: a wrong name or missing data costs no loading
     from bigtrain.eval.partitioned import held_target
@@ -44,6 +40,18 @@ def run_eval(args: argparse.Namespace, world: World) -> int:
         print(f"evaluated {target.description} on {', '.join(names)} with {world.size} rank(s): {requests} requests "
               f"in {info['seconds']:.1f} s ({info['requests_per_s']:.1f} requests/s); results: {out}")
     return 0
+
+
+def check_eval_args(args: argparse.Namespace) -> list[str]:
+    """The task names; ValueError (one line) for a target that is no run or model directory, or a task name no task
+    file defines: in seconds, before the model is loaded, lm-eval's tasks indexed, or (`bigtrain eval --num-gpus N`)
+    any rank started."""
+    from bigtrain.eval.target import target_kind
+    from bigtrain.eval.tasks import check_task_names, split_names
+    target_kind(args.target, args.tag, args.revision)  # a wrong path: one line before anything is imported
+    names = split_names(args.tasks)
+    check_task_names(names, args.include_path)
+    return names
 
 
 def rank_main(argv: list[str] | None = None) -> int:

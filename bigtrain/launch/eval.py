@@ -44,7 +44,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from bigtrain.launch.console import copy_filtered
     from bigtrain.distributed.rendezvous import free_port
     from bigtrain.launch.hosts import ranks_here
-    from bigtrain.launch.train import launch_env, launcher_command
+    from bigtrain.launch.train import launch_env, launcher_command, rank_0_here
+    if rank_0_here(args.hostfile):  # a wrong folder or task name: one line before any rank starts
+        from bigtrain.eval.command import check_eval_args
+        check_eval_args(args)
     num_ranks = args.num_gpus or ranks_here(args.hostfile)
     port = args.master_port or (None if args.hostfile else free_port())
     cmd = launcher_command(rank_args(args), args.num_gpus, args.hostfile, port, [], args.verbose,

@@ -142,3 +142,15 @@ def test_chat_pairs_and_a_tokenizer_without_a_chat_template(root: Path, launch_s
     line = stopped_before_any_rank(proc, s, launch_s, root / "g")
     assert naming(line, "no chat template", "data.chat_template=FILE", str(root / "gpt2"))
     assert "Cannot use chat template functions" not in proc.stderr  # transformers' own text
+
+
+def test_bigtrain_eval_on_ranks_says_an_unknown_task_before_its_launcher(root: Path, launch_s: float) -> None:
+    pytest.importorskip("lm_eval")
+    (root / "tasks").mkdir(exist_ok=True)
+    (root / "tasks" / "sounds_mc.yaml").write_text("task: sounds_mc\ndataset_path: json\n")
+    start = time.monotonic()
+    proc = subprocess.run([str(BIN / "bigtrain"), "eval", str(root / "llama"), "--tasks", "sounds_mx",
+                           "--include-path", str(root / "tasks"), "--num-gpus", "2"], cwd=REPO, env=rank_env(),
+                          capture_output=True, text=True, timeout=600)
+    line = stopped_before_any_rank(proc, time.monotonic() - start, launch_s, root / "eval")
+    assert naming(line, "bigtrain eval:", "unknown task 'sounds_mx'", "nearest: sounds_mc", "--include-path")
