@@ -57,15 +57,21 @@ def check_first_records(peek: SourcePeek, tokenizer: str | None, options: Exampl
     leaves too little to train. `tokenizer`: the run's (None: one trained on the data by rank 0, not known yet)."""
     from bigtrain.data.chat import check_template, read_chat_template
     from bigtrain.data.prepare.pieces import iter_records
-    from bigtrain.data.tokenizer import load_tokenizer
     prepared = [p for _, p, _ in peek.parts if isinstance(p, Path)]
-    # the ranks' tokenizer (text._tokenizer): the named one, else a prepared part's, else one trained on the data
+    # the ranks' tokenizer (text._tokenizer): the named one, else a prepared part's, else one trained on the data;
+    # loaded only to render records (plain text needs none here)
     name = tokenizer if tokenizer is not None else prepared[0] / "tokenizer" if prepared else None
-    tok = load_tokenizer(name) if name is not None else None
+    formats = [fmt for _, _, fmt in peek.parts]
+    tok = None
+    if name is not None and set(formats) & set(EXAMPLE_FORMATS):
+        from bigtrain.data.tokenizer import load_tokenizer  # transformers: only where records are rendered
+        tok = load_tokenizer(name)
     if tok is not None and options.chat_template:
         tok.chat_template = read_chat_template(options.chat_template)
-    if tok is not None or not options.chat_template:  # a trained tokenizer has no template unless one is given
-        check_template([fmt for _, _, fmt in peek.parts], tok)
+    if tok is not None:
+        check_template(formats, tok)
+    elif name is None and not options.chat_template:  # a tokenizer trained here has no chat template
+        check_template(formats, None)
     for text, part, fmt in peek.parts:
         if not isinstance(part, Source) or part.kind != "files" or part.loader == "text":
             continue  # prepared, or plain text (.txt, builtin): nothing to read by record

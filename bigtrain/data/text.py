@@ -27,7 +27,6 @@ from bigtrain.data.prepare.pieces import BPE_TRAIN_BYTES, iter_documents
 from bigtrain.data.prepare.store import PLAN_FILE, PreparedCorpus, is_complete, is_prepared, read_manifest
 from bigtrain.data.prepare.worker import token_dtype  # noqa: F401 -- re-exported for classify
 from bigtrain.data.sources import Source, detect_format
-from bigtrain.data.tokenizer import load_tokenizer, resolve_tokenizer, tokenizer_fingerprint
 
 Part = Path | Source  # a prepared directory, or a source to prepare
 KIND_NAMES = {"text": "plain text", "examples": "chat/instruction examples", "pairs": "preference pairs",
@@ -144,6 +143,8 @@ def _same_template(corpora: list[PreparedCorpus], tok: Any, options: ExampleOpti
 def _tokenizer(parts: list[Part], name: str | None, vocab_size: int, tokenizer_dir: Path, fields: list,
                is_writer: bool, barrier: Callable[[], None]) -> tuple[Any, Path | None]:
     """The named tokenizer; else a prepared part's; else a BPE trained on the sources (by the writer)."""
+    # imported here: transformers takes seconds, and `source_part`/`source_formats` are asked before any rank starts
+    from bigtrain.data.tokenizer import load_tokenizer, resolve_tokenizer, tokenizer_fingerprint
     prepared = [p for p in parts if isinstance(p, Path)]
     if name is None and prepared:
         tok, tok_dir = load_tokenizer(prepared[0] / "tokenizer"), prepared[0] / "tokenizer"

@@ -45,7 +45,7 @@ def split_names(tasks: str | Sequence[str]) -> list[str]:
 def task_manager(include_path: str | Path | Sequence[str | Path] | None = None,
                  names: Sequence[str] = (), include_flag: str = INCLUDE_FLAG) -> Any:
     """lm-eval's TaskManager over the local task folders in `include_path` and lm-eval's own tasks; over the local
-    folders alone when they hold every one of `names` (indexing lm-eval's ~15000 task files takes 8-24 s here)."""
+    folders alone when they hold every one of `names` (indexing lm-eval's ~15000 task files takes 8-40 s here)."""
     require_lm_eval()
     from lm_eval.tasks import TaskManager
     folders = task_folders(include_path, include_flag)

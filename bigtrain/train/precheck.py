@@ -28,8 +28,10 @@ def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False) 
     problem = run_dir_problem(out, Path(run.checkpoint.dir or out / "checkpoints"), resume=resume, overwrite=overwrite)
     if problem:
         raise ValueError(problem)
+    from bigtrain.models.names import MODALITY, canonical
     from bigtrain.train.inputs import model_modality
-    if model_modality(run.model) == "text":
+    named = MODALITY.get(canonical(run.model.family)) if not run.model.pretrained else None
+    if (named or model_modality(run.model)) == "text":  # a directory is checked against --model (its family's own)
         check_text_data(run)
     from bigtrain.eval.during_training import check_tasks
     check_tasks(run)

@@ -182,3 +182,23 @@ def test_run_py_started_directly_says_the_mistake_before_its_process_group(files
     assert "Traceback" not in proc.stderr and "ranks:" not in proc.stderr
     assert not out.exists()  # no rank log, no data cache: no process group was made
 
+
+
+def test_files_are_checked_here_only_where_rank_0_runs(tmp_path):
+    """With a hostfile, rank 0 runs on its first host: this machine's folders are rank 0's only when that is here."""
+    import socket
+
+    from bigtrain.launch.train import rank_0_here
+    assert rank_0_here(None)
+    (tmp_path / "here").write_text(f"{socket.gethostname()} slots=2\nworker-2 slots=2\n")
+    (tmp_path / "there").write_text(f"worker-1 slots=8\n{socket.gethostname()} slots=8\n")
+    assert rank_0_here(str(tmp_path / "here")) and not rank_0_here(str(tmp_path / "there"))
+
+
+def test_the_data_a_family_trains_on_without_a_directory_is_its_familys():
+    """The launching process reads it from models.names (no family module, no transformers model classes)."""
+    from bigtrain.models.names import MODALITY
+    from bigtrain.models.registry import FAMILY_MODULES, family
+    assert set(MODALITY) == set(FAMILY_MODULES) - {"hf"}  # hf: always a directory
+    for name, modality in MODALITY.items():
+        assert family(name).modality({}) == modality
