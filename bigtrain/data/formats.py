@@ -89,6 +89,17 @@ def no_text_field_line(field: str, where: str, keys: Any) -> str:
             f"{shapes} (data.format)")
 
 
+def layout_of(fmt: str) -> str:
+    """How a format's records train (bigtrain.data.dataset.LAYOUTS): pairs, unpaired answers, prompts, or rows."""
+    return ("pairs" if fmt in PAIR_FORMATS else "unpaired" if fmt in UNPAIRED_FORMATS else "prompts"
+            if fmt in PROMPT_FORMATS else "rows")
+
+
+def layout_formats(layout: str) -> list[str]:
+    """The record formats that train as `layout`."""
+    return [fmt for fmt in FIELDS if layout_of(fmt) == layout]
+
+
 def missing_fields(keys: Iterable[str], formats: Iterable[str]) -> list[str]:
     """The required fields that records with `keys` lack for the nearest of `formats` (the one they hold most of)."""
     keys = set(keys)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from bigtrain.data.formats import EXAMPLE_FORMATS, FIELDS, PAIR_FORMATS, UNPAIRED_FORMATS, ExampleOptions
+from bigtrain.data.formats import EXAMPLE_FORMATS, FIELDS, PAIR_FORMATS, UNPAIRED_FORMATS, ExampleOptions, layout_of
 from bigtrain.data.mixture import parse_mixture
 from bigtrain.data.sources import Source, first_keys
 
@@ -45,7 +45,7 @@ def peek_source(source: str, options: ExampleOptions, split: str = "train", revi
     if any(isinstance(p, Source) and p.kind == "hub" for p in parts):
         return None
     formats = source_formats(parts, options)
-    layout = "pairs" if formats[0] in PAIR_FORMATS else "unpaired" if formats[0] in UNPAIRED_FORMATS else "rows"
+    layout = layout_of(formats[0])
     keys = next((first_keys(p) for p in parts if isinstance(p, Source)), None)
     return SourcePeek([(text, part, fmt) for (text, _), part, fmt in zip(entries, parts, formats)], layout,
                       formats[0] == "text", keys)
@@ -75,7 +75,7 @@ def check_first_records(peek: SourcePeek, tokenizer: str | None, options: Exampl
     for text, part, fmt in peek.parts:
         if not isinstance(part, Source) or part.kind != "files" or part.loader == "text":
             continue  # prepared, or plain text (.txt, builtin): nothing to read by record
-        field = tuple(FIELDS[fmt]) if fmt in EXAMPLE_FORMATS else text_field
+        field = tuple(FIELDS[fmt]) if fmt in FIELDS else text_field  # records of a format, or the text field
         records = list(itertools.islice(iter_records(part, field), PEEK_RECORDS + 1))
         if fmt in EXAMPLE_FORMATS and tok is not None:
             render(records[:PEEK_RECORDS], tok, fmt, text, part, whole=len(records) <= PEEK_RECORDS, seq_len=seq_len,
@@ -91,14 +91,13 @@ def render(records: list[dict], tok: Any, fmt: str, text: str, src: Source, *, w
                                        str(src.files[0]) if src.files else text)
     if not whole:
         return
-    from bigtrain.data.examples import ExampleCorpus
-    from bigtrain.data.pairs import PairCorpus, build_unpaired
+    from bigtrain.data.examples import build_examples
+    from bigtrain.data.pairs import build_pairs, build_unpaired
     from bigtrain.data.tokenizer import eos_id
-    corpus = RenderedCorpus(text, fmt, ids, mask, ends, answers, eos_id(tok))
-    if fmt in UNPAIRED_FORMATS:
-        build_unpaired([corpus], [text], None, seq_len, options, val_fraction, tok)
-    else:  # the filters of a prepared corpus (too few pairs or examples left to train is one line)
-        (PairCorpus if fmt in PAIR_FORMATS else ExampleCorpus)(corpus, seq_len, options, val_fraction, text)
+    build = build_pairs if fmt in PAIR_FORMATS else build_unpaired if fmt in UNPAIRED_FORMATS else build_examples
+    # as text.py builds a prepared corpus's bundle: its filters say when too few pairs or examples are left to train
+    build([RenderedCorpus(text, fmt, ids, mask, ends, answers, eos_id(tok))], [text], None, seq_len, options,
+          val_fraction, tok)
 
 
 class RenderedCorpus:

@@ -5,7 +5,7 @@ before the launcher starts, and bigtrain/run.py before the process group when no
     the output folder   another job in it, an earlier run's checkpoints    checkpoint.claim.run_dir_problem
     the model           a directory of another family, no trainable class  train.inputs.model_modality
     the data            its format, its first records read and rendered    data.peek
-    objective x data    pairs for dpo/ipo/orpo/simpo/reward, kto answers   check_objective_data (job.py too)
+    objective x data    the layout the objective reads                     objectives.data_problem (job.py's)
     evaluation tasks    names, the local task folder, the layout           eval.during_training.check_tasks
 
 What needs the ranks stays with them: the DeepSpeed config at the world size, the checkpoint's bytes on --resume, a
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bigtrain.config.run_config import ObjectiveConfig, RunConfig
+from bigtrain.config.run_config import RunConfig
 
 CHECKED_ENV = "BIGTRAIN_PRECHECKED"  # set by `bigtrain train` for its ranks: the launching process checked already
 
@@ -49,30 +49,28 @@ def check_text_data(run: RunConfig) -> None:
     peek = peek_source(data.source, options, data.split, data.revision, data.streaming)
     if peek is None:  # a hub source: the ranks stream it
         return
-    check_objective_data(run.objective, peek.layout, peek.plain, peek.keys)
+    check_objective_data(run, peek.layout, peek.plain, peek.keys)
     check_first_records(peek, default_tokenizer(data, run.model), options, seq_len=data.seq_len,
                         val_fraction=data.val_fraction, text_field=data.text_field)
 
 
-def check_objective_data(cfg: ObjectiveConfig, layout: str, plain: bool, keys: list[str] | None = None) -> None:
-    """The objective and the data must be of one layout: pairs of answers, KTO's unpaired answers, or single
-    examples (one line if not). `plain`: the data is plain text; `keys`: its first record's, when it is records."""
-    if cfg.layout == layout:
-        return
-    from bigtrain.data.formats import PAIR_FORMATS, UNPAIRED_FORMATS, missing_fields
-    wants = {"pairs": 'preference records ({"prompt", "chosen", "rejected"}, or instruction/input/chosen/rejected)',
-             "unpaired": 'kto records ({"prompt", "completion", "label"})', "rows": "text or single examples"}
-    if plain and keys is not None and cfg.layout != "rows":  # records of no format: what the nearest one lacks
-        lacks = ", ".join(map(repr, missing_fields(keys, PAIR_FORMATS if cfg.layout == "pairs" else UNPAIRED_FORMATS)))
-        raise ValueError(f"objective.kind={cfg.kind} trains on {wants[cfg.layout]}, and the records of this data have "
-                         f"no {lacks} (the first has {sorted(keys)}): give every record {lacks}, or set data.format "
-                         "to the format they hold")
-    have = {"pairs": "preference pairs (chosen / rejected answers)", "unpaired": "kto answers (prompt / completion "
-            "/ label)"}.get(layout, "plain text" if plain else "single examples")
-    fits = {"pairs": "dpo, ipo, orpo, simpo or reward", "unpaired": "kto", "rows": "lm"}[layout]
-    raise ValueError(f"objective.kind={cfg.kind} trains on {wants[cfg.layout]}, and this data is {have}: give such "
-                     f"records, or objective.kind={fits.split(' or ')[0].split(', ')[0]} for this data "
-                     f"({fits})")
+def check_objective_data(run: RunConfig, layout: str, plain: bool, keys: list[str] | None = None) -> None:
+    """The data's layout against the objective's (one line if not: `objectives.data_problem`, the job's own check).
+    `keys`: the first record's, when the data is records of no format (`plain`): then the line names the fields
+    they lack for the nearest format the objective reads (a record without `rejected`), not that they are text."""
+    from bigtrain import objectives
+    from bigtrain.data.dataset import LAYOUTS
+    from bigtrain.data.formats import layout_formats, missing_fields
+    kind, needs = run.objective.kind, run.objective.declared
+    if layout == needs.layout or layout not in LAYOUTS or needs.layout not in LAYOUTS:
+        return  # the same; or a layout the data layer itself refuses for this objective, on the ranks
+    if plain and keys is not None and needs.layout != "rows":
+        lacks = ", ".join(map(repr, missing_fields(keys, layout_formats(needs.layout))))
+        raise ValueError(f"objective.kind={kind} trains on {LAYOUTS[needs.layout][1]}, and the records of this data "
+                         f"have no {lacks} (the first has {sorted(keys)}): give every record {lacks}, or set "
+                         "data.format to the format they hold")
+    if problem := objectives.data_problem(kind, needs, layout, plain_text=plain):
+        raise ValueError(problem)
 
 
 def checked_by_launcher() -> bool:

@@ -64,18 +64,19 @@ def test_a_record_without_rejected_names_rejected_alone(files):
 
 def test_records_of_no_format_against_a_pair_objective_name_the_missing_field(files):
     """format auto: records with prompt and chosen only are no format at all; dpo names what they lack."""
-    from bigtrain.config.run_config import ObjectiveConfig
+    from bigtrain.config.load import load_run_config
     from bigtrain.train.precheck import check_objective_data
+    dpo = load_run_config(None, ["objective.kind=dpo"])
     peek = peek_source(str(files["no_rejected"]), ExampleOptions())
     assert peek.plain and peek.keys == ["prompt", "chosen"]
     with pytest.raises(ValueError) as err:
-        check_objective_data(ObjectiveConfig(kind="dpo"), peek.layout, peek.plain, peek.keys)
+        check_objective_data(dpo, peek.layout, peek.plain, peek.keys)
     assert naming(str(err.value), "objective.kind=dpo", "no 'rejected'", "data.format")
     plain = files["root"] / "plain.txt"
     plain.write_text("the cat sat on the mat\n" * 50)
     peek = peek_source(str(plain), ExampleOptions())
     with pytest.raises(ValueError) as err:
-        check_objective_data(ObjectiveConfig(kind="dpo"), peek.layout, peek.plain, peek.keys)
+        check_objective_data(dpo, peek.layout, peek.plain, peek.keys)
     assert naming(str(err.value), "objective.kind=dpo", "plain text", "objective.kind=lm")
 
 
