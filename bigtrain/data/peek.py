@@ -52,15 +52,16 @@ def peek_source(source: str, options: ExampleOptions, split: str = "train", revi
 
 
 def check_first_records(peek: SourcePeek, tokenizer: str | None, options: ExampleOptions, *, seq_len: int,
-                        val_fraction: float, text_field: str) -> None:
+                        val_fraction: float, text_field: str, tokenizer_known: bool = True) -> None:
     """ValueError (the ranks' line) for a first record that does not read or render, or a source, read whole, that
-    leaves too little to train. `tokenizer`: the run's (None: one trained on the data by rank 0, not known yet)."""
+    leaves too little to train. `tokenizer`: the run's (None: one trained on the data by rank 0, not known yet);
+    `tokenizer_known` false: the ranks will have one this process cannot (a Hub model's): records are only read."""
     from bigtrain.data.chat import check_template, read_chat_template
     from bigtrain.data.prepare.pieces import iter_records
     prepared = [p for _, p, _ in peek.parts if isinstance(p, Path)]
     # the ranks' tokenizer (text._tokenizer): the named one, else a prepared part's, else one trained on the data;
     # loaded only to render records (plain text needs none here)
-    name = tokenizer if tokenizer is not None else prepared[0] / "tokenizer" if prepared else None
+    name = tokenizer if tokenizer is not None else prepared[0] / "tokenizer" if prepared and tokenizer_known else None
     formats = [fmt for _, _, fmt in peek.parts]
     tok = None
     if name is not None and set(formats) & set(EXAMPLE_FORMATS):
@@ -70,7 +71,7 @@ def check_first_records(peek: SourcePeek, tokenizer: str | None, options: Exampl
         tok.chat_template = read_chat_template(options.chat_template)
     if tok is not None:
         check_template(formats, tok)
-    elif name is None and not options.chat_template:  # a tokenizer trained here has no chat template
+    elif name is None and tokenizer_known and not options.chat_template:  # one trained here has no chat template
         check_template(formats, None)
     for text, part, fmt in peek.parts:
         if not isinstance(part, Source) or part.kind != "files" or part.loader == "text":

@@ -28,17 +28,25 @@ def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False) 
     problem = run_dir_problem(out, Path(run.checkpoint.dir or out / "checkpoints"), resume=resume, overwrite=overwrite)
     if problem:
         raise ValueError(problem)
+    from bigtrain.models.hub import is_hub_name
     from bigtrain.models.names import MODALITY, canonical
     from bigtrain.train.inputs import model_modality
-    named = MODALITY.get(canonical(run.model.family)) if not run.model.pretrained else None
-    if (named or model_modality(run.model)) == "text":  # a directory is checked against --model (its family's own)
-        check_text_data(run)
+    model = run.model
+    on_hub = bool(model.pretrained) and (is_hub_name(model.pretrained) or model.revision is not None)
+    if model.pretrained and not on_hub:  # a directory here: checked against --model (its family's own check)
+        modality = model_modality(model)
+    else:  # none, or a Hub name the ranks download (hf's data is then its config's: left to them)
+        modality = MODALITY.get(canonical(model.family))
+    if modality == "text":
+        check_text_data(run, tokenizer_here=not is_hub_name(run.data.tokenizer)
+                        and (run.data.tokenizer is not None or not on_hub))
     from bigtrain.eval.during_training import check_tasks
     check_tasks(run)
 
 
-def check_text_data(run: RunConfig) -> None:
-    """The data source's format against the objective, then its first records (text data only)."""
+def check_text_data(run: RunConfig, tokenizer_here: bool = True) -> None:
+    """The data source's format against the objective, then its first records (text data only). `tokenizer_here`:
+    the run's tokenizer can be had without the ranks (not the Hub's: without it, records are read, not rendered)."""
     from bigtrain.data.formats import ExampleOptions
     from bigtrain.data.peek import check_first_records, peek_source
     from bigtrain.train.inputs import default_tokenizer
@@ -50,8 +58,9 @@ def check_text_data(run: RunConfig) -> None:
     if peek is None:  # a hub source: the ranks stream it
         return
     check_objective_data(run, peek.layout, peek.plain, peek.keys)
-    check_first_records(peek, default_tokenizer(data, run.model), options, seq_len=data.seq_len,
-                        val_fraction=data.val_fraction, text_field=data.text_field)
+    check_first_records(peek, default_tokenizer(data, run.model) if tokenizer_here else None, options,
+                        seq_len=data.seq_len, val_fraction=data.val_fraction, text_field=data.text_field,
+                        tokenizer_known=tokenizer_here)
 
 
 def check_objective_data(run: RunConfig, layout: str, plain: bool, keys: list[str] | None = None) -> None:

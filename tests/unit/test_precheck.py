@@ -203,3 +203,24 @@ def test_the_data_a_family_trains_on_without_a_directory_is_its_familys():
     assert set(MODALITY) == set(FAMILY_MODULES) - {"hf"}  # hf: always a directory
     for name, modality in MODALITY.items():
         assert family(name).modality({}) == modality
+
+
+def test_a_hub_model_is_left_to_the_ranks_that_download_it(files, tmp_path, monkeypatch):
+    """model.pretrained as a Hub name (the ranks download it, bigtrain.models.hub): no false refusal here, without a
+    network (its tokenizer, with its chat template, is not known before the download); the records are still read."""
+    from local_chat import conversations
+
+    from bigtrain.config.load import load_run_config
+    from bigtrain.train.precheck import check_run
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    chats = write_jsonl(tmp_path / "chats.jsonl", conversations(20))
+    for family in ("hf", "llama"):
+        run = load_run_config(None, [f"model.family={family}", "model.pretrained=some-org/some-model",
+                                     f"data.source={chats}", f"train.out_dir={tmp_path / family}"])
+        check_run(run)
+    broken = write_jsonl(tmp_path / "broken.jsonl", [{"messages": []}] * 3 + [{"text": "x"}])
+    run = load_run_config(None, ["model.family=llama", "model.pretrained=some-org/some-model", "data.format=chat",
+                                 f"data.source={broken}", f"train.out_dir={tmp_path / 'b'}"])
+    with pytest.raises(ValueError) as err:
+        check_run(run)
+    assert naming(str(err.value), "broken.jsonl line 4", "has no 'messages'")
