@@ -146,7 +146,6 @@ def generate(model: Any, tokenizer: Any, ids: list[int], sampling: Sampling, con
 
 
 def _positions(model: Any) -> int | None:
-    config = model.config
-    if getattr(config, "model_type", None) == "gpt2":
-        return config.n_positions
-    return None
+    """The length learned absolute positions allow (GPT-2-style configs name it `n_positions`); None for rotary
+    positions, which have no table to run past."""
+    return getattr(model.config, "n_positions", None)
