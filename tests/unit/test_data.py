@@ -99,7 +99,11 @@ def test_bad_sources_raise_value_errors_naming_them(tmp_path):
 
 
 def test_hub_source_offline_fails_fast_with_a_clear_message(monkeypatch, tmp_path):
+    import datasets
     monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: False)
+    # datasets reads HF_HUB_OFFLINE once, at import: a test file that imported it offline before this one (pytest
+    # runs files in one process) would otherwise turn the unreachable Hub into an offline cache lookup
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     with pytest.raises(ValueError, match="'hf:wikitext:wikitext-2-raw-v1' needs the Hugging Face Hub"):
         build_data("hf:wikitext:wikitext-2-raw-v1", tokenizer_dir=tmp_path / "t", cache_dir=tmp_path / "c")
     src = parse_source("hf:org/name:cfg", "text")
