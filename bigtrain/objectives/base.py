@@ -31,6 +31,32 @@ class FrozenModel:
     head: str = "own"
 
 
+LORA_RATE_FACTOR = 10.0  # TRL's PEFT guide (docs/source/peft_integration.md): LoRA at about 10 x the full rate
+
+
+@dataclass(frozen=True)
+class FineTuning:
+    """What an objective trains a pretrained model with when the run sets none (bigtrain.config.defaults reads it;
+    docs/fine-tuning.md has the table beside TRL's): the peak learning rate of full weights (TRL's trainer's default
+    for the objective), of LoRA adapters (None: 10 x lr, TRL's PEFT guide), the weight decay (TRL's: 0) and the
+    warm-up steps (TRL's: none; 1 is the shortest DeepSpeed's schedulers take)."""
+
+    lr: float
+    lora_lr: float | None = None
+    weight_decay: float = 0.0
+    warmup_steps: int = 1
+
+    def __post_init__(self) -> None:
+        assert self.lr > 0 and (self.lora_lr is None or self.lora_lr > 0), self
+        assert self.weight_decay >= 0 and self.warmup_steps >= 1, self
+
+    def rate(self, lora: bool) -> float:
+        """The peak learning rate: with LoRA adapters `lora_lr`, else `lr`."""
+        if not lora:
+            return self.lr
+        return self.lora_lr if self.lora_lr is not None else LORA_RATE_FACTOR * self.lr
+
+
 @dataclass(frozen=True, kw_only=True)
 class Needs:
     """What an objective needs of a run. The config rules, lint, `bigtrain estimate`, the launcher's memory check,
@@ -115,9 +141,11 @@ class Objective:
     `micro_loss` on each, and steps backward on the loss it returns; in evaluation `eval_loss` per batch.
 
     A subclass declares `needs`, its `Settings` (a keyword-only dataclass, each field written with
-    `bigtrain.fields.doc`) and a one-line `summary`; `declare` may make the needs depend on the settings."""
+    `bigtrain.fields.doc`), its `fine_tuning` defaults and a one-line `summary`; `declare` may make the needs depend
+    on the settings."""
 
     needs: ClassVar[Needs] = Needs()
+    fine_tuning: ClassVar[FineTuning | None] = None  # every objective declares its own (tests/unit/test_defaults.py)
     Settings: ClassVar[type] = NoSettings
     summary: ClassVar[str] = ""  # what a step minimises, for objective.kind's help
     samples: ClassVar[str] = "samples"  # what one sample is, in the job's start line

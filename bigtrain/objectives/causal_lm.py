@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bigtrain.objectives.base import Metrics, Needs, Objective, Policy
+from bigtrain.objectives.base import FineTuning, Metrics, Needs, Objective, Policy
 
 if TYPE_CHECKING:
     import torch
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 class ModelLoss(Objective):
     needs = Needs()
+    fine_tuning = FineTuning(lr=2e-5)  # TRL's SFTConfig
     summary = "the model's own loss (next-token cross-entropy, a classifier's cross-entropy)"
 
     def begin_step(self, policy: Policy, micro: list[Any]) -> torch.Tensor | None:

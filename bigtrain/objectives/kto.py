@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bigtrain.fields import doc
-from bigtrain.objectives.base import Metrics, Objective, Policy, check_positive
+from bigtrain.objectives.base import FineTuning, Metrics, Objective, Policy, check_positive
 from bigtrain.objectives.preference import PAIRS
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class KTOLoss(Objective):
                        "be computed before training",
         "micro_batch": "each answer's KL counterpart is another answer of its micro-batch, and one answer has none"})
     Settings = KTOSettings
+    fine_tuning = FineTuning(lr=1e-6)  # TRL's KTOConfig
     summary = "unpaired answers marked desirable or not, against a frozen reference (TRL's KTO)"
     samples = "answers (each beside another for the KL estimate)"
 

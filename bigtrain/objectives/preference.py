@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bigtrain.fields import doc
-from bigtrain.objectives.base import LIVE_REFERENCES, REFERENCES, Metrics, Needs, Objective, Policy, check_positive
+from bigtrain.objectives.base import (LIVE_REFERENCES, REFERENCES, FineTuning, Metrics, Needs, Objective, Policy,
+                                      check_positive)
 
 if TYPE_CHECKING:
     import torch
@@ -56,6 +57,7 @@ class PreferenceSettings:
 
 class PreferenceLoss(Objective):
     needs = PAIRS
+    fine_tuning = FineTuning(lr=1e-6)  # TRL's DPOConfig (its loss_type ipo too), ORPOConfig, CPOConfig (SimPO)
     Settings = PreferenceSettings
     samples = "pairs"
 

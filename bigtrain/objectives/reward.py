@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from bigtrain.objectives.base import Metrics, Objective, Policy
+from bigtrain.objectives.base import FineTuning, Metrics, Objective, Policy
 from bigtrain.objectives.preference import PAIRS
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 class RewardLoss(Objective):
     needs = replace(PAIRS, head="scalar")
+    fine_tuning = FineTuning(lr=1e-4)  # TRL's RewardConfig
     summary = "a scalar reward head trained on pairs, -log sigmoid(r_chosen - r_rejected)"
     samples = "pairs"
 
