@@ -16,6 +16,7 @@ from bigtrain.config.sections import (ActivationCheckpointConfig, BatchConfig, C
                                       LoggingConfig, LoraConfig, ModelConfig, OffloadConfig, OffloadDevice,
                                       OptimizerConfig, ParallelConfig, PipelineConfig, ScheduleConfig, TrainConfig,
                                       ZeroConfig)
+from bigtrain.config.defaults import choose, filled, unset
 from bigtrain.config.topology import Topology
 from bigtrain.objectives import resolve_reference
 
@@ -47,6 +48,9 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
+        if unset(self.optimizer, self.schedule):  # the rate, weight decay and warm-up: by what the run is
+            chosen = choose(self.model.pretrained, self.objective.kind, self.lora.r > 0)
+            self.optimizer, self.schedule = filled(self.optimizer, self.schedule, chosen)
         check_combinations(self)
 
 

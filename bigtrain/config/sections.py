@@ -86,21 +86,25 @@ class OptimizerConfig:
         "adamw", "Optimizer; Lamb needs a GPU (the 1-bit optimizers are not in DeepSpeed 0.19); muon = DeepSpeed's "
         "Muon: the 2-D hidden weights by Muon (optimizer.muon_lr, optimizer.momentum), embeddings, head, norms and "
         "biases by Adam (optimizer.lr, betas, eps); ZeRO 0-3.")
-    lr: float = doc(6e-4, "Peak learning rate (with muon: the Adam half's).")
+    lr: float | None = doc(None, "Peak learning rate (with muon: the Adam half's). Unset: chosen by what the run is "
+                           "(bigtrain.config.defaults, docs/fine-tuning.md): 6e-4 from random weights; from "
+                           "model.pretrained the objective's fine-tuning rate (lm 2e-5, dpo/ipo/orpo/simpo/kto 1e-6, "
+                           "reward 1e-4: TRL's), 10 x with LoRA.")
     muon_lr: float = doc(0.02, "optimizer.name=muon: peak learning rate of the weights Muon trains (the schedule "
                          "scales it like optimizer.lr).")
     momentum: float = doc(0.95, "optimizer.name=muon: Muon's momentum.")
     betas: tuple[float, float] = doc((0.9, 0.95), "Adam betas.")
     eps: float = doc(1e-8, "Adam epsilon.")
-    weight_decay: float = doc(0.1, "Decoupled weight decay (AdamW).")
+    weight_decay: float | None = doc(None, "Decoupled weight decay (AdamW). Unset: 0.1 from random weights, 0 from "
+                                     "model.pretrained (TRL's).")
     grad_clip: float = doc(1.0, "Clip the global gradient norm to this (0 disables).")
     torch_adam: bool | None = doc(None, "Use torch's Adam instead of DeepSpeed's fused/CPU kernel; None = auto.")
 
     def __post_init__(self) -> None:
-        positive(self, "optimizer", "lr", "eps", "muon_lr")
+        positive(self, "optimizer", "eps", "muon_lr", *(["lr"] if self.lr is not None else []))
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"optimizer.momentum={self.momentum}: must be in [0, 1), e.g. 0.95")
-        if self.grad_clip < 0 or self.weight_decay < 0:
+        if self.grad_clip < 0 or (self.weight_decay or 0.0) < 0:
             raise ValueError("optimizer.grad_clip and optimizer.weight_decay must be >= 0")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"optimizer.betas={self.betas}: give two values in [0, 1), e.g. [0.9, 0.95]")
@@ -109,12 +113,13 @@ class OptimizerConfig:
 @dataclass
 class ScheduleConfig:
     kind: Literal["cosine", "linear", "constant"] = doc("cosine", "LR decay after warm-up.")
-    warmup_steps: int = doc(20, "Linear warm-up steps from min_lr_ratio * lr to lr (>= 1; DeepSpeed's schedulers "
-                                "warm up over at least 2).")
+    warmup_steps: int | None = doc(None, "Linear warm-up steps from min_lr_ratio * lr to lr (>= 1; DeepSpeed's "
+                                   "schedulers warm up over at least 2). Unset: 20 from random weights, 1 from "
+                                   "model.pretrained (TRL warms up none).")
     min_lr_ratio: float = doc(0.1, "Final (and initial warm-up) LR as a fraction of the peak.")
 
     def __post_init__(self) -> None:
-        if self.warmup_steps < 1:  # DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR refuse 0 on every rank
+        if self.warmup_steps is not None and self.warmup_steps < 1:  # DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR refuse 0 on every rank
             raise ValueError(f"schedule.warmup_steps={self.warmup_steps}: must be >= 1 (DeepSpeed's schedulers "
                              "refuse 0; 1 is the shortest warm-up, which they run over 2 steps)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:

@@ -17,18 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from bigtrain.models.names import WEIGHT_FILES, has_weights
+
 log = logging.getLogger("bigtrain")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
 FAMILY_OF_TYPE = {"gpt2": "gpt2", "llama": "llama"}  # model types a named family builds; others: --model hf
 TASKS = ("causal_lm", "classify")
 SUPPORTED = ("causal LMs (AutoModelForCausalLM: llama, mistral, qwen2, gpt2, ...) and sequence classifiers "
              "(AutoModelForSequenceClassification: bert, roberta, ...)")
-
-
-def has_weights(path: str | Path) -> bool:
-    return any((Path(path) / name).is_file() for name in WEIGHT_FILES)
 
 
 def has_tokenizer(path: str | Path) -> bool:
