@@ -55,6 +55,7 @@ class Resolved:
     ds_config: dict  # exactly what deepspeed.initialize gets
     run: RunConfig  # the run config that dict trains with (every field it carries read back)
     notes: list[str]  # one line per decision: precedence, filled sections, batch fitting
+    json_fields: frozenset[str] = frozenset()  # the run-config fields whose value the user's DeepSpeed JSON decided
 
     @property
     def recorded(self) -> dict:
@@ -97,6 +98,7 @@ def resolve(run: RunConfig, user_json: dict | str | Path | None = None, world_si
         run = with_fields(run, {"pipeline.stages": pipeline_stages})
         sources["pipeline.stages"] = "--set"
     filled: list[str] = []  # sections bigtrain added to the user's JSON: an error in one must say so
+    decided: frozenset[str] = frozenset()
     if user_json is None:
         config, run = _generated(run, world_size, sources, resume_batch, notes)
     else:
@@ -105,7 +107,7 @@ def resolve(run: RunConfig, user_json: dict | str | Path | None = None, world_si
         if problems:
             raise LintError(problems)
         try:
-            config, run = _from_user(user, run, world_size, sources, fit_world, resume_batch, notes)
+            config, run, decided = _from_user(user, run, world_size, sources, fit_world, resume_batch, notes)
         except LintError:
             raise
         except ValueError as err:
@@ -116,7 +118,7 @@ def resolve(run: RunConfig, user_json: dict | str | Path | None = None, world_si
         config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
     _check(config, world_size, device, notes, filled)
     notes += _all_warm_up(config)
-    return Resolved(config, absorb(run, config), notes)
+    return Resolved(config, absorb(run, config), notes, decided)
 
 
 def _all_warm_up(config: dict) -> list[str]:
@@ -162,7 +164,9 @@ def _generated(run: RunConfig, world_size: int | None, sources: dict, resume_bat
 
 
 def _from_user(user: dict, run: RunConfig, world_size: int | None, sources: dict, fit_world: bool,
-               resume_batch: int | None, notes: list[str]) -> tuple[dict, RunConfig]:
+               resume_batch: int | None, notes: list[str]) -> tuple[dict, RunConfig, frozenset[str]]:
+    """The user's JSON completed from the run config, the run config it trains with, and the fields the JSON
+    decided."""
     said = stated(user)
     mixed = _precedence(said, run, sources, notes)
     mixed_run, refused = with_json_fields(run, mixed)
@@ -190,7 +194,7 @@ def _from_user(user: dict, run: RunConfig, world_size: int | None, sources: dict
     resolve_auto(config, generated, mixed_run, notes)
     if triple is not None:
         config.update(zip(BATCH_KEYS, (triple.global_batch, triple.micro_batch, triple.grad_accum)))
-    return config, mixed_run
+    return config, mixed_run, frozenset(mixed) - set(refused)
 
 
 def _precedence(said: dict, run: RunConfig, sources: Mapping[str, str], notes: list[str]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.claim import claim_run_dir
 from bigtrain.checkpoint.resume import ResumePlan, Shape, check_same_model, plan_resume, restore_rng
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
+from bigtrain.config import provenance
 from bigtrain.config.load import to_dict
 from bigtrain.config.run_config import RunConfig
 from bigtrain.distributed.device import fix_cuda_arch_list
@@ -27,6 +28,7 @@ from bigtrain.distributed.lifeline import Lifeline
 from bigtrain.distributed.op_builds import build_lines, optimizer_op
 from bigtrain.distributed.host import return_freed_memory
 from bigtrain.distributed.world import World
+from bigtrain.ds.keys import SCHEDULE_KINDS
 from bigtrain.ds.resolve import Resolved, resolve
 from bigtrain.eval.during_training import TaskEvaluator
 from bigtrain.metrics.logs import attach_log_file
@@ -91,11 +93,15 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
 def resolve_job(run: RunConfig, world: World, ds_config_path: str | None, sources: dict[str, str] | None,
                 ckpt_dir: Path | None) -> tuple[JobConfig, Resolved]:
     """The job's config and its first DeepSpeed dict (which comes from `resolve` alone, here and after the
-    micro-batch probe); with `ckpt_dir` (--resume) the checkpoint to resume from. Seeds every generator."""
+    micro-batch probe); with `ckpt_dir` (--resume) the checkpoint to resume from, whose rate, weight decay and
+    schedule the job keeps where the user gives none again (`provenance.keep_recorded`). Seeds every generator."""
     asked = run
     run, auto_micro = autobatch.defer_auto(run)
     found = find_checkpoint(ckpt_dir, world) if ckpt_dir else None
-    config = JobConfig(run, ds_config_path, world, sources, found, auto_micro)
+    kept: tuple[str, ...] = ()
+    if found:
+        run, kept = provenance.keep_recorded(run, found[1].run_config, sources)
+    config = JobConfig(run, ds_config_path, world, sources, found, auto_micro, kept=kept)
     resolved = config.resolve()
     if world.is_main:  # DeepSpeed builds the optimizer's op inside the engine, saying nothing for minutes
         for line in build_lines([optimizer_op(resolved.ds_config)]):
@@ -163,6 +169,7 @@ def say_what_trains(config: JobConfig, resolved: Resolved, spec: models.ModelSpe
     if world.is_main:
         log.info("model %s/%s: %.2fM parameters; %s", spec.family, spec.size, spec.num_params / 1e6,
                  _batch_line(resolved.ds_config, engine, world))
+        log.info("%s", training_line(config, resolved))
         if engine.lora:
             log.info("%s", engine.lora.line)
     if engine.lora:
@@ -177,6 +184,14 @@ def say_what_trains(config: JobConfig, resolved: Resolved, spec: models.ModelSpe
                  f", reference {objective.reference}" if objective.reference != "none" else "",
                  resolved.ds_config["train_batch_size"], objective.samples)
     return spec
+
+
+def training_line(config: JobConfig, resolved: Resolved) -> str:
+    """The rate, weight decay and schedule the job trains with, each said with where it came from."""
+    given = provenance.provenance(config.sources, resolved.json_fields, config.kept)
+    scheduler = (resolved.ds_config.get("scheduler") or {}).get("type")
+    unnamed = scheduler if scheduler is not None and scheduler not in SCHEDULE_KINDS else None
+    return provenance.describe(resolved.run, given, json_schedule=unnamed)
 
 
 def end_of_run_sample(engine: Engine, data: TrainingData, run: RunConfig, world: World, lifeline: Lifeline) -> None:
@@ -198,6 +213,7 @@ class JobConfig:
     sources: dict[str, str] | None
     found: tuple[str, CheckpointState] | None  # (tag, state) of the checkpoint to resume from
     auto_micro: bool = False  # batch.micro_batch=auto: the probe decides it
+    kept: tuple[str, ...] = ()  # the fields taken from the checkpoint resumed (`provenance.keep_recorded`)
     first: Resolved | None = None
     said: set[str] = field(default_factory=set)  # notes logged already
 
