@@ -1,11 +1,18 @@
-"""Write the checked-in `ds_configs/` directory (JSON files + README table) from the presets."""
+"""Write the checked-in `ds_configs/` directory (JSON files + README table) from the presets.
+
+The keys of the values a run's defaults choose by what it is (`bigtrain.config.defaults.CHOSEN`: the learning rate,
+weight decay, warm-up) are written "auto": each run fills them from its run config (HF-style, as the HF Trainer
+fills them from its arguments), so that a file written for pretraining does not fine-tune at pretraining's rate.
+"""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from bigtrain.config.defaults import CHOSEN
 from bigtrain.config.run_config import RunConfig
 from bigtrain.ds.generate import build_ds_config
+from bigtrain.ds.mapping import LINKS, MISSING, get_path, set_path
 from bigtrain.config.presets import DS_CONFIG_PRESETS, REFERENCE_WORLD_SIZE
 
 
@@ -16,6 +23,9 @@ def render_files(world_size: int = REFERENCE_WORLD_SIZE) -> dict[str, str]:
     for name, (preset, description) in DS_CONFIG_PRESETS.items():
         run = preset()
         config = build_ds_config(run, world_size)
+        for path in (path for field in CHOSEN for path in LINKS[field]):
+            if get_path(config, path) is not MISSING:
+                set_path(config, path, "auto")
         files[f"{name}.json"] = json.dumps(config, indent=2) + "\n"
         rows.append(_row(name, run, config, description))
     files["README.md"] = _readme(rows, world_size)
@@ -71,8 +81,11 @@ def _readme(rows: list[str], world_size: int) -> str:
         "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        "All use AdamW (lr 6e-4, betas 0.9/0.95, weight decay 0.1), gradient clipping 1.0 and a warm-up",
-        "then cosine schedule. `zero3_nvme.json` points at `/local_nvme`, a placeholder: set",
+        "All use AdamW (betas 0.9/0.95), gradient clipping 1.0 and a warm-up then cosine schedule. The",
+        "learning rate, weight decay and warm-up steps are \"auto\": each run fills them from its run config,",
+        "which chooses them by what the run is unless you set them (6e-4, 0.1 and 20 from random weights; from",
+        "model.pretrained the objective's fine-tuning rate, weight decay 0 and 1 warm-up step: docs/fine-tuning.md).",
+        "`zero3_nvme.json` points at `/local_nvme`, a placeholder: set",
         "`offload.nvme_path` (or edit the two `nvme_path` keys) to a directory on a real NVMe drive;",
         "`bigtrain lint` refuses a path that does not exist. NVMe offload needs a GPU host with libaio.",
         "On a CPU-only machine the runner swaps DeepSpeed's fused Adam for torch's (`torch_adam`).",

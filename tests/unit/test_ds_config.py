@@ -123,6 +123,8 @@ def test_set_wins_over_the_json_and_the_json_over_config_one_line_per_field(tmp_
     yaml = tmp_path / "run.yaml"
     yaml.write_text("zero:\n  stage: 3\noptimizer:\n  lr: 3.0e-4\n  weight_decay: 0.1\n")
     zero2 = json.loads((REPO / "ds_configs" / "zero2.json").read_text())
+    assert zero2["optimizer"]["params"]["lr"] == "auto"  # the shipped file leaves the rate to the run config
+    zero2["optimizer"]["params"]["lr"] = 6e-4  # a user's copy that states one
     resolved = resolve_with(zero2, ["optimizer.grad_clip=0.5", "zero.reduce_bucket_size=123"], config=yaml)
     assert resolved.ds_config["zero_optimization"]["stage"] == 2 and resolved.run.zero.stage == 2
     assert resolved.ds_config["optimizer"]["params"]["lr"] == 6e-4 and resolved.run.optimizer.lr == 6e-4
