@@ -81,9 +81,12 @@ def describe(run: RunConfig, given: Mapping[str, str], json_schedule: str | None
             groups[-1][2].extend(fields)
         else:
             groups.append(([text], source, list(fields)))
-    why = chosen_for(run).why
-    return f"{opt.name}: " + "; ".join(f"{', '.join(texts)} ({_said(source, fields, why)})"
-                                       for texts, source, fields in groups)
+    why, said = chosen_for(run).why, []
+    for texts, source, fields in groups:
+        said.append(f"{', '.join(texts)} ({_said(source, fields, why)})")
+        if source == "default":
+            why = "the same defaults"  # said once
+    return f"{opt.name}: " + "; ".join(said)
 
 
 def _source(given: Mapping[str, str], *fields: str, otherwise: str = "default") -> str:
@@ -95,7 +98,7 @@ def _said(source: str, fields: list[str], why: str) -> str:
         return "bigtrain's default"
     if source != "default":
         return SAID[source]
-    return f"{why}; set {', '.join(fields)} to change: docs/fine-tuning.md"
+    return f"{why}; set {', '.join(fields)} to change" + (": docs/fine-tuning.md" if why != "the same defaults" else "")
 
 
 def value(run: RunConfig, field: str) -> Any:

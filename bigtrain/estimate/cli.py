@@ -128,6 +128,8 @@ class Request:
     frozen_params: int = 0  # the parameters of the frozen models the objective holds beside the policy
     generates: bool = False  # the objective samples completions before its loss
     pretrained: str | None = None  # model.pretrained as given (a Hub name; overrides hold its shape's directory)
+    training: str = ""  # the rate, weight decay and schedule the recommended command trains with, and whence
+    training_sets: tuple[str, ...] = ()  # the user's own of those, carried into the recommended command
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
@@ -159,7 +161,9 @@ def request_from_args(args: argparse.Namespace) -> Request:
     micro = run.batch.micro_batch
     if micro == "auto":
         raise ValueError("batch.micro_batch=auto: the estimate tabulates a given micro-batch; give --micro-batch N")
-    ignored = sorted(set(given) - READS)
+    from bigtrain.config import provenance
+    carried = [f for f in provenance.KEPT_ON_RESUME if f in given]  # what the command must say to train as asked
+    ignored = sorted(set(given) - READS - set(carried))
     if ignored:
         print(f"note: not read by the estimate, which tabulates every setup: {', '.join(ignored)}", file=sys.stderr)
     from bigtrain.estimate.shape import frozen_params
@@ -170,7 +174,9 @@ def request_from_args(args: argparse.Namespace) -> Request:
                    run.objective.kind if "objective.kind" in given else "", needs.rows_per_sample,
                    resolve_reference(needs, run.objective.reference, run.lora.r > 0), run.train.loss_impl,
                    needs.allows("chunked_loss"), frozen_params(run.objective, overrides.get("seq_len")),
-                   needs.generates, model.pretrained)
+                   needs.generates, model.pretrained,
+                   provenance.describe(run, provenance.provenance(given, frozenset())),
+                   tuple(f"{f}={provenance.value(run, f)}" for f in carried))
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -223,8 +229,10 @@ def run_estimate(args: argparse.Namespace) -> int:
     objective = f" --set objective.kind={req.objective}" if req.objective else ""
     if req.reference == "precomputed":  # the one reference the default does not choose
         objective += " --set objective.reference=precomputed"
+    objective += "".join(f" --set {s}" for s in req.training_sets)
     print(f"  bigtrain train --model {req.family} --size {req.size} "
           f"{run_settings(best.setup, {**req.overrides, **_given(req)}, args.tiled_mlp)}{objective}")
+    print(f"  which trains with {req.training}")
     return 0
 
 
