@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bigtrain.fields import doc
-from bigtrain.objectives.base import FrozenModel, Needs, Objective, Policy, check_positive
+from bigtrain.objectives.base import FineTuning, FrozenModel, Needs, Objective, Policy, check_positive
 
 SEQ, VOCAB = 32, 256
 
@@ -38,6 +38,7 @@ class ToyLoss(Objective):
                            "tensor": "not supported", "compile": "not supported",
                            "chunked_loss": "not supported"})
     Settings = ToySettings
+    fine_tuning = FineTuning(lr=3e-5)  # what it trains a pretrained model at when the run sets none
     summary = "a test-only objective"
 
     def micro_loss(self, policy: Policy, item: Any, step: Any) -> tuple[Any, dict]:

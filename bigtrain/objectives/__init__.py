@@ -20,6 +20,13 @@ What an objective is (base.py):
   builder (bigtrain.train.assemble: dropout, compile and chunked loss, the reference and frozen models) and the job
   (the data layout, the head, FLOPs). `bigtrain estimate` says of an objective that generates that the generation's
   memory is not counted yet.
+- `fine_tuning` (`FineTuning`): the peak learning rate it trains a pretrained model at when the run sets none (TRL's
+  trainer's default for it: lm 2e-5 (SFTConfig), dpo/ipo/orpo/simpo/kto 1e-6, reward 1e-4), with LoRA adapters
+  (`lora_lr`; default 10x, TRL's PEFT guide), its weight decay (0) and warm-up steps (1). One line, e.g.
+  `fine_tuning = FineTuning(lr=1e-6)  # TRL's GRPOConfig`. Read by bigtrain.config.defaults, which fills
+  optimizer.lr, optimizer.weight_decay and schedule.warmup_steps left unset for a run from model.pretrained (from
+  random weights: pretraining's 6e-4, 0.1, 20, whatever the objective); the start line says which it chose and why;
+  docs/fine-tuning.md holds the table, and tests/unit/test_defaults.py holds each kind to the TRL config it names.
 - `Settings`: a keyword-only dataclass of its own hyper-parameters, each field `bigtrain.fields.doc(default, text)`.
   The run config's `objective` section is every objective's settings side by side (`--set objective.beta=0.2`,
   `objective: {kind: dpo, beta: 0.2}`); a name several objectives share is one field (their texts joined; where
@@ -36,16 +43,19 @@ functions that compute.
 
 Adding an objective (its file here, its data format if new, a line in OBJECTIVES; nothing in train/, config/,
 estimate/ or launch/):
-1. `objectives/NAME.py`: a subclass of `Objective` with `needs`, `Settings` (fields documented with `doc`, checked
-   in `__post_init__` with one-line ValueErrors naming objective.FIELD), `summary`, `samples`, and `micro_loss`
-   (plus `inputs`, `begin_step`, `eval_loss` where the defaults do not fit).
+1. `objectives/NAME.py`: a subclass of `Objective` with `needs`, `fine_tuning`, `Settings` (fields documented with
+   `doc`, checked in `__post_init__` with one-line ValueErrors naming objective.FIELD), `summary`, `samples`, and
+   `micro_loss` (plus `inputs`, `begin_step`, `eval_loss` where the defaults do not fit).
 2. A new data layout: its rows in bigtrain/data (the format, a bundle whose `layout` names it) and a line in
    `bigtrain.data.dataset.LAYOUTS`.
 3. The kind in `OBJECTIVES`. The run config then takes it and its settings (YAML, `--set objective.FIELD=...`, the
    docs test's key check), its rules refuse what it declares, and the job, builder and estimates follow its needs.
+4. Its row in docs/fine-tuning.md's table of defaults, and the TRL config it follows in
+   tests/unit/test_defaults.py's `TRL_CONFIGS`.
 
 Online RL (GRPO, RLOO; issue 38) on this seam:
-- `Needs(layout="prompts", generates=True, frozen_models=(FrozenModel("reward_model", head="scalar"),), refuses=
+- `fine_tuning = FineTuning(lr=1e-6)` (TRL's GRPOConfig and RLOOConfig; with LoRA 1e-5, TRL's PEFT guide);
+  `Needs(layout="prompts", generates=True, frozen_models=(FrozenModel("reward_model", head="scalar"),), refuses=
   {...})`, and a `declare(settings)` that allows the reference kinds only when `beta > 0` (TRL: beta 0 builds no
   reference model); settings num_generations, max_completion_length, temperature, top_p, top_k, loss_type, beta,
   epsilon, num_iterations, rewards, reward_weights, reward_model (a directory, or None: `FrozenModel` settings left
@@ -71,8 +81,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bigtrain.objectives.base import (HEADS, LIVE_REFERENCES, MODES, REFERENCES, FrozenModel, Needs, NoSettings,
-                                      Objective, Policy)
+from bigtrain.objectives.base import (HEADS, LIVE_REFERENCES, MODES, REFERENCES, FineTuning, FrozenModel, Needs,
+                                      NoSettings, Objective, Policy)
 from bigtrain.objectives.causal_lm import ModelLoss
 from bigtrain.objectives.kto import KTOLoss
 from bigtrain.objectives.preference import DPO, IPO, ORPO, SimPO
@@ -124,6 +134,6 @@ def data_problem(kind: str, needs: Needs, layout: str, plain_text: bool) -> str 
             f"records, or objective.kind={fits[0]} for this data ({', '.join(fits)})")
 
 
-__all__ = ["HEADS", "LIVE_REFERENCES", "MODES", "OBJECTIVES", "REFERENCES", "FrozenModel", "Needs", "NoSettings",
-           "Objective", "Policy", "build_objective", "data_problem", "default_objective", "objective_class",
-           "resolve_reference"]
+__all__ = ["HEADS", "LIVE_REFERENCES", "MODES", "OBJECTIVES", "REFERENCES", "FineTuning", "FrozenModel", "Needs",
+           "NoSettings", "Objective", "Policy", "build_objective", "data_problem", "default_objective",
+           "objective_class", "resolve_reference"]
