@@ -13,6 +13,11 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TINY = ["--size", "tiny", "--set", "data.vocab_size=512", "--set", "data.seq_len=64", "--set", "precision=fp32",
         "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0", "--peak-tflops", "1"]
+# A run from random weights gets these by default; a run from a pretrained directory gets its objective's
+# fine-tuning defaults (2e-5 for lm), at which a few steps hardly move a tiny model: comparisons of curves from a
+# directory that were tuned at pretraining's rate keep it with this.
+PRETRAINING_RATE = ["--set", "optimizer.lr=6e-4", "--set", "optimizer.weight_decay=0.1",
+                    "--set", "schedule.warmup_steps=20"]
 
 
 # What a launcher sets for its ranks: never inherited from a test process that made a process group of its own.

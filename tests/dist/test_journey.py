@@ -63,10 +63,12 @@ def sample_of(log: str) -> str:
 
 
 def test_zero3_run_on_text_exits_with_its_sample_and_says_which_setting_won(tmp_path):
-    """The README's command with ds_configs/zero3.json, as a user runs it, plus a --config file and a --set."""
+    """The README's command with ds_configs/zero3.json, as a user runs it, plus a --config file and a --set; the
+    start line says the rate (the file's "auto" leaves it to the run config: here the --config file's)."""
     corpus = write_corpus(tmp_path / "corpus.txt")
     yaml = tmp_path / "run.yaml"
-    yaml.write_text("optimizer:\n  lr: 0.0003\ndata:\n  seq_len: 64\n  vocab_size: 512\n  num_proc: 1\n")
+    yaml.write_text("optimizer:\n  lr: 0.0003\n  eps: 1.0e-7\ndata:\n  seq_len: 64\n  vocab_size: 512\n"
+                    "  num_proc: 1\n")
     out = tmp_path / "zero3"
     proc, seconds = launch(REPO / "bigtrain" / "run.py", [
         "--model", "gpt2", "--size", "tiny", "--data", str(corpus), "--deepspeed_config", str(SHIPPED / "zero3.json"),
@@ -76,11 +78,14 @@ def test_zero3_run_on_text_exits_with_its_sample_and_says_which_setting_won(tmp_
     print(f"\nZeRO-3 GPT-2 run with the sample: exit 0 after {seconds:.1f} s")
     sample_of(proc.stdout)
     # one line per field: what each source gives, and which wins
-    assert naming(log, "precedence: optimizer.lr:", "JSON gives 0.0006", "--config 0.0003", "JSON wins"), log[-5000:]
+    assert naming(log, "precedence: optimizer.eps:", "JSON gives 1e-08", "--config 1e-07", "JSON wins"), log[-5000:]
     assert naming(log, "precedence: optimizer.grad_clip:", "--set gives 0.5", "JSON 1.0", "--set wins"), log[-5000:]
+    assert naming(log, "adamw: lr 0.0003 (your config file); weight decay 0.1, 2 warm-up steps (the pretraining "
+                  "defaults: no model.pretrained, random weights;"), log[-5000:]
     s = summary(out)
     assert s["steps"] == 2 and all(l == l for l in s["losses"])  # finite, not NaN
-    assert s["run_config"]["optimizer"]["lr"] == 0.0006 and s["run_config"]["optimizer"]["grad_clip"] == 0.5
+    assert s["run_config"]["optimizer"]["lr"] == 0.0003 and s["run_config"]["optimizer"]["grad_clip"] == 0.5
+    assert s["ds_config"]["optimizer"]["params"]["lr"] == 0.0003 and s["run_config"]["optimizer"]["eps"] == 1e-8
     assert s["ds_config"]["gradient_clipping"] == 0.5 and s["ds_config"]["zero_optimization"]["stage"] == 3
     assert s["run_config"]["zero"]["stage"] == 3 and s["run_config"]["precision"] == "bf16"
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import REPO, launch_jobs, rank_env, summary
+from launch import PRETRAINING_RATE, REPO, launch_jobs, rank_env, summary
 from local_moe import MOE, make_moe_dirs
 
 RTOL = 1e-5
@@ -48,7 +48,8 @@ def job(name: str, args: list[str], *extra: str, **more) -> dict:
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("levers")
     dirs = make_moe_dirs(root / "moe_dirs")
-    moe = {m: ["--model", "hf", "--set", f"model.pretrained={dirs[m]}", "--set", "data.seq_len=32", *COMMON]
+    moe = {m: ["--model", "hf", "--set", f"model.pretrained={dirs[m]}", "--set", "data.seq_len=32", *COMMON,
+               *PRETRAINING_RATE]
            for m in MOE}
     micro = lambda n: ["--set", f"batch.micro_batch={n}"]  # noqa: E731
     ep2 = ["--set", "parallel.expert=2"]

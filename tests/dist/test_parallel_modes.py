@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import REPO, launch_jobs, rank_env, summary, torchrun_cmd
+from launch import PRETRAINING_RATE, REPO, launch_jobs, rank_env, summary, torchrun_cmd
 from local_moe import make_moe_dirs
 
 RTOL = 1e-5
@@ -31,7 +31,8 @@ B4, B8 = ["--set", "batch.global_batch=4"], ["--set", "batch.global_batch=8"]
 
 
 def moe_args(directory: Path) -> list[str]:
-    return ["--model", "hf", "--set", f"model.pretrained={directory}", "--set", "data.seq_len=32", *COMMON, *B8]
+    return ["--model", "hf", "--set", f"model.pretrained={directory}", "--set", "data.seq_len=32", *COMMON, *B8,
+            *PRETRAINING_RATE]
 
 
 def job(name: str, args: list[str], *extra: str, **more) -> dict:
