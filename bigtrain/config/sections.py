@@ -8,8 +8,19 @@ from typing import Literal
 from bigtrain.fields import doc
 from bigtrain.models.names import canonical, default_size
 from bigtrain.config.rules import partition_problem, zero_plus_plus_problem
+from bigtrain.objectives import OBJECTIVES
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
+
+
+def _fine_tuning_rates() -> str:
+    """Each objective's fine-tuning rate (`Objective.fine_tuning`), kinds of one rate together: for optimizer.lr's
+    help."""
+    rates: dict[float, list[str]] = {}
+    for kind, cls in OBJECTIVES.items():
+        if cls.fine_tuning is not None:
+            rates.setdefault(cls.fine_tuning.lr, []).append(kind)
+    return ", ".join(f"{'/'.join(kinds)} {lr:g}" for lr, kinds in rates.items())
 
 
 @dataclass
@@ -88,8 +99,8 @@ class OptimizerConfig:
         "biases by Adam (optimizer.lr, betas, eps); ZeRO 0-3.")
     lr: float | None = doc(None, "Peak learning rate (with muon: the Adam half's). Unset: chosen by what the run is "
                            "(bigtrain.config.defaults, docs/fine-tuning.md): 6e-4 from random weights; from "
-                           "model.pretrained the objective's fine-tuning rate (lm 2e-5, dpo/ipo/orpo/simpo/kto 1e-6, "
-                           "reward 1e-4: TRL's), 10 x with LoRA.")
+                           f"model.pretrained the objective's fine-tuning rate, TRL's ({_fine_tuning_rates()}), "
+                           "10 x with LoRA.")
     muon_lr: float = doc(0.02, "optimizer.name=muon: peak learning rate of the weights Muon trains (the schedule "
                          "scales it like optimizer.lr).")
     momentum: float = doc(0.95, "optimizer.name=muon: Muon's momentum.")

@@ -66,6 +66,19 @@ def test_lora_fine_tunes_at_ten_times_the_rate(kind, weights):
     assert hyper(lora)[1:] == (0.0, 1)
 
 
+def test_the_docs_table_gives_each_objectives_defaults():
+    """docs/fine-tuning.md's table has a row for every kind, with the rates, weight decay and warm-up it declares."""
+    rows = [line.split("|")[1:-1] for line in (REPO / "docs" / "fine-tuning.md").read_text().splitlines()
+            if line.startswith("| `")]
+    for kind, cls in OBJECTIVES.items():
+        row = next((r for r in rows if f"`{kind}`" in r[0]), None)
+        assert row is not None, f"docs/fine-tuning.md: no row for objective.kind={kind}"
+        tuning = cls.fine_tuning
+        assert (float(row[1]), float(row[2]), float(row[3])) == pytest.approx(
+            (tuning.lr, tuning.rate(lora=True), tuning.weight_decay), rel=1e-9), (kind, row)
+        assert row[4].strip() == f"{tuning.warmup_steps} step" + ("s" if tuning.warmup_steps > 1 else ""), row
+
+
 def test_trls_peft_guide_rates_for_lora():
     """TRL's docs (peft_integration.md: SFT 2e-4, GRPO 1e-5; reward_trainer.md: about 1e-3 for adapters)."""
     from bigtrain.config.defaults import choose
