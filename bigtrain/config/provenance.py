@@ -15,7 +15,8 @@ from bigtrain.config.run_config import RunConfig
 KEPT_ON_RESUME = (*CHOSEN, "schedule.kind", "schedule.min_lr_ratio")
 # where a value came from (`provenance`) -> how the start line says it
 SAID = {"--set": "your --set", "--config": "your config file", "json": "your DeepSpeed JSON",
-        "resume": "kept from the run it resumes"}
+        "resume": "kept from the run it resumes", "every run's": "bigtrain's default"}
+DEFAULT, EVERY_RUNS = "default", "every run's"  # a default chosen by what the run is; one every run has
 
 
 def chosen_for(run: RunConfig) -> Chosen:
@@ -68,10 +69,11 @@ def describe(run: RunConfig, given: Mapping[str, str], json_schedule: str | None
     decay = ("then constant" if schedule.kind == "constant" else
              f"{schedule.kind} decay to {schedule.min_lr_ratio:.0%} of the peak by step {run.train.steps}")
     items = [(f"lr {opt.lr:.3g}", _source(given, "optimizer.lr"), ["optimizer.lr"]),
-             (f"weight decay {opt.weight_decay:g}", _source(given, "optimizer.weight_decay"), ["optimizer.weight_decay"])]
+             (f"weight decay {opt.weight_decay:g}", _source(given, "optimizer.weight_decay"),
+              ["optimizer.weight_decay"])]
     if json_schedule is None:
         items += [(warmup, _source(given, "schedule.warmup_steps"), ["schedule.warmup_steps"]),
-                  (decay, _source(given, "schedule.kind", "schedule.min_lr_ratio", otherwise="every run's"), [])]
+                  (decay, _source(given, "schedule.kind", "schedule.min_lr_ratio", otherwise=EVERY_RUNS), [])]
     else:
         items.append((f"the {json_schedule} schedule", "json", []))
     groups: list[tuple[list[str], str, list[str]]] = []  # consecutive items of one source: (texts, source, fields)
@@ -84,19 +86,17 @@ def describe(run: RunConfig, given: Mapping[str, str], json_schedule: str | None
     why, said = chosen_for(run).why, []
     for texts, source, fields in groups:
         said.append(f"{', '.join(texts)} ({_said(source, fields, why)})")
-        if source == "default":
+        if source == DEFAULT:
             why = "the same defaults"  # said once
     return f"{opt.name}: " + "; ".join(said)
 
 
-def _source(given: Mapping[str, str], *fields: str, otherwise: str = "default") -> str:
+def _source(given: Mapping[str, str], *fields: str, otherwise: str = DEFAULT) -> str:
     return next((given[f] for f in fields if f in given), otherwise)
 
 
 def _said(source: str, fields: list[str], why: str) -> str:
-    if source == "every run's":
-        return "bigtrain's default"
-    if source != "default":
+    if source != DEFAULT:
         return SAID[source]
     return f"{why}; set {', '.join(fields)} to change" + (": docs/fine-tuning.md" if why != "the same defaults" else "")
 

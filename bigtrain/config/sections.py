@@ -130,7 +130,8 @@ class ScheduleConfig:
     min_lr_ratio: float = doc(0.1, "Final (and initial warm-up) LR as a fraction of the peak.")
 
     def __post_init__(self) -> None:
-        if self.warmup_steps is not None and self.warmup_steps < 1:  # DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR refuse 0 on every rank
+        # DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR refuse 0 on every rank
+        if self.warmup_steps is not None and self.warmup_steps < 1:
             raise ValueError(f"schedule.warmup_steps={self.warmup_steps}: must be >= 1 (DeepSpeed's schedulers "
                              "refuse 0; 1 is the shortest warm-up, which they run over 2 steps)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:

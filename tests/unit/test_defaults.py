@@ -236,14 +236,14 @@ def test_a_job_from_a_directory_says_its_fine_tuning_defaults_and_a_resume_keeps
         return summary, next(r.getMessage() for r in caplog.records if r.getMessage().startswith("adamw: "))
 
     summary, line = job("--steps", "3", "--stop-after", "1")
-    assert summary["run_config"]["optimizer"]["lr"] == 2e-5 and summary["ds_config"]["optimizer"]["params"]["lr"] == 2e-5
+    assert summary["run_config"]["optimizer"]["lr"] == summary["ds_config"]["optimizer"]["params"]["lr"] == 2e-5
     assert line.startswith("adamw: lr 2e-05, weight decay 0, 1 warm-up step (the fine-tuning defaults of "
                            "objective.kind=lm from a pretrained model;"), line
     lm = OBJECTIVES["lm"]
     monkeypatch.setattr(lm, "fine_tuning", FineTuning(lr=5e-5, weight_decay=0.01, warmup_steps=2))
     assert load_run_config(None, [f"model.pretrained={directory}"]).optimizer.lr == 5e-5  # today's default moved
     summary, line = job("--steps", "3", "--resume")
-    assert summary["run_config"]["optimizer"]["lr"] == 2e-5 and summary["ds_config"]["optimizer"]["params"]["lr"] == 2e-5
+    assert summary["run_config"]["optimizer"]["lr"] == summary["ds_config"]["optimizer"]["params"]["lr"] == 2e-5
     assert summary["run_config"]["optimizer"]["weight_decay"] == 0.0
     assert line.startswith("adamw: lr 2e-05, weight decay 0, 1 warm-up step (kept from the run it resumes)"), line
     assert len(summary["losses"]) == 3
