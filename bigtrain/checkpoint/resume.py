@@ -203,20 +203,22 @@ def needs_universal(saved: Shape, current: Shape, where: Path) -> bool:
     return True
 
 
-def restore_rng(plan: ResumePlan, rank: int, seed: int, trust: bool = False) -> str:
-    """This rank's RNG after a resume (the one place it is set); returns how it was set (for the log).
+def restore_rng(plan: ResumePlan, rank: int, seed: int, trust: bool = False) -> tuple[str, dict | None]:
+    """This rank's RNG after a resume (the one place it is set): how it was set (for the log), and the rank's own
+    state saved beside it (`store.save`'s rank_state: an objective's random stream), None where there is none.
 
     At the saved world size each rank takes back its own stream. At another one, per-rank
     streams have no 1:1 mapping (dropout masks of the uninterrupted run fall on other
     samples anyway), so every rank is re-seeded from (seed, step, rank): reproducible, and
-    different on every rank.
+    different on every rank; no rank state is given back.
     """
     rng_file = plan.ckpt_dir / plan.tag / f"rng_rank{rank}.pt"
     if plan.saved.world_size == plan.current.world_size and rng_file.is_file():
-        checkpoint.set_rng_state(checkpoint.load_rng_file(rng_file, trust))
-        return "restored"
+        saved = checkpoint.load_rng_file(rng_file, trust)
+        checkpoint.set_rng_state(saved)
+        return "restored", saved.get("objective")
     derived = int(np.random.SeedSequence([seed, plan.state.step, rank]).generate_state(1)[0])
     random.seed(derived)
     np.random.seed(derived)
     torch.manual_seed(derived)
-    return f"re-seeded from (seed {seed}, step {plan.state.step}, rank)"
+    return f"re-seeded from (seed {seed}, step {plan.state.step}, rank)", None

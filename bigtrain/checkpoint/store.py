@@ -45,15 +45,20 @@ class DiskFull(ValueError):
 
 
 def save(ds_engine: Any, ckpt_dir: str | Path, step: int, state: CheckpointState, world: World,
-         keep_last: int) -> Path:
-    """Collective: every rank calls it. `state` (step, data position, config...) goes in the marker only."""
+         keep_last: int, rank_state: dict | None = None) -> Path:
+    """Collective: every rank calls it. `state` (step, data position, config...) goes in the marker only;
+    `rank_state` (this rank's own: an objective's random stream, tensors and plain values) beside this rank's RNG
+    state, as its "objective" entry (`restore_rng` gives it back)."""
     ckpt_dir = Path(ckpt_dir)
     tag = tag_for(step)
     if world.is_main:  # a tag saved again (a resumed run passing it once more) is incomplete until re-marked
         (ckpt_dir / tag / MARKER).unlink(missing_ok=True)
     with _disk_full_as_one_line(ckpt_dir, tag):
         ds_engine.save_checkpoint(str(ckpt_dir), tag=tag)
-        torch.save(rng_state(), ckpt_dir / tag / f"rng_rank{world.rank}.pt")
+        saved = rng_state()
+        if rank_state:
+            saved["objective"] = rank_state
+        torch.save(saved, ckpt_dir / tag / f"rng_rank{world.rank}.pt")
         if _autotp_size(ds_engine) > 1 and ds_engine.zero_optimization_stage() == 3:
             gathered = ds_engine._consolidated_16bit_state_dict()  # collective: whole weights on rank 0
             if world.is_main:

@@ -66,8 +66,9 @@ def reference_problem(kind: str, needs: Needs, reference: str) -> None:
     """objective.reference against the kinds `kind` allows (one line if it cannot serve it)."""
     allowed = needs.references
     if not allowed and reference not in ("auto", "none"):
-        raise ValueError(f"objective.reference={reference}: objective.kind={kind} uses no reference model; leave "
-                         "objective.reference=auto")
+        why = f" ({needs.refuses[reference]})" if reference in needs.refuses else ""
+        raise ValueError(f"objective.reference={reference}: objective.kind={kind} uses no reference model{why}; "
+                         "leave objective.reference=auto")
     if allowed and reference == "none":
         raise ValueError(f"objective.kind={kind} compares with a reference model: set objective.reference to auto, "
                          f"{', '.join(allowed[:-1])} or {allowed[-1]}" if len(allowed) > 1 else

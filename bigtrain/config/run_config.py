@@ -18,7 +18,7 @@ from bigtrain.config.sections import (ActivationCheckpointConfig, BatchConfig, C
                                       ZeroConfig)
 from bigtrain.config.defaults import choose, filled, unset
 from bigtrain.config.topology import Topology
-from bigtrain.objectives import resolve_reference
+from bigtrain.objectives import batch_problem, resolve_reference
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 __all__ = ["RunConfig", "Precision", "OffloadDevice", "check_combinations", "ModelConfig", "DataConfig",
@@ -108,6 +108,8 @@ def objective_problems(run: RunConfig) -> list[str]:
         problems.append(f"objective.kind={kind} with parallel.tensor={run.parallel.tensor} / parallel.sequence="
                         f"{run.parallel.sequence}: {why[split[0]]}; train it with ZeRO (and LoRA)")
     problems += frozen_model_problems(run)
+    if line := batch_problem(kind, needs, run.batch.global_batch, seq_len=run.data.seq_len):
+        problems.append(line)
     if run.data.packing and not needs.allows("packing"):
         problems.append(f"objective.kind={kind} with data.packing=true: {why['packing']}; set data.packing=false")
     if run.objective.reference == "adapters_off" and run.lora.r == 0:
@@ -134,7 +136,7 @@ def frozen_model_problems(run: RunConfig) -> list[str]:
     the policy (a reference copy, an objective's own) would run with it."""
     needs = run.objective.declared
     beside = [f"objective.{frozen.setting}" for frozen in needs.frozen_models
-              if getattr(run.objective.settings, frozen.setting) is not None]
+              if frozen.directory(run.objective.settings) is not None]
     if resolve_reference(needs, run.objective.reference, run.lora.r > 0) == "copy":
         beside.append("objective.reference=copy")
     if run.parallel.sequence == 1 or not beside:

@@ -104,7 +104,9 @@ def split_rows(n: int, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
 LAYOUTS = {"rows": ("single examples", "text or single examples"),
            "pairs": ("preference pairs (chosen / rejected answers)",
                      'preference records ({"prompt", "chosen", "rejected"}, or instruction/input/chosen/rejected)'),
-           "unpaired": ("kto answers (prompt / completion / label)", 'kto records ({"prompt", "completion", "label"})')}
+           "unpaired": ("kto answers (prompt / completion / label)", 'kto records ({"prompt", "completion", "label"})'),
+           "prompts": ("prompt records (prompts without answers)",
+                       'prompt records ({"prompt": text or messages, ...any other columns}, data.format=prompt)')}
 
 
 @dataclass
@@ -130,7 +132,7 @@ class DataBundle:
     tokenizer_dir: Path | None = None
     stats: dict | None = None
     sample_prompt: list[int] | None = None
-    layout: str = "rows"  # LAYOUTS: rows, or (bigtrain.data.pairs) pairs / unpaired KTO answers: two rows a sample
+    layout: str = "rows"  # LAYOUTS: rows, pairs / unpaired KTO answers (two rows a sample), prompts
 
     def sampler(self, dp_rank: int, dp_size: int, seed: int) -> Any:
         """The resumable training order for one data-parallel rank."""

@@ -5,9 +5,9 @@ A prepared prompt corpus (bigtrain.data.prompts: one document per prompt, each r
 its shard) becomes one index space (several corpora of a mixture one after another): `take(indices)` =
 
     {"prompt_ids": [n, W] left-padded (W: the batch's longest prompt), "prompt_mask": [n, W],
-     "prompt_index": [n] (the prompt's number in this index space)}
+     "prompt_index": [n] (the prompt's number in this index space), "records": the n records themselves}
 
-and `records(indices)` the records themselves (every column, for the reward functions). A prompt longer than
+(`records(indices)` alone gives the records: every column, for the reward functions). A prompt longer than
 ExampleOptions.prompt_tokens (data.seq_len - objective.max_completion_length: the room left for an answer) keeps
 its last tokens (data.long_examples=truncate: TRL cuts prompts on the left too, keeping the question and the
 generation prompt) or is dropped (drop); both are counted. The order is the bundle's resumable sampler's. Without
@@ -115,7 +115,8 @@ class PromptRows:
         for row, tokens in enumerate(prompts):
             ids[row, width - len(tokens):], mask[row, width - len(tokens):] = tokens, 1
         return {"prompt_ids": torch.from_numpy(ids), "prompt_mask": torch.from_numpy(mask),
-                "prompt_index": torch.tensor([int(i) for i in indices], dtype=torch.int64)}
+                "prompt_index": torch.tensor([int(i) for i in indices], dtype=torch.int64),
+                "records": self.records(indices)}
 
     def records(self, indices: Sequence[int]) -> list[dict]:
         """The records of these prompts (`prompt_index` values), every column as the source had it."""
@@ -133,8 +134,8 @@ def build_prompts(corpora: list[PreparedCorpus], sources: list[str], weights: li
 
     if options.prompt_tokens is None:  # set by an objective that generates: the room its completions leave
         raise ValueError("data.format=prompt: prompt records are for an objective that generates its answers "
-                         "(online RL, issue 38: not wired into training yet); for supervised fine-tuning give "
-                         "records with answers (data.format=prompt_completion, chat, ...)")
+                         "(online RL: objective.kind=grpo or rloo); for supervised fine-tuning give records with "
+                         "answers (data.format=prompt_completion, chat, ...)")
     limit = options.prompt_tokens
     if limit < 1:
         raise ValueError(f"prompt records: data.seq_len={seq_len} leaves {limit} tokens for a prompt after the "

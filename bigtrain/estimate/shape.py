@@ -273,7 +273,7 @@ def frozen_params(objective: Any, seq_len: int | None) -> int:
     from bigtrain.models.registry import build_directory
     total = 0
     for frozen in objective.declared.frozen_models:
-        directory = getattr(objective.settings, frozen.setting)
+        directory = frozen.directory(objective.settings)
         if directory is not None:
             spec = build_directory(directory, seq_len, frozen.head, f"objective.{frozen.setting}")
             total += parameter_layout(meta_module(spec))[0]

@@ -51,6 +51,12 @@ def tracker_sections(logging_config: Any, out_dir: str | Path, run_name: str | N
     return sections
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
 def _netrc_has(host: str) -> bool:
     import netrc
     try:
@@ -125,6 +131,33 @@ class MetricsLogger:
         self.history.append({"step": step, **values})
         if self.writing and values:
             self.monitor.write_events([(f"{self.prefix}{k}", v, step) for k, v in values.items()])
+
+    def log_table(self, step: int, name: str, rows: list[dict]) -> list[str]:
+        """`rows` (dicts with the same keys) as a table at `step`, on the trackers that take tables: TensorBoard
+        (a markdown table as text), W&B (`wandb.Table`), Comet (`log_table`). Returns the ones written to."""
+        if not self.writing or not rows:
+            return []
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+        written = []
+        tensorboard = getattr(getattr(self.monitor, "tb_monitor", None), "summary_writer", None)
+        if tensorboard is not None:
+            lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            lines += ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + " |"
+                      for row in cells]
+            tensorboard.add_text(f"{self.prefix}{name}", "\n".join(lines), step)
+            tensorboard.flush()
+            written.append("tensorboard")
+        wandb_monitor = getattr(self.monitor, "wandb_monitor", None)
+        if wandb_monitor is not None and getattr(wandb_monitor, "enabled", False):
+            import wandb
+            wandb_monitor.log({f"{self.prefix}{name}": wandb.Table(columns=columns, data=cells)}, step=step)
+            written.append("wandb")
+        experiment = getattr(getattr(self.monitor, "comet_monitor", None), "experiment", None)
+        if experiment is not None:
+            experiment.log_table(f"{name}_step{step}.csv", tabular_data=cells, headers=columns)
+            written.append("comet")
+        return written
 
     def continue_from(self, step: int, samples: int) -> None:
         """A resumed run's CSV files: rows after the checkpoint (run before a stop, run again now) are dropped, and

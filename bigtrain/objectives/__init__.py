@@ -84,13 +84,15 @@ from typing import Any
 from bigtrain.objectives.base import (HEADS, LIVE_REFERENCES, MODES, REFERENCES, FineTuning, FrozenModel, Needs,
                                       NoSettings, Objective, Policy)
 from bigtrain.objectives.causal_lm import ModelLoss
+from bigtrain.objectives.grpo import GRPO, RLOO
 from bigtrain.objectives.kto import KTOLoss
 from bigtrain.objectives.preference import DPO, IPO, ORPO, SimPO
 from bigtrain.objectives.reward import RewardLoss
 
 # The one table of kinds (objective.kind -> its objective); the first is the run config's default.
 OBJECTIVES: dict[str, type[Objective]] = {
-    "lm": ModelLoss, "dpo": DPO, "ipo": IPO, "orpo": ORPO, "simpo": SimPO, "kto": KTOLoss, "reward": RewardLoss}
+    "lm": ModelLoss, "dpo": DPO, "ipo": IPO, "orpo": ORPO, "simpo": SimPO, "kto": KTOLoss, "reward": RewardLoss,
+    "grpo": GRPO, "rloo": RLOO}
 
 
 def objective_class(kind: str) -> type[Objective]:
@@ -122,6 +124,28 @@ def build_objective(cfg: Any, lora: bool = False) -> Objective:
     return cls(cfg.kind, cfg.settings, resolve_reference(cls.declare(cfg.settings), cfg.reference, lora))
 
 
+def batch_problem(kind: str, needs: Needs, global_batch: int | None, per_rank: tuple[int, int] | None = None,
+                  seq_len: int | None = None) -> str | None:
+    """One line when the batch cannot hold whole records of `kind` (`Needs.samples_per_record`: the global batch,
+    and each rank's `per_rank` (micro-batch, accumulation), must be multiples of it), or when its completions leave
+    a prompt no room in `seq_len` (`Needs.completion_tokens`); None when they can."""
+    group, why = needs.samples_per_record, needs.refuses.get("samples_per_record", "")
+    if seq_len is not None and needs.completion_tokens and seq_len <= needs.completion_tokens:
+        return (f"data.seq_len={seq_len} with objective.kind={kind}: {needs.refuses.get('completion_tokens', '')} "
+                f"take {needs.completion_tokens} tokens, which leaves a prompt no room; make data.seq_len longer "
+                f"than {needs.completion_tokens} (room for the prompts) or the completions shorter")
+    if group > 1 and global_batch is not None and global_batch % group:
+        return (f"batch.global_batch={global_batch} with objective.kind={kind}: {why}, so the global batch must be "
+                f"a multiple of {group}; set batch.global_batch={max(group, global_batch // group * group)} (or "
+                "another multiple)")
+    if group > 1 and per_rank is not None and (per_rank[0] * per_rank[1]) % group:
+        micro, accum = per_rank
+        return (f"objective.kind={kind}: {why}, and each rank's micro_batch x grad_accum = {micro} x {accum} = "
+                f"{micro * accum} samples is not a multiple of {group}; set batch.micro_batch to a multiple of "
+                f"{group}, or batch.grad_accum so that micro_batch x grad_accum is one")
+    return None
+
+
 def data_problem(kind: str, needs: Needs, layout: str, plain_text: bool) -> str | None:
     """One line when the data's layout is not the one `kind` reads (None when it is): what it reads, what the data
     is, and the kinds that train on such data."""
@@ -135,5 +159,5 @@ def data_problem(kind: str, needs: Needs, layout: str, plain_text: bool) -> str 
 
 
 __all__ = ["HEADS", "LIVE_REFERENCES", "MODES", "OBJECTIVES", "REFERENCES", "FineTuning", "FrozenModel", "Needs",
-           "NoSettings", "Objective", "Policy", "build_objective", "data_problem", "default_objective",
+           "NoSettings", "Objective", "Policy", "batch_problem", "build_objective", "data_problem", "default_objective",
            "objective_class", "resolve_reference"]

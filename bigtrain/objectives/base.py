@@ -6,7 +6,7 @@ Imported by the run config (the declarations and settings), which loads without 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -18,6 +18,7 @@ LIVE_REFERENCES = ("adapters_off", "copy")  # a forward pass beside the policy's
 # What a run may switch on that an objective can refuse (`Needs.refuses`): train.compile, train.loss_impl=chunked,
 # data.packing, pipeline stages, tensor and sequence parallelism, batch.micro_batch=auto.
 MODES = ("compile", "chunked_loss", "packing", "pipeline", "tensor", "sequence", "auto_micro_batch")
+LIMITS = ("micro_batch", "samples_per_record", "completion_tokens")  # `Needs.refuses` says why each holds
 HEADS = ("own", "scalar")  # the model's own output head, or a one-label scalar head (a sequence classifier)
 
 
@@ -29,6 +30,11 @@ class FrozenModel:
 
     setting: str
     head: str = "own"
+
+    def directory(self, settings: Any) -> str | None:
+        """Where this model comes from, from the objective's settings: the one place its setting is read (the
+        builder and the estimate both ask here); None when the setting is left unset (no model)."""
+        return getattr(settings, self.setting)
 
 
 LORA_RATE_FACTOR = 10.0  # TRL's PEFT guide (docs/source/peft_integration.md): LoRA at about 10 x the full rate
@@ -70,13 +76,18 @@ class Needs:
     head: str = "own"  # the policy's head (HEADS)
     dropout: bool = True  # False: the policy's dropout is switched off (its forward passes are compared)
     min_micro_batch: int = 1  # the least batch.micro_batch it trains with (why: refuses["micro_batch"])
-    # why it cannot run with each MODE it refuses; also why a reference kind it does not allow cannot serve it
+    # samples one data record becomes (GRPO: a prompt's num_generations completions): each rank's samples per step
+    # (micro x accumulation) must hold whole records, read once a step (`Objective.data_batch`)
+    samples_per_record: int = 1
+    completion_tokens: int = 0  # tokens of data.seq_len its generated completions take (its prompts get the rest)
+    # why it cannot run with each MODE it refuses; also why a reference kind it does not allow cannot serve it, and
+    # (keys "micro_batch", "samples_per_record", "completion_tokens") why those limits hold
     refuses: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        assert self.rows_per_sample >= 1 and self.head in HEADS, self
+        assert self.rows_per_sample >= 1 and self.samples_per_record >= 1 and self.head in HEADS, self
         assert set(self.references) <= set(REFERENCES), self.references
-        assert set(self.refuses) <= {*MODES, *REFERENCES, "micro_batch"}, sorted(self.refuses)
+        assert set(self.refuses) <= {*MODES, *REFERENCES, *LIMITS}, sorted(self.refuses)
 
     def allows(self, mode: str) -> bool:
         assert mode in MODES, mode
@@ -94,6 +105,7 @@ class Policy(Protocol):
 
     device: str
     tokenizer: Any  # the run's tokenizer (None for models trained without one)
+    seed: int  # train.seed: an objective's own random streams start from it
 
     def inputs(self, rows: dict) -> tuple[Any, torch.Tensor]:
         """Rows of a batch as the model's inputs and labels, on the device."""
@@ -125,14 +137,26 @@ class Policy(Protocol):
     def reference_logps(self, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
         """Per row: the same sum under the frozen reference (objective.reference), without a graph."""
 
+    def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                          completion_mask: torch.Tensor) -> torch.Tensor:
+        """[N, C, V]: the policy's logits that predict each completion token (`bigtrain.rollout.forward`), with their
+        graph: left-padded prompts, right-padded completions."""
+
+    def reference_completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                                    completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """The same under the frozen reference (objective.reference), without a graph."""
+
     def frozen(self, setting: str) -> Any:
-        """The frozen model declared as `FrozenModel(setting)`: `.logits(inputs)` without a graph."""
+        """The frozen model declared as `FrozenModel(setting)`: `.logits(inputs)` and `.completion_logits(...)`
+        without a graph, `.ds` (its forward-only engine, called like a transformers model), `.directory`."""
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Any, rng: Any, *,
-                 gather: bool = True, logps: bool = False) -> Any:
+                 gather: bool | None = None, logps: bool = False) -> Any:
         """Completions sampled from the policy for left-padded prompts, every rank calling it together: a
         `bigtrain.rollout.generate.Rollout` drawn with `Sampling` from the objective's own `SampleRNG` (with the
-        sampling distribution's log-probabilities when `logps`)."""
+        sampling distribution's log-probabilities when `logps`). `gather`: at ZeRO-3, the weights gathered once
+        for the round (True) or left partitioned (False); None: gathered where they fit one device
+        (`bigtrain.rollout.generate.gathered_weights_fit`)."""
 
 
 class Objective:
@@ -165,9 +189,39 @@ class Objective:
         """A batch on the device, in the form `micro_loss` takes."""
         return policy.inputs(batch)
 
+    def data_batch(self, micro_batch: int, micro_batches: int) -> int:
+        """Records per batch this objective reads from the data for a step of `micro_batches` micro-batches of
+        `micro_batch` samples (in evaluation, `micro_batches` 1): a micro-batch's by default."""
+        return micro_batch
+
+    def read_step(self, policy: Policy, batches: Iterator[dict], micro_batches: int) -> list[Any]:
+        """The step's micro-batches, each in the form `micro_loss` takes: by default `micro_batches` batches read
+        from `batches` through `inputs`. An objective may read otherwise: one batch of prompts whose completions
+        make the whole step (online RL), or none while it steps again over what it holds (num_iterations)."""
+        return [self.inputs(policy, next(batches)) for _ in range(micro_batches)]
+
     def begin_step(self, policy: Policy, micro: list[Any]) -> Any:
         """Whatever the step's micro-batches share; None by default."""
         return None
+
+    def end_step(self, policy: Policy, step: Any) -> Metrics:
+        """After the step's optimizer update: metrics of the whole step (not averaged over its micro-batches; then
+        averaged over the ranks like the others). Metrics named `time/PART` are the seconds of the step spent in
+        PART: the summary adds their mean and share (`bigtrain.train.report`)."""
+        return {}
+
+    def sample_table(self) -> list[dict] | None:
+        """Rows this rank shows of its last step (online RL: prompts, completions, rewards), or None. Rank 0's go
+        to OUT/samples.jsonl and to the trackers that take tables at every log step."""
+        return None
+
+    def state_dict(self) -> dict:
+        """This rank's own state for a checkpoint (tensors and plain values: an objective's random stream, what it
+        holds between steps), saved beside the rank's RNG state; {} by default."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """What `state_dict` saved, on a resume at the same world size (at another, nothing is loaded)."""
 
     def micro_loss(self, policy: Policy, item: Any, step: Any) -> tuple[torch.Tensor, Metrics]:
         raise NotImplementedError

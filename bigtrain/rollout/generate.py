@@ -167,6 +167,25 @@ def generate(engine: Any, tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask:
     return rollout
 
 
+GATHER_SHARE = 0.5  # gathered weights may take at most this share of a device's free memory (the rest: KV cache)
+
+
+def gathered_weights_fit(engine: Any) -> bool:
+    """The rule for objective.ds3_gather_for_generation=auto, a collective at ZeRO-3: gather the weights for a
+    generation round when the whole model, in the dtype it trains in, takes at most half of the memory each
+    device has free now (DeepSpeed's `available_memory`; the other half is left to the KV cache and the round's
+    activations), on every rank; else leave them partitioned (one all-gather per layer and decode step: slower, but
+    a model no device can hold whole still generates). True below ZeRO-3, where the weights are whole anyway."""
+    if not _zero3(engine):
+        return True
+    from deepspeed.accelerator import get_accelerator
+
+    from bigtrain.distributed.world import all_ranks_agree
+    module = getattr(engine, "module", engine)
+    whole = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in module.parameters())
+    return all_ranks_agree(whole <= GATHER_SHARE * get_accelerator().available_memory())
+
+
 def _zero3(engine: Any) -> bool:
     check = getattr(engine, "zero_optimization_partition_weights", None)
     return bool(check()) if callable(check) else False

@@ -39,7 +39,8 @@ class Engine:
         self.device = get_accelerator().current_device_name()
         # DeepSpeed's pipeline engine takes the micro-batches' losses itself: there each one's mean counts alike
         self.policy = PolicyModel(parts, spec, self.device, float_dtype_of(ds_config),
-                                  token_weighted=options.token_weighted and not self.is_pipeline, tokenizer=tokenizer)
+                                  token_weighted=options.token_weighted and not self.is_pipeline, tokenizer=tokenizer,
+                                  seed=options.seed)
 
     # -- topology -------------------------------------------------------------------------------
 
@@ -63,6 +64,16 @@ class Engine:
     @property
     def grad_accum(self) -> int:
         return self.ds.gradient_accumulation_steps()
+
+    @property
+    def data_batch(self) -> int:
+        """Records per batch the training data serves (the objective's: a micro-batch's samples by default)."""
+        return self.objective.data_batch(self.micro_batch, self.grad_accum)
+
+    @property
+    def eval_data_batch(self) -> int:
+        """Records per held-out batch."""
+        return self.objective.data_batch(self.micro_batch, 1)
 
     def lr(self) -> float:
         """The learning rate the next optimizer step applies."""
@@ -96,7 +107,8 @@ class Engine:
             return self.ds.train_batch(self._pipeline_items(batches))
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         sums: dict[str, torch.Tensor] = {}
-        micro = [self.objective.inputs(self.policy, next(batches)) for _ in range(self.grad_accum)]
+        micro = self.objective.read_step(self.policy, batches, self.grad_accum)
+        assert len(micro) == self.grad_accum, (len(micro), self.grad_accum)  # DeepSpeed steps at the last one
         shared = self.objective.begin_step(self.policy, micro)
         for item in micro:
             with same_batch_in_tensor_group():
@@ -107,6 +119,7 @@ class Engine:
             for name, value in metrics.items():
                 sums[name] = value.to(torch.float64) + sums.get(name, 0)
         self.step_metrics = {name: value / self.grad_accum for name, value in sums.items()}
+        self.step_metrics.update(self.objective.end_step(self.policy, shared))
         return total / self.grad_accum
 
     @torch.no_grad()

@@ -9,9 +9,10 @@ from typing import Any, Iterator
 from bigtrain.checkpoint.state import ModelBuild
 from bigtrain.config.run_config import DataConfig, ModelConfig, RunConfig
 from bigtrain.data import DataBundle, batches, build_data, iter_eval_batches
-from bigtrain.data.formats import ExampleOptions
+from bigtrain.data.formats import PROMPT_FORMATS, ExampleOptions
 from bigtrain.distributed.patient import patient_barrier
 from bigtrain.distributed.world import World
+from bigtrain.objectives import Needs
 
 log = logging.getLogger("bigtrain")
 
@@ -72,9 +73,22 @@ class TrainingData:
             self.sampler.load_state_dict(state)
 
 
-def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, world: World, seed: int) -> TrainingData:
+def example_options(data: DataConfig, needs: Needs | None = None) -> ExampleOptions:
+    """The data.* settings of records, with what the objective decides (`Needs`): prompt records (its layout
+    "prompts", never detected: data.format=auto reads them so) leave data.seq_len - its completion_tokens to a
+    prompt."""
+    fmt, prompt_tokens = data.format, None
+    if needs is not None and needs.layout == "prompts":
+        fmt = PROMPT_FORMATS[0] if fmt == "auto" else fmt
+        prompt_tokens = data.seq_len - needs.completion_tokens
+    return ExampleOptions(fmt, data.chat_template, data.train_on_prompt, data.long_examples, data.packing,
+                          prompt_tokens=prompt_tokens)
+
+
+def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, world: World, seed: int,
+                        needs: Needs | None = None) -> TrainingData:
     """Rank 0 trains the tokenizer and prepares the token shards (local rank 0 too, where the cache is not shared
-    with rank 0); the others wait and then memory-map them."""
+    with rank 0); the others wait and then memory-map them. `needs`: the objective's (how its records are read)."""
     tokenizer_dir = out_dir / "tokenizer"
     tokenizer = default_tokenizer(data, model)
     bundle = build_data(
@@ -85,8 +99,7 @@ def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, wor
         label_field=data.label_field, synthetic_samples=data.synthetic_samples, is_writer=world.is_main,
         barrier=patient_barrier(world.size), is_local_writer=world.local_rank == 0, split=data.split,
         revision=data.revision, streaming=data.streaming, hash_content=data.hash_content, num_proc=data.num_proc,
-        examples=ExampleOptions(data.format, data.chat_template, data.train_on_prompt, data.long_examples,
-                                data.packing))
+        examples=example_options(data, needs))
     if data.chat_template and bundle.tokenizer_dir is not None:  # the prepared examples' tokenizer has that template
         return TrainingData(bundle, seed=seed, tokenizer_dir=bundle.tokenizer_dir)
     has_tokenizer_dir = bundle.tokenizer is not None and data.tokenizer is None

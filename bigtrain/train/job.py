@@ -107,13 +107,17 @@ def resolve_job(run: RunConfig, world: World, ds_config_path: str | None, source
         for line in build_lines([optimizer_op(resolved.ds_config)]):
             log.info("%s", line)
     check_split_layout(asked, Topology.of(resolved.ds_config, world.size))  # sizes a JSON gave, too
+    ds = resolved.ds_config
+    if line := objectives.batch_problem(run.objective.kind, run.objective.declared, ds["train_batch_size"],
+                                        (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])):
+        raise ValueError(line)
     seed_everything(run.train.seed)
     return config, resolved
 
 
 def load_data(run: RunConfig, out: Path, world: World) -> TrainingData:
     """The run's data, of the layout its objective reads (one line if not)."""
-    data = build_training_data(run.data, run.model, out, world, run.train.seed)
+    data = build_training_data(run.data, run.model, out, world, run.train.seed, run.objective.declared)
     problem = objectives.data_problem(run.objective.kind, run.objective.declared, data.bundle.layout,
                                       plain_text=data.bundle.stats is None)
     if problem:
@@ -317,7 +321,9 @@ def resume_from(engine: Engine, plan: ResumePlan, world: World, data: TrainingDa
     """
     checkpoint.load(engine.ds, plan.ckpt_dir, plan.load_tag, trust=trust)
     start_schedule(engine.scheduler)  # the restored iteration's rate (universal checkpoints do not hold it)
-    rng = restore_rng(plan, world.rank, seed, trust)
+    rng, objective_state = restore_rng(plan, world.rank, seed, trust)
+    if objective_state is not None:
+        engine.objective.load_state_dict(objective_state)
     data.load_state_dict(plan.state.data)
     if world.is_main:
         log.info("resumed from %s at step %d (RNG %s)", plan.ckpt_dir / plan.load_tag, plan.state.step, rng)
@@ -341,8 +347,9 @@ def finish(resolved: Resolved, world: World, out: Path, reporter: Reporter, resu
         summary = reporter.summary(result, run_config=to_dict(resolved.run), ds_config=resolved.recorded,
                                    **({"hub": hub} if hub else {}))
     if data_stats:
-        real = summary.get("tokens_per_s", 0.0) * (1 - data_stats["pad_share"])
-        summary["data"] = {**data_stats, "real_tokens_per_s": real}
+        summary["data"] = dict(data_stats)
+        if "pad_share" in data_stats:  # examples padded to rows (prompt records have no rows of their own)
+            summary["data"]["real_tokens_per_s"] = summary.get("tokens_per_s", 0.0) * (1 - data_stats["pad_share"])
     if world.is_main:
         log.info("wrote %s", write_summary(out, summary))
         write_loss_plot(summary, out / "loss.png")

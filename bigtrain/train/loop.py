@@ -74,7 +74,7 @@ def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Ba
     A non-finite loss, or one above settings.max_loss, ends the loop without a save (`result.diverged`).
     `task_eval` (`bigtrain.eval.during_training.TaskEvaluator`, train.eval_tasks) scores lm-eval tasks at each
     evaluation."""
-    train_batches = data.train_batches(engine.micro_batch)
+    train_batches = data.train_batches(engine.data_batch)
     result = LoopResult(start_step, [], [], "", last_checkpoint=settings.resumed_from)
     step = start_step
     saved_at = start_step if settings.resumed_from else -1  # the step of result.last_checkpoint
@@ -153,7 +153,8 @@ def save_checkpoint(engine: Engine, settings: LoopSettings, record: CheckpointRe
     with stop.bound(what, collective_timeout_s() + 60, "every rank to write its part") if bounded \
             else _phase(stop, what):
         state = record.state_at(step, reporter.losses, reporter.history())
-        path = checkpoint.save(engine.ds, settings.ckpt_dir, step, state, world, settings.keep_last)
+        path = checkpoint.save(engine.ds, settings.ckpt_dir, step, state, world, settings.keep_last,
+                               rank_state=engine.objective.state_dict())
     if world.is_main:
         log.info("saved checkpoint %s", path)
     notify("checkpoint", step, {"path": str(path)})
@@ -179,7 +180,7 @@ def _evaluate(engine: Engine, data: Batches, num_batches: int, step: int, report
               task_eval: Any = None) -> None:
     val = None
     if num_batches > 0:
-        val = engine.eval_loss(list(data.eval_batches(engine.micro_batch, num_batches)))
+        val = engine.eval_loss(list(data.eval_batches(engine.eval_data_batch, num_batches)))
         result.val_losses.append((step, val))
     tasks = task_eval.run(engine) if task_eval is not None else None
     reporter.on_eval(step, val, tasks)

@@ -21,13 +21,14 @@ class PolicyModel:
     """What an objective may ask of the model it trains (see `bigtrain.objectives.base.Policy`)."""
 
     def __init__(self, parts: Any, spec: ModelSpec, device: str, float_dtype: torch.dtype, token_weighted: bool,
-                 tokenizer: Any = None):
+                 tokenizer: Any = None, seed: int = 0):
         from bigtrain.models.hf_common import router_aux_coef
         self.ds, self.split, self.loss_in_forward = parts.ds, parts.split, parts.loss_in_forward
         self.reference, self.frozen_models = parts.reference, parts.frozen
         self.spec, self.device, self.float_dtype = spec, device, float_dtype
-        self.token_weighted, self.tokenizer = token_weighted, tokenizer
+        self.token_weighted, self.tokenizer, self.seed = token_weighted, tokenizer, seed
         self.router_coef = router_aux_coef(getattr(spec, "config", None)) or 0.0
+        self.gather: bool | None = None  # generation's ZeRO-3 rule, decided at the first round (every rank alike)
 
     def inputs(self, rows: dict) -> tuple[Any, torch.Tensor]:
         inputs, labels = self.spec.batch_to_inputs(rows)
@@ -105,15 +106,31 @@ class PolicyModel:
         assert self.reference is not None, "the objective was built without a reference (objective.reference)"
         return self.reference.logps(self.ds, inputs, labels)
 
+    def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                          completion_mask: torch.Tensor) -> torch.Tensor:
+        from bigtrain.rollout.forward import completion_logits
+        return completion_logits(self.ds, prompt_ids, prompt_mask, completion_ids, completion_mask)
+
+    def reference_completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                                    completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        assert self.reference is not None, "the objective was built without a reference (objective.reference)"
+        return self.reference.completion_logits_beside(self.ds, prompt_ids, prompt_mask, completion_ids,
+                                                      completion_mask)
+
     def frozen(self, setting: str) -> Any:
         assert setting in self.frozen_models, f"no frozen model was built for objective.{setting}"
         return self.frozen_models[setting]
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Any, rng: Any, *,
-                 gather: bool = True, logps: bool = False) -> Any:
+                 gather: bool | None = None, logps: bool = False) -> Any:
         """One generation round on the engine's own module (`bigtrain.rollout.generate`: every rank calls it together;
-        eval mode for the round; `gather` the ZeRO-3 weights once instead of at every decode step)."""
-        from bigtrain.rollout.generate import generate
+        eval mode for the round; `gather` the ZeRO-3 weights once instead of at every decode step; None: where
+        they fit, decided at the first round)."""
+        from bigtrain.rollout.generate import generate, gathered_weights_fit
+        if gather is None:
+            if self.gather is None:
+                self.gather = gathered_weights_fit(self.ds)
+            gather = self.gather
         return generate(self.ds, self.tokenizer, prompt_ids, prompt_mask, sampling, rng, gather=gather, logps=logps)
 
 def weigh(mean: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor | None,

@@ -47,11 +47,10 @@ def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False) 
 def check_text_data(run: RunConfig, tokenizer_here: bool = True) -> None:
     """The data source's format against the objective, then its first records (text data only). `tokenizer_here`:
     the run's tokenizer can be had without the ranks (not the Hub's: without it, records are read, not rendered)."""
-    from bigtrain.data.formats import ExampleOptions
     from bigtrain.data.peek import check_first_records, peek_source
-    from bigtrain.train.inputs import default_tokenizer
+    from bigtrain.train.inputs import default_tokenizer, example_options
     data = run.data
-    options = ExampleOptions(data.format, data.chat_template, data.train_on_prompt, data.long_examples, data.packing)
+    options = example_options(data, run.objective.declared)  # the ranks' own: prompt records for an online objective
     if data.source == "synthetic":
         return
     peek = peek_source(data.source, options, data.split, data.revision, data.streaming)

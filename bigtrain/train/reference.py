@@ -32,6 +32,11 @@ class Reference:
         """Each row's summed answer log-probability; `policy`: the policy's DeepSpeed engine."""
         raise NotImplementedError
 
+    def completion_logits_beside(self, policy: Any, *rows: torch.Tensor) -> torch.Tensor:
+        """The logits that predict each completion token (`bigtrain.rollout.forward.completion_logits`'s rows:
+        prompt ids and mask, completion ids and mask), without a graph; `policy`: the policy's DeepSpeed engine."""
+        raise NotImplementedError
+
 
 class AdaptersOff(Reference):
     @torch.no_grad()
@@ -39,14 +44,21 @@ class AdaptersOff(Reference):
         with adapters_disabled(policy.module):
             return answer_logps(output_logits(call_module(policy, inputs)), labels)[0]
 
+    @torch.no_grad()
+    def completion_logits_beside(self, policy: Any, *rows: torch.Tensor) -> torch.Tensor:
+        from bigtrain.rollout.forward import completion_logits
+        with adapters_disabled(policy.module):
+            return completion_logits(policy, *rows)
+
 
 class FrozenCopy(Reference):
     """`spec`'s model, frozen, in its own forward-only engine partitioned like the policy."""
 
-    def __init__(self, spec: ModelSpec, ds_config: dict, seed: int):
+    def __init__(self, spec: ModelSpec, ds_config: dict, seed: int, directory: str | None = None):
         import deepspeed
 
         from bigtrain.parallel import build_module
+        self.directory = directory  # a declared frozen model's (None: the policy's own start)
         config = reference_config(ds_config)
         zero3 = config["zero_optimization"]["stage"] == 3
         module = build_module(spec, config if zero3 else None, seed=seed)
@@ -61,6 +73,14 @@ class FrozenCopy(Reference):
 
     def logps(self, policy: Any, inputs: Any, labels: torch.Tensor) -> torch.Tensor:
         return answer_logps(self.logits(inputs), labels)[0]
+
+    @torch.no_grad()
+    def completion_logits(self, *rows: torch.Tensor) -> torch.Tensor:
+        from bigtrain.rollout.forward import completion_logits
+        return completion_logits(self.ds, *rows)
+
+    def completion_logits_beside(self, policy: Any, *rows: torch.Tensor) -> torch.Tensor:
+        return self.completion_logits(*rows)
 
 
 def build_reference(kind: str, spec: ModelSpec, ds_config: dict, seed: int) -> Reference | None:
@@ -82,10 +102,10 @@ def build_frozen_models(declared: tuple, settings: Any, spec: ModelSpec, ds_conf
     from bigtrain.models.registry import build_directory
     built = {}
     for frozen in declared:
-        directory = getattr(settings, frozen.setting)
+        directory = frozen.directory(settings)
         if directory is not None:
             model = build_directory(directory, spec.seq_len, frozen.head, f"objective.{frozen.setting}")
-            built[frozen.setting] = FrozenCopy(model, ds_config, seed)
+            built[frozen.setting] = FrozenCopy(model, ds_config, seed, directory)
     return built
 
 

@@ -17,6 +17,7 @@ from bigtrain.config.run_config import RunConfig
 from bigtrain.distributed.world import World
 from bigtrain.metrics import (MetricsLogger, ProgressBar, ThroughputMeter, achieved_tflops, measure_peak_tflops,
                               memory_per_rank_bytes, memory_report, mfu, peak_memory)
+from bigtrain.metrics.samples import SampleLog
 from bigtrain.models.spec import ModelSpec
 
 log = logging.getLogger("bigtrain")
@@ -60,6 +61,26 @@ def finite_or_null(value: Any) -> Any:
     return value
 
 
+def time_split(metrics: dict[str, list[tuple[int, float]]]) -> dict[str, dict[str, float]]:
+    """An objective's `time/PART` metrics (the seconds of each step spent in PART) as each part's mean seconds per
+    step and its share of their sum, over every step recorded."""
+    means = {name.removeprefix("time/"): statistics.fmean(v for _, v in values)
+             for name, values in metrics.items() if name.startswith("time/") and values}
+    total = sum(means.values())
+    return {part: {"mean_s": mean, "share": mean / total if total > 0 else 0.0} for part, mean in means.items()}
+
+
+def objective_line(metrics: dict[str, float]) -> str:
+    """The objective's metrics of a log step; its `time/PART` ones last, as seconds and shares of the step."""
+    shown = [f"{k} {v:.4f}" for k, v in metrics.items() if not k.startswith("time/")]
+    parts = {k.removeprefix("time/"): v for k, v in metrics.items() if k.startswith("time/")}
+    total = sum(parts.values())
+    if parts:
+        shown.append("time " + " ".join(f"{part} {s:.2f}s" + (f" ({s / total:.0%})" if total > 0 else "")
+                                        for part, s in parts.items()))
+    return " | ".join(shown)
+
+
 class Reporter:
     """Rank 0 talks; every rank measures (the summary gathers per-rank memory)."""
 
@@ -95,6 +116,8 @@ class Reporter:
         self.monitor = MetricsLogger(monitor=getattr(engine.ds, "monitor", None), run_config=asdict(run))
         if prior is not None:
             self.monitor.continue_from(prior.step, prior.step * self.global_batch)
+        self.samples = SampleLog(out, self.monitor, prior.step if prior is not None else None) \
+            if world.is_main else None
         self.bar = ProgressBar(run.train.steps, enabled=world.is_main, log_every=self.interval)
         if not run.logging.progress_bar:
             self.bar.tty = False  # plain log lines every interval instead of a redrawn bar
@@ -135,7 +158,10 @@ class Reporter:
             if self.world.is_main:
                 self.bar.write(f"step {step}: router load-balancing loss {router_loss:.4f}")
         if objective_metrics and self.world.is_main:
-            self.bar.write(f"step {step}: " + " | ".join(f"{k} {v:.4f}" for k, v in objective_metrics.items()))
+            self.bar.write(f"step {step}: " + objective_line(objective_metrics))
+        table = getattr(self.engine.objective, "sample_table", lambda: None)()
+        if table and self.samples is not None:
+            self.samples.write(step, table)
         self.monitor.log(step, metrics)
         notify("log", step, metrics)
         if self.world.is_main:
@@ -225,6 +251,8 @@ class Reporter:
         if self.metrics:  # the objective's, by TRL's names for the preference objectives
             summary["metrics"] = {k: [[s, v] for s, v in values] for k, values in self.metrics.items()}
             summary["final_metrics"] = {k: values[-1][1] for k, values in self.metrics.items()}
+            if split := time_split(self.metrics):
+                summary["time_split"] = split
         if self.val_metrics:
             summary["val_metrics"] = {k: [[s, v] for s, v in values] for k, values in self.val_metrics.items()}
         if self.task_scores:  # train.eval_tasks: [[step, {task: {metric: value}}], ...] and the last evaluation's

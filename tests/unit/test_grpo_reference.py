@@ -21,7 +21,8 @@ from rl_task import REWARDS, make_model, make_tokenizer, records
 
 from bigtrain.rollout.advantages import group_advantages, kl_penalised_rewards, rloo_advantages
 from bigtrain.rollout.forward import completion_logits
-from bigtrain.rollout.losses import aggregate, clip_sums, global_count, grpo_terms, rloo_terms, token_logps
+from bigtrain.objectives.loss_types import aggregate
+from bigtrain.rollout.losses import clip_sums, global_count, grpo_terms, rloo_terms, token_logps
 
 
 def test_the_plain_loop_learns_the_toy_task():

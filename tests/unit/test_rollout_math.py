@@ -19,7 +19,8 @@ import torch
 
 from bigtrain.rollout.advantages import (combine_rewards, group_advantages, kl_penalised_rewards, nanstd,
                                          rloo_advantages)
-from bigtrain.rollout.losses import (LOSS_TYPES, aggregate, clip_sums, distill_share, grpo_terms, k3_kl,
+from bigtrain.objectives.loss_types import LOSS_TYPES, aggregate
+from bigtrain.rollout.losses import (clip_sums, distill_share, grpo_terms, k3_kl,
                                      masked_sum, rloo_terms, token_entropy, token_logps)
 
 NAN = float("nan")

@@ -1,0 +1,356 @@
+"""What every objective that generates its own answers shares (GRPO and RLOO, grpo.py; on-policy distillation next):
+prompts in, a round of completions sampled from the policy, the round cut into the step's micro-batches, several
+optimizer steps over one round (num_iterations), its random stream and what it holds in the checkpoint, the time
+of a step split into its parts, and a table of what it sampled.
+
+A step (bigtrain/rollout/__init__.py has the plan; `OnlineObjective.read_step`):
+1. generation: this rank's prompts, one batch of micro_batch x grad_accum / num_generations records a step
+   (`data_batch`; the global batch counts completions, as TRL's does), each answered num_generations times by
+   `Policy.generate` from the objective's own `SampleRNG` (seeded from train.seed and the rank, saved with the
+   checkpoint), the ZeRO-3 weights gathered for the round where they fit (objective.ds3_gather_for_generation);
+2. reference: per micro-batch, the log-probabilities the loss compares with (the policy's before the update, a
+   frozen reference's), without a graph (`uses_old_logps`, `uses_reference`);
+3. rewards: what the subclass makes of the round (`score_round`: rewards, advantages, their metrics);
+4. policy: `micro_loss` on each micro-batch (the subclass's `piece_loss`: its share of the step's loss), DeepSpeed's
+   backward and step. With num_iterations = k the next k - 1 steps reuse the round (`read_step` reads no data).
+The seconds of 1-4 are the metrics time/generation, time/reference, time/rewards and time/policy (0 for a part a
+step skips), each rank's, averaged over the ranks.
+
+A micro-batch's loss is its share of the step's loss (bigtrain.rollout.losses) times accumulation steps x ranks,
+which DeepSpeed's backward divides by again: the step's loss is what TRL's is, however it is split.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Literal
+
+from bigtrain.fields import doc
+from bigtrain.objectives.base import FrozenModel, Metrics, Needs, Objective, Policy, check_positive
+
+if TYPE_CHECKING:
+    import torch
+
+ONLINE_REFUSALS = {
+    "pipeline": "generation runs on the whole model, which pipeline stages split",
+    "tensor": "not supported: the ranks of a tensor-parallel group would have to sample alike",
+    "sequence": "not supported: generation runs on whole sequences",
+    "packing": "each prompt is generated from on its own row",
+    "chunked_loss": "its loss reads every completion token's log-probability from the logits",
+    "compile": "not supported (generation changes the shapes every step)",
+    "auto_micro_batch": "the probe sizes rows of training data, not a round of completions",
+    "precomputed": "its completions do not exist before the step, so their reference log-probabilities cannot be "
+                   "computed before training",
+    "completion_tokens": "its completions (objective.max_completion_length)"}
+NO_REFERENCE = "objective.beta=0 builds no reference model (TRL's default); set objective.beta > 0 for a KL term"
+GATHER = ("auto", True, False)
+
+
+@dataclass(kw_only=True)
+class GenerationSettings:
+    """How an online objective samples its completions (TRL's GRPOConfig names and defaults)."""
+
+    num_generations: int = doc(8, "grpo/rloo: completions sampled per prompt (a group); the global batch counts "
+                                  "completions and holds whole groups on every rank.")
+    max_completion_length: int = doc(512, "grpo/rloo: the most tokens a completion has; prompts get data.seq_len "
+                                          "minus this (longer ones cut or dropped: data.long_examples).")
+    temperature: float = doc(1.0, "grpo/rloo: the sampling temperature (also of the log-probabilities the loss "
+                                  "uses).")
+    top_p: float = doc(1.0, "grpo/rloo: nucleus sampling's probability mass (1.0: off).")
+    top_k: int = doc(0, "grpo/rloo: sample among the k likeliest tokens (0: off).")
+    ds3_gather_for_generation: Literal["auto"] | bool = doc(
+        "auto", "grpo/rloo at ZeRO-3: true gathers the weights once per round of generation (fast; the model must "
+        "fit one device), false leaves them partitioned (one all-gather per layer and decode step); auto = true "
+        "where the whole model takes at most half of each device's free memory.")
+
+    def __post_init__(self) -> None:
+        check_positive(self, "num_generations", "max_completion_length", "temperature")
+        if not 0.0 < self.top_p <= 1.0 or self.top_k < 0:
+            raise ValueError(f"objective.top_p={self.top_p} / objective.top_k={self.top_k}: top_p must be in (0, 1], "
+                             "top_k >= 0 (0: off)")
+
+
+@dataclass
+class Piece:
+    """One micro-batch of a round: left-padded prompts, right-padded completions, and what the loss compares."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    advantages: torch.Tensor | None = None  # [rows]
+    old_logps: torch.Tensor | None = None  # [rows, C] the policy's before the round's updates
+    ref_logps: torch.Tensor | None = None  # [rows, C] the reference's
+
+    @property
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
+
+    def state(self) -> dict:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass
+class StepState:
+    """What a step's micro-batches share."""
+
+    step_tokens: torch.Tensor  # the completion tokens of the whole step, over every rank (dapo's divisor)
+    micro_batches: int  # accumulation steps x ranks: a share's divisor
+    started: float  # when the policy part began
+    sums: dict = field(default_factory=dict)  # the loss's metrics as (sum, count), over the step's micro-batches
+
+
+class OnlineObjective(Objective):
+    """An objective that samples its completions (see the module's docstring); a subclass scores a round
+    (`score_round`) and gives a micro-batch's loss (`piece_loss`)."""
+
+    # what the class declares before settings decide (the kinds a layout fits, the references' help); `declare`
+    # gives a run's
+    needs = Needs(layout="prompts", generates=True, references=("adapters_off", "copy"), refuses=ONLINE_REFUSALS)
+    Settings = GenerationSettings
+    samples = "completions"
+
+    @staticmethod
+    def online_needs(settings: Any, reference: bool, frozen: tuple[FrozenModel, ...]) -> Needs:
+        """The declaration every online objective makes: prompt records, whole groups on every rank, room for the
+        completions, no pipeline / tensor / sequence split; a live reference when `reference` (else none)."""
+        refs = ("adapters_off", "copy") if reference else ()
+        why = {} if refs else {"copy": NO_REFERENCE, "adapters_off": NO_REFERENCE}
+        return Needs(layout="prompts", generates=True, samples_per_record=settings.num_generations,
+                     completion_tokens=settings.max_completion_length, references=refs, frozen_models=frozen,
+                     refuses={**ONLINE_REFUSALS, **why, "samples_per_record":
+                              f"each prompt's objective.num_generations={settings.num_generations} completions are "
+                              "a group, and every rank generates whole groups"})
+
+    def __init__(self, kind: str, settings: Any = None, reference: str = "none"):
+        super().__init__(kind, settings, reference)
+        from bigtrain.rollout.generate import Sampling
+        s = self.settings
+        self.group = s.num_generations
+        self.iterations = getattr(s, "num_iterations", 1)  # optimizer steps over one round
+        self.sampling = Sampling(s.max_completion_length, s.temperature, s.top_p, s.top_k, s.num_generations)
+        self.rng: Any = None  # the SampleRNG of training rounds, and of evaluations (made at the first round)
+        self.eval_rng: Any = None
+        self.pending: dict | None = None  # a checkpoint's state, applied at the first round
+        self.held: list[Piece] = []  # the round the next steps reuse (num_iterations)
+        self.iteration = 0  # steps taken on the held round
+        self.round_metrics: Metrics = {}
+        self.table: list[dict] | None = None
+        self.times: dict[str, float] = {}
+
+    # -- what the subclass gives --------------------------------------------------------------------------------
+
+    uses_old_logps = False  # the loss compares with the policy's log-probabilities before the round's updates
+    uses_reference = False  # ... and with the reference's
+
+    def score_round(self, policy: Policy, batch: dict, rollout: Any, pieces: list[Piece]) -> Metrics:
+        """Set each piece's advantages from the round's completions (`rollout`: this rank's, in groups, prompt by
+        prompt; `batch["records"]`: their records); the round's metrics. May set `self.table`."""
+        raise NotImplementedError
+
+    def piece_loss(self, policy: Policy, piece: Piece, step: StepState) -> torch.Tensor:
+        """A micro-batch's share of the step's loss; its metrics go to `step.sums` as (sum, count)."""
+        raise NotImplementedError
+
+    # -- the step ------------------------------------------------------------------------------------------------
+
+    def data_batch(self, micro_batch: int, micro_batches: int) -> int:
+        return max(1, micro_batch * micro_batches // self.group)
+
+    def inputs(self, policy: Policy, batch: dict) -> dict:
+        return {"prompt_ids": batch["prompt_ids"].to(policy.device), "prompt_mask": batch["prompt_mask"].to(
+            policy.device), "records": batch["records"]}
+
+    def read_step(self, policy: Policy, batches: Iterator[dict], micro_batches: int) -> list[Piece]:
+        self.times = dict.fromkeys(("generation", "reference", "rewards"), 0.0)
+        if self.held and self.iteration < self.iterations:
+            self.iteration += 1
+            return self.held
+        self.streams(policy)
+        self.held = self.round(policy, self.inputs(policy, next(batches)), micro_batches, self.rng)
+        self.iteration = 1
+        return self.held
+
+    def round(self, policy: Policy, batch: dict, pieces: int, rng: Any) -> list[Piece]:
+        """A round of completions for `batch`'s prompts, cut into `pieces` micro-batches, scored."""
+        clock = Clock(policy.device)
+        gather = self.settings.ds3_gather_for_generation
+        rollout = policy.generate(batch["prompt_ids"], batch["prompt_mask"], self.sampling, rng,
+                                  gather=None if gather == "auto" else gather)
+        if self.settings.mask_truncated_completions:
+            rollout = rollout.masked_truncated()
+        self.times["generation"] = clock.lap()
+        cut = split_rollout(rollout, pieces)
+        self.reference_logps(policy, cut)
+        self.times["reference"] = clock.lap()
+        self.round_metrics = self.score_round(policy, batch, rollout, cut)
+        self.round_metrics.update(self.completion_metrics(rollout))
+        self.times["rewards"] = clock.lap()
+        return cut
+
+    def reference_logps(self, policy: Policy, pieces: list[Piece]) -> None:
+        import torch
+
+        from bigtrain.rollout.losses import token_logps
+        temperature = self.settings.temperature
+        with torch.no_grad():
+            for piece in pieces:
+                if self.uses_old_logps:
+                    piece.old_logps = token_logps(policy.completion_logits(*piece.rows), piece.completion_ids,
+                                                  temperature).detach()
+                if self.uses_reference:
+                    piece.ref_logps = token_logps(policy.reference_completion_logits(*piece.rows),
+                                                  piece.completion_ids, temperature)
+
+    def completion_metrics(self, rollout: Any) -> Metrics:
+        from bigtrain.rollout.metrics import completion_metrics
+        lengths = gather_rows(rollout.completion_mask.sum(-1).float().unsqueeze(1), rollout.completion_mask.device)
+        truncated = gather_rows(rollout.truncated.float().unsqueeze(1), rollout.completion_mask.device)
+        return completion_metrics(lengths[:, 0], truncated[:, 0] > 0)
+
+    def begin_step(self, policy: Policy, micro: list[Piece]) -> StepState:
+        from bigtrain.rollout.losses import global_count
+        world = _world()
+        return StepState(global_count([p.completion_mask for p in micro]), len(micro) * world, time.perf_counter())
+
+    def micro_loss(self, policy: Policy, item: Piece, step: StepState) -> tuple[torch.Tensor, Metrics]:
+        share = self.piece_loss(policy, item, step)
+        return share * step.micro_batches, {}
+
+    def end_step(self, policy: Policy, step: StepState) -> Metrics:
+        from bigtrain.rollout.metrics import reduce_sums
+        Clock(policy.device).sync()
+        times = {**self.times, "policy": time.perf_counter() - step.started}
+        return {**self.round_metrics, **reduce_sums(step.sums), **{f"time/{k}": v for k, v in times.items()}}
+
+    def eval_loss(self, policy: Policy, item: dict) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
+        """The loss of a round on held-out prompts (one micro-batch, no update: the ratio is 1) and its metrics,
+        sampled from a stream of its own (saved with the checkpoint too)."""
+        import torch
+        self.streams(policy)
+        saved = self.times, self.table, self.round_metrics
+        with torch.no_grad():
+            self.times = {}
+            (piece,) = self.round(policy, item, 1, self.eval_rng)
+            step = self.begin_step(policy, [piece])
+            step.micro_batches = 1
+            loss = self.piece_loss(policy, piece, step)
+        metrics = {**self.round_metrics, **reduce_sums_local(step.sums)}
+        self.times, self.table, self.round_metrics = saved
+        return loss, torch.ones((), dtype=torch.float64, device=loss.device), {
+            k: torch.as_tensor(v, dtype=torch.float64, device=loss.device) for k, v in metrics.items()}
+
+    # -- state ---------------------------------------------------------------------------------------------------
+
+    def streams(self, policy: Policy) -> None:
+        """The training and evaluation streams of this rank, made from (train.seed, rank) at the first round, or
+        as a checkpoint left them."""
+        if self.rng is not None:
+            return
+        from bigtrain.rollout.generate import SampleRNG
+        self.rng = SampleRNG(policy.seed, _rank(), policy.device)
+        self.eval_rng = SampleRNG(policy.seed + 1, _rank(), policy.device)
+        if self.pending is not None:
+            self._apply(self.pending, policy.device)
+            self.pending = None
+
+    def state_dict(self) -> dict:
+        """The random streams, and the round the next steps reuse (num_iterations) with how far they are."""
+        if self.rng is None:
+            return dict(self.pending or {})
+        state: dict = {"rng": self.rng.state_dict(), "eval_rng": self.eval_rng.state_dict()}
+        if self.held and self.iteration < self.iterations:
+            state.update(iteration=self.iteration, held=[p.state() for p in self.held],
+                         round_metrics={k: float(v) for k, v in self.round_metrics.items()})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pending = dict(state)
+
+    def _apply(self, state: dict, device: Any) -> None:
+        self.rng.load_state_dict(state["rng"])
+        self.eval_rng.load_state_dict(state["eval_rng"])
+        if "held" in state:
+            self.iteration, self.round_metrics = int(state["iteration"]), dict(state["round_metrics"])
+            self.held = [Piece(**{k: v.to(device) for k, v in p.items()}) for p in state["held"]]
+
+    def sample_table(self) -> list[dict] | None:
+        table, self.table = self.table, None  # each round's rows once
+        return table
+
+    def flops_factor(self) -> float:
+        """Against the policy's 6N a token: generation's forward (2N a token, a third), the old policy's and the
+        reference's forwards where the loss uses them, each once a round of num_iterations steps. Matmul FLOPs of
+        the policy; the KV cache's attention and a reward model's forwards are not counted."""
+        forwards = 1 + self.uses_old_logps + self.uses_reference
+        return 1.0 + forwards / 3 / self.iterations
+
+
+class Clock:
+    """Seconds between laps, the device synchronised first (its work is asynchronous)."""
+
+    def __init__(self, device: Any):
+        self.device = device
+        self.last = time.perf_counter()
+
+    def sync(self) -> None:
+        if str(self.device) != "cpu":
+            from deepspeed.accelerator import get_accelerator
+            get_accelerator().synchronize()
+
+    def lap(self) -> float:
+        self.sync()
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        return seconds
+
+
+def split_rollout(rollout: Any, pieces: int) -> list[Piece]:
+    """A round's rows in `pieces` equal micro-batches, each trimmed to its longest prompt and completion."""
+    rows = rollout.completion_ids.shape[0]
+    assert rows % pieces == 0, (rows, pieces)
+    size = rows // pieces
+    out = []
+    for start in range(0, rows, size):
+        part = slice(start, start + size)
+        pm, cm = rollout.prompt_mask[part], rollout.completion_mask[part]
+        left = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else 0
+        right = max(1, int(cm.sum(-1).max()))
+        out.append(Piece(rollout.prompt_ids[part, left:], pm[:, left:], rollout.completion_ids[part, :right],
+                         cm[:, :right]))
+    return out
+
+
+def gather_rows(values: torch.Tensor, device: Any) -> torch.Tensor:
+    """[n, k] of every rank, in rank order ([world x n, k]); every rank has the same n."""
+    import torch
+    values = values.to(device)
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return values
+    parts = [torch.empty_like(values) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(parts, values.contiguous())
+    return torch.cat(parts)
+
+
+def reduce_sums_local(sums: dict) -> Metrics:
+    """(sum, count) metrics as means of this rank's (an evaluation: the stepper averages them over ranks)."""
+    return {name: float(total / count.clamp(min=1.0)) for name, (total, count) in sums.items()}
+
+
+def add_sums(step: StepState, sums: dict) -> None:
+    for name, (total, count) in sums.items():
+        if name in step.sums:
+            before = step.sums[name]
+            step.sums[name] = (before[0] + total.detach(), before[1] + count)
+        else:
+            step.sums[name] = (total.detach(), count)
+
+
+def _rank() -> int:
+    import torch
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def _world() -> int:
+    import torch
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
