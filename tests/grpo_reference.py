@@ -170,7 +170,9 @@ def train(model, tokenizer, records: list[dict], funcs: list[Callable], cfg: Con
         chosen = [records[(step * cfg.prompts_per_step + i) % len(records)] for i in range(cfg.prompts_per_step)]
         batch = generate(model, tokenizer, [r["prompt"] for r in chosen], cfg)
         n = cfg.num_generations
-        ids = [row[m.bool()].tolist() for row, m in zip(batch["completion_ids"], batch["completion_mask"])]
+        # scored whole, as TRL scores them (mask_truncated_completions masks a cut one's tokens from the loss only)
+        ids = [row.tolist() if cut else row[m.bool()].tolist()
+               for row, m, cut in zip(batch["completion_ids"], batch["completion_mask"], batch["truncated"])]
         texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
         rows = [r for r in chosen for _ in range(n)]
         rewards = score(funcs, weights, [r["prompt"] for r in rows], texts, ids, rows)

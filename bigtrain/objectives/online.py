@@ -163,10 +163,10 @@ class OnlineObjective(Objective):
 
     def read_step(self, policy: Policy, batches: Iterator[dict], micro_batches: int) -> list[Piece]:
         self.times = dict.fromkeys(("generation", "reference", "rewards"), 0.0)
+        self.streams(policy)  # first: a checkpoint's held round is put back here
         if self.held and self.iteration < self.iterations:
             self.iteration += 1
             return self.held
-        self.streams(policy)
         self.held = self.round(policy, self.inputs(policy, next(batches)), micro_batches, self.rng)
         self.iteration = 1
         return self.held
@@ -177,10 +177,11 @@ class OnlineObjective(Objective):
         gather = self.settings.ds3_gather_for_generation
         rollout = policy.generate(batch["prompt_ids"], batch["prompt_mask"], self.sampling, rng,
                                   gather=None if gather == "auto" else gather)
-        if self.settings.mask_truncated_completions:
-            rollout = rollout.masked_truncated()
         self.times["generation"] = clock.lap()
-        cut = split_rollout(rollout, pieces)
+        # scored and measured whole, as TRL does; a cut completion trains on nothing with mask_truncated_completions
+        trained = rollout.masked_truncated() if getattr(self.settings, "mask_truncated_completions", False) \
+            else rollout
+        cut = split_rollout(trained, pieces)
         self.reference_logps(policy, cut)
         self.times["reference"] = clock.lap()
         self.round_metrics = self.score_round(policy, batch, rollout, cut)

@@ -1,0 +1,277 @@
+"""Online RL on real ranks (issue 38): objective.kind=grpo and rloo through the runner, on tests/rl_task.py's toy task
+("say 3" -> "3") with a tiny Llama directory and its word-level tokenizer (pad apart from end-of-text), the rewards
+in a file of the user's (`rewards.py:correct`, `:digit_format`). Two launches (tests/dist_scripts/online_rl_runs.py):
+one process, then 2 ranks.
+
+- With the completions fixed (generation bypassed, the same completions for a prompt whatever its rank), each
+  step's loss equals the plain one-process loop written from TRL's formulas (tests/grpo_reference.py, given the
+  same batches) within 1e-5, for every loss_type, batch and no reward scaling, a cut completion masked, beta > 0
+  against a frozen copy, two iterations with the clip active (token and sequence ratio), and RLOO;
+- 2 ranks at ZeRO 0-3 (and RLOO at ZeRO-2) give the losses of one process;
+- sampled for real at ZeRO-3 with a reference and two iterations a round, a run stopped in the middle of a round
+  resumes on the uninterrupted curve exactly (the sampler, the SampleRNG and the held round restored), its
+  metrics too;
+- it learns: the run's mean reward rises as far as the plain loop's on the same model, prompts and seed;
+- LoRA at ZeRO-3 with its adapters off as the reference trains, writes its samples to TensorBoard's text, and
+  exports merged into a directory transformers loads;
+- bad input is one line: a reward file that does not import, a reward function that raises (naming it and the
+  record), a record without a prompt.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import grpo_reference as ref
+import rl_task
+from launch import REPO, launch_jobs, summary
+
+SCRIPT = REPO / "tests" / "dist_scripts" / "online_rl_runs.py"
+WIDTH, SEQ, STEPS = 4, 16, 4
+REWARDS_FILE = '''import sys
+sys.path.insert(0, {tests!r})
+from rl_task import correct, digit_format
+
+
+def raises(completions, answer, **kwargs):
+    return [1.0 / (len(a) - len(a)) for a in answer]
+'''
+COMMON = ["--set", "precision=fp32", "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0",
+          "--peak-tflops", "1", "--set", f"objective.max_completion_length={WIDTH}", "--set", f"data.seq_len={SEQ}",
+          "--set", "optimizer.betas=[0.9,0.999]", "--set", "optimizer.weight_decay=0.01",
+          "--set", "optimizer.torch_adam=true", "--set", "schedule.kind=constant", "--set", "schedule.warmup_steps=1",
+          "--set", "schedule.min_lr_ratio=1.0", "--set", "logging.interval=1"]
+FIXED = ["--steps", str(STEPS), "--set", "train.eval_batches=0", "--set", "batch.micro_batch=16",
+         "--set", "optimizer.lr=1e-2", "--set", "checkpoint.at_end=false", "--set", "logging.csv=false"]
+CASES = {  # name: (run-config settings, the plain loop's config)
+    "dapo": ([], {}),
+    "grpo": (["objective.loss_type=grpo", "objective.mask_truncated_completions=true"],
+             {"loss_type": "grpo", "mask_truncated_completions": True}),
+    "bnpo": (["objective.loss_type=bnpo", "objective.scale_rewards=batch"],
+             {"loss_type": "bnpo", "scale_rewards": "batch"}),
+    "dr_grpo": (["objective.loss_type=dr_grpo", "objective.scale_rewards=none"],
+                {"loss_type": "dr_grpo", "scale_rewards": "none"}),
+    "beta": (["objective.beta=0.04"], {"beta": 0.04}),
+    "clipped": (["objective.num_iterations=2", "objective.epsilon=0.02", "objective.epsilon_high=0.03",
+                 "optimizer.lr=3e-2", "objective.loss_type=grpo"],
+                {"num_iterations": 2, "epsilon": 0.02, "epsilon_high": 0.03, "lr": 3e-2, "loss_type": "grpo"}),
+    "sequence": (["objective.importance_sampling_level=sequence", "objective.loss_type=grpo",
+                  "objective.num_iterations=2", "optimizer.lr=3e-2"],
+                 {"importance_sampling_level": "sequence", "loss_type": "grpo", "num_iterations": 2, "lr": 3e-2}),
+    # a sequence's ratio is exp of a sum over its tokens: a higher rate makes it sensitive to fp32 rounding
+    "rloo": (["objective.kind=rloo", "objective.num_generations=8", "objective.beta=0.05",
+              "objective.num_iterations=2", "objective.epsilon=0.02"],
+             {"algorithm": "rloo", "beta": 0.05, "num_iterations": 2, "epsilon": 0.02}),
+}
+TWO_RANKS = {"z0": "dapo", "z1": "dapo", "z2": "dapo", "z3": "dapo", "rloo_z2": "rloo"}
+SAMPLED = ["--set", "zero.stage=3", "--set", "batch.micro_batch=8", "--set", "batch.grad_accum=1",
+           "--set", "objective.beta=0.04", "--set", "objective.num_iterations=2", "--set", "optimizer.lr=1e-2",
+           "--set", "train.eval_batches=1", "--set", "train.eval_interval=0"]
+LEARN_STEPS = 50
+TIMES: dict[str, float] = {}
+
+
+def sets(*items: str) -> list[str]:
+    return [a for item in items for a in ("--set", item)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("online_rl")
+    model = root / "model"
+    rl_task.make_model(0, model)
+    rl_task.make_tokenizer(model)
+    rl_task.write_records(root / "prompts.jsonl", 64)
+    rl_task.write_records(root / "prompts200.jsonl", 200)
+    (root / "no_prompt.jsonl").write_text('{"question": "say 3", "answer": "3"}\n' * 8)
+    (root / "rewards.py").write_text(REWARDS_FILE.format(tests=str(REPO / "tests")))
+    (root / "broken.py").write_text("import not_a_module_anywhere\n")
+    rewards = f"objective.rewards=[{root}/rewards.py:correct,{root}/rewards.py:digit_format]"
+
+    def job(name: str, data: str = "prompts.jsonl", *args: str, **more: object) -> dict:
+        return {"name": name, "args": ["--model", "hf", "--set", f"model.pretrained={model}", "--data",
+                                       str(root / data), *COMMON, *sets("objective.kind=grpo", rewards), *args],
+                **more}
+
+    one = [job(name, "prompts.jsonl", *FIXED, *sets("batch.grad_accum=2", *settings), fixed=True)
+           for name, (settings, _) in CASES.items()]
+    one += [job("learn", "prompts200.jsonl", "--steps", str(LEARN_STEPS),
+                *sets("batch.micro_batch=64", "batch.grad_accum=2", "optimizer.lr=3e-3", "train.eval_batches=0",
+                      "logging.interval=10")),
+            job("bad_import", "prompts.jsonl", *FIXED, *sets(f"objective.rewards=[{root}/broken.py:score]"),
+                expect_error=True),
+            job("raises", "prompts.jsonl", *FIXED, *sets(f"objective.rewards=[{root}/rewards.py:raises]",
+                                                         "batch.grad_accum=2"), expect_error=True),
+            job("no_prompt", "no_prompt.jsonl", *FIXED, expect_error=True)]
+    started = time.perf_counter()
+    launch_jobs(root, one, num_ranks=1, name="one", script=SCRIPT)
+    TIMES["one process"] = time.perf_counter() - started
+    two = [job(name, "prompts.jsonl", *FIXED, *sets("batch.grad_accum=1", f"zero.stage={name[-1]}",
+                                                    *CASES[case][0]), fixed=True)
+           for name, case in TWO_RANKS.items()]
+    two += [job("full", "prompts.jsonl", "--steps", "5", *SAMPLED),
+            job("stop", "prompts.jsonl", "--steps", "5", "--stop-after", "3", *SAMPLED),
+            job("resumed", "prompts.jsonl", "--steps", "5", "--resume", *SAMPLED, copy_from="stop"),
+            job("lora", "prompts.jsonl", "--steps", "2", *SAMPLED, *sets("lora.r=8", "logging.tensorboard=true"))]
+    started = time.perf_counter()
+    launch_jobs(root, two, num_ranks=2, name="two", script=SCRIPT)
+    TIMES["two ranks"] = time.perf_counter() - started
+    print(f"launch wall times: {TIMES}")
+    return root
+
+
+def plain_losses(run: Path, settings: dict, model_dir: Path) -> list[float]:
+    """The plain loop (tests/grpo_reference.py) on the completions the run trained on (its fixed_rank0.jsonl), from
+    the same initial weights, in the run's micro-batches."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    cfg = ref.Config(**{"num_generations": 8, "max_completion_length": WIDTH, "micro_batches": 2, "lr": 1e-2,
+                        **settings})
+    tok = rl_task.make_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    reference = copy.deepcopy(model).eval() if cfg.beta else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    losses = []
+    for line in (run / "fixed_rank0.jsonl").read_text().splitlines():
+        batch, rewards = recorded_batch(json.loads(line), cfg, tok)
+        losses += ref.optimize(model, optimizer, batch, rewards, cfg, reference)
+    return losses[:STEPS]
+
+
+def recorded_batch(round_: dict, cfg: ref.Config, tok) -> tuple[dict, torch.Tensor]:
+    """A recorded round as the plain loop's batch (prompts left-padded, completions right-padded) and its rewards,
+    scored on the whole completions (as TRL does, a cut one too)."""
+    n, prompts, made = cfg.num_generations, round_["prompts"], round_["completions"]
+    width = max(map(len, prompts))
+    p = torch.zeros((len(prompts) * n, width), dtype=torch.long)
+    pm = torch.zeros_like(p)
+    for i, tokens in enumerate(prompts):
+        p[i * n:(i + 1) * n, width - len(tokens):], pm[i * n:(i + 1) * n, width - len(tokens):] = torch.tensor(tokens), 1
+    c = torch.zeros((len(made), WIDTH), dtype=torch.long)
+    cm = torch.zeros_like(c)
+    for i, tokens in enumerate(made):
+        c[i, :len(tokens)], cm[i, :len(tokens)] = torch.tensor(tokens), 1
+    cut = torch.tensor(round_["cut"])
+    texts = tok.batch_decode(made, skip_special_tokens=True)
+    rows = [{"prompt": tok.decode(t, skip_special_tokens=True), "answer": tok.decode(t[-1:])}
+            for t in prompts for _ in range(n)]
+    rewards = ref.score(rl_task.REWARDS, [1.0, 1.0], [r["prompt"] for r in rows], texts, made, rows)
+    if cfg.mask_truncated_completions:
+        cm = cm * (~cut).long().unsqueeze(1)
+    return {"prompt_ids": p, "prompt_mask": pm, "completion_ids": c, "completion_mask": cm}, rewards
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fixed_completions_give_the_plain_loops_losses(runs, case):
+    torch.set_num_threads(1)
+    ran = summary(runs / case)
+    expected = plain_losses(runs / case, CASES[case][1], runs / "model")
+    worst = max(abs(a - b) for a, b in zip(expected, ran["losses"]))
+    print(f"{case}: worst loss difference to the plain loop over {STEPS} steps {worst:.2e} (losses {ran['losses']})")
+    assert len(ran["losses"]) == STEPS and worst <= 1e-5, (expected, ran["losses"])
+    assert len({round(v, 6) for v in ran["losses"]}) > 1  # the steps differ: the updates are compared too
+    if case in ("clipped", "rloo"):
+        clipped = [v for _, v in ran["metrics"]["clip_ratio/region_mean"]]
+        assert max(clipped) > 0, "the clip never held: the test would not see it"
+    if case == "beta":
+        assert ran["final_metrics"]["kl"] > 0 and "reference_state_bytes_per_rank" in ran
+
+
+@pytest.mark.parametrize("name", list(TWO_RANKS))
+def test_two_ranks_at_every_zero_stage_train_like_one_process(runs, name):
+    one, two = summary(runs / TWO_RANKS[name]), summary(runs / name)
+    worst = max(abs(a - b) for a, b in zip(one["losses"], two["losses"]))
+    print(f"{name} on 2 ranks vs 1 process: worst loss difference {worst:.2e}")
+    assert len(two["losses"]) == STEPS and worst <= 1e-5, (one["losses"], two["losses"])
+    assert two["final_metrics"]["reward"] == pytest.approx(one["final_metrics"]["reward"], abs=1e-6)
+
+
+def test_metrics_time_split_and_samples_are_trls_and_written(runs):
+    ran = summary(runs / "dapo")
+    assert {"reward", "reward_std", "rewards/correct/mean", "rewards/correct/std", "rewards/digit_format/mean",
+            "frac_reward_zero_std", "completions/mean_length", "completions/min_length", "completions/max_length",
+            "completions/clipped_ratio", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
+            "clip_ratio/region_mean"} <= set(ran["final_metrics"])
+    assert "kl" not in ran["final_metrics"] and "kl" in summary(runs / "beta")["final_metrics"]
+    split = ran["time_split"]
+    assert set(split) == {"generation", "reference", "rewards", "policy"}
+    assert split["policy"]["mean_s"] > 0 and sum(p["share"] for p in split.values()) == pytest.approx(1.0)
+    assert summary(runs / "clipped")["time_split"]["reference"]["mean_s"] > 0  # the old policy's forward
+    rows = [json.loads(line) for line in (runs / "dapo" / "samples.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in rows} == set(range(1, STEPS + 1)) and len(rows) == STEPS * 32
+    assert {"prompt", "completion", "reward", "advantage", "rewards/correct"} <= set(rows[0])
+    assert rows[0]["prompt"].startswith("say ")
+    assert ran["data"]["prompts"] == 64 and ran["data"]["too_long"] == 0
+
+
+def test_a_run_stopped_mid_round_resumes_on_the_uninterrupted_curve(runs):
+    """Sampled at ZeRO-3 on 2 ranks, two steps a round: stopped after step 3 (the round of steps 3-4 half used),
+    resumed to step 5 (which samples a new round from the restored streams)."""
+    full, stopped, resumed = (summary(runs / n) for n in ("full", "stop", "resumed"))
+    assert stopped["losses"] == full["losses"][:3] and resumed["losses"] == full["losses"]
+    for name in ("reward", "completions/mean_length", "kl", "entropy"):
+        assert [v for _, v in resumed["metrics"][name]] == [v for _, v in full["metrics"][name]], name
+    reward = [v for _, v in full["metrics"]["reward"]]
+    assert reward[2] == reward[3] and reward[3] != reward[4]  # steps 3-4 one round, step 5 a new one
+    assert full["val_losses"] and resumed["val_losses"] == full["val_losses"]
+    restored = [line for line in (runs / "resumed" / "logs" / "rank0.log").read_text().splitlines()
+                if "resumed from" in line]
+    assert restored and "RNG restored" in restored[0]
+
+
+def test_the_run_learns_as_far_as_the_plain_loop(runs):
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM
+    ran = [v for _, v in summary(runs / "learn")["metrics"]["reward"]]
+    started = time.perf_counter()
+    plain = ref.train(AutoModelForCausalLM.from_pretrained(runs / "model"), rl_task.make_tokenizer(),
+                      rl_task.records(200), rl_task.REWARDS, ref.Config(steps=LEARN_STEPS, seed=1234))
+    plain_s = time.perf_counter() - started
+    ours = (sum(ran[:5]) / 5, sum(ran[-5:]) / 5)
+    theirs = (ref.mean_reward(plain, 0, 5), ref.mean_reward(plain, LEARN_STEPS - 5, LEARN_STEPS))
+    print(f"mean reward, first 5 -> last 5 of {LEARN_STEPS} steps: bigtrain {ours[0]:.3f} -> {ours[1]:.3f} "
+          f"(run {summary(runs / 'learn')['wall_s']:.1f} s), plain loop {theirs[0]:.3f} -> {theirs[1]:.3f} "
+          f"({plain_s:.1f} s)")
+    assert ours[0] < 0.3 and ours[1] > ours[0] + 0.5
+    assert abs((ours[1] - ours[0]) - (theirs[1] - theirs[0])) < 0.4
+
+
+def test_lora_trains_writes_its_table_and_exports_merged_for_transformers(runs, tmp_path):
+    import contextlib
+    import io
+
+    from transformers import AutoModelForCausalLM
+
+    from bigtrain.export.__main__ import main as export_main
+    ran = summary(runs / "lora")
+    assert len(ran["losses"]) == 2 and all(math.isfinite(v) for v in ran["losses"])
+    assert ran["final_metrics"]["kl"] >= 0  # the base with its adapters off as the reference
+    events = list((runs / "lora").rglob("events.out.tfevents.*"))
+    assert events and any(b"bigtrain/samples" in e.read_bytes() for e in events)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = export_main([str(runs / "lora"), "--out", str(tmp_path / "merged")])
+    assert code == 0, out.getvalue()[-2000:]
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    base = AutoModelForCausalLM.from_pretrained(runs / "model").eval()
+    ids = torch.tensor([[2, 3, 11]])
+    with torch.no_grad():
+        assert float((merged(ids).logits - base(ids).logits).abs().max()) > 1e-4  # the adapters are merged in
+        assert merged.generate(ids, max_new_tokens=3, do_sample=False).shape[1] > 3
+
+
+def test_bad_input_is_one_line(runs):
+    said = {name: (runs / name / "error.txt").read_text() for name in ("bad_import", "raises", "no_prompt")}
+    for name, line in said.items():
+        assert len(line.strip().splitlines()) == 1, (name, line)
+    assert "broken.py" in said["bad_import"] and "does not import" in said["bad_import"] \
+        and "not_a_module_anywhere" in said["bad_import"]
+    assert "reward function 'raises'" in said["raises"] and "ZeroDivisionError" in said["raises"] \
+        and "completion 0 (record {" in said["raises"] and '"answer": "' in said["raises"]
+    assert "has no prompt" in said["no_prompt"] and "question" in said["no_prompt"]

@@ -1,0 +1,204 @@
+"""objective.kind=grpo / rloo without a launcher (issue 38): TRL 1.16's defaults, the one-line refusals of what a
+run cannot do (checked when the run config loads, and with the world known), the reward wiring's lines for a
+function that returns the wrong count or a NaN (naming the function and the record), the objective's checkpoint
+state loadable weights-only, the ZeRO-3 gather rule, and the reporting pieces (time split, sample table, tracker
+text). Training itself, against the plain loop and across ranks: tests/dist/test_online_rl.py."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from messages import naming
+
+from bigtrain.config.load import load_run_config
+
+BASE = ["objective.kind=grpo", "objective.rewards=accuracy", "data.seq_len=64", "objective.max_completion_length=16",
+        "batch.global_batch=16"]
+
+
+def refusal(*sets: str, base: list[str] = BASE) -> str:
+    with pytest.raises(ValueError) as err:
+        load_run_config(None, [*base, *sets])
+    return str(err.value)
+
+
+def test_the_defaults_are_trls():
+    grpo = load_run_config(None, ["objective.kind=grpo", "objective.rewards=accuracy", "data.seq_len=1024"])
+    s = grpo.objective.settings
+    assert (s.num_generations, s.max_completion_length, s.temperature, s.top_p, s.top_k) == (8, 512, 1.0, 1.0, 0)
+    assert (s.beta, s.loss_type, s.scale_rewards, s.num_iterations, s.epsilon, s.epsilon_high) == (
+        0.0, "dapo", "group", 1, 0.2, None)
+    assert (s.importance_sampling_level, s.mask_truncated_completions) == ("token", False)
+    assert grpo.objective.declared.references == ()  # beta 0: no reference model is built
+    rloo = load_run_config(None, ["objective.kind=rloo", "objective.rewards=[accuracy, length]", "data.seq_len=1024"])
+    r = rloo.objective.settings
+    assert (r.num_generations, r.beta, r.normalize_advantages, r.rewards) == (2, 0.05, False, ["accuracy", "length"])
+    assert rloo.objective.declared.references == ("adapters_off", "copy")
+    dpo = load_run_config(None, ["objective.kind=dpo"]).objective.settings
+    assert dpo.beta == 0.1  # a shared name keeps each objective's own default
+
+
+@pytest.mark.parametrize("sets, needles", [
+    (["batch.global_batch=12"], ["batch.global_batch=12", "num_generations=8", "multiple of 8"]),
+    (["data.seq_len=16"], ["data.seq_len=16", "max_completion_length", "16 tokens", "no room"]),
+    (["pipeline.stages=2"], ["pipeline.stages=2", "objective.kind=grpo"]),
+    (["parallel.tensor=2"], ["parallel.tensor=2", "sample alike"]),
+    (["parallel.sequence=2"], ["parallel.sequence=2", "objective.kind=grpo"]),
+    (["data.packing=true"], ["data.packing=true", "own row"]),
+    (["objective.beta=0.1", "objective.reference=precomputed"], ["objective.reference=precomputed",
+                                                                   "do not exist before the step"]),
+    (["objective.reference=copy"], ["objective.reference=copy", "objective.beta=0", "no reference model"]),
+    (["objective.rewards=null"], ["objective.rewards", "objective.reward_model"]),
+    (["objective.reward_weights=[1.0, 2.0]"], ["objective.reward_weights", "2 weights for 1 rewards"]),
+    (["objective.temperature=0"], ["objective.temperature=0", "> 0"]),
+    (["objective.loss_type=ppo"], ["objective.loss_type", "dapo"]),
+    (["train.compile=true"], ["train.compile=True", "objective.kind=grpo"]),
+    (["batch.micro_batch=auto"], ["batch.micro_batch=auto", "objective.kind=grpo"]),
+])
+def test_what_a_run_cannot_do_is_one_line(sets, needles):
+    said = refusal(*sets)
+    assert len(said.splitlines()) == 1 and naming(said, *needles), said
+
+
+def test_each_rank_must_hold_whole_groups_once_the_world_is_known():
+    from bigtrain.objectives import batch_problem
+    needs = load_run_config(None, BASE).objective.declared
+    assert batch_problem("grpo", needs, 16, (8, 1)) is None  # 2 ranks x 8: one group each
+    said = batch_problem("grpo", needs, 16, (4, 1))  # 4 ranks x 4 completions: half a group each
+    assert naming(said, "objective.kind=grpo", "4 x 1 = 4", "multiple of 8", "batch.micro_batch")
+
+
+def rollout_of(texts: list[str], tok) -> SimpleNamespace:
+    ids = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+    return SimpleNamespace(completion_lists=lambda: ids)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    import rl_task
+    return rl_task.make_tokenizer()
+
+
+def grpo_with(tmp_path, body: str, **settings):
+    from bigtrain.objectives import build_objective
+    (tmp_path / "mine.py").write_text(body)
+    run = load_run_config(None, [*BASE, "objective.num_generations=2", f"objective.rewards=[{tmp_path}/mine.py:mine]",
+                                 *[f"objective.{k}={v}" for k, v in settings.items()]])
+    return build_objective(run.objective)
+
+
+@pytest.mark.parametrize("body, needles", [
+    ("def mine(completions, **kw):\n    return [1.0]\n", ["reward function 'mine'", "returned 1 rewards for 4"]),
+    ("def mine(completions, answer, **kw):\n    return [float('nan') if a == '4' else 1.0 for a in answer]\n",
+     ["reward function 'mine'", "returned nan", '"answer": "4"', '"prompt": "say 4"']),
+])
+def test_a_reward_that_returns_the_wrong_count_or_nan_is_one_line_naming_it(tmp_path, tok, body, needles):
+    from bigtrain.objectives.online import Piece
+    objective = grpo_with(tmp_path, body)
+    policy = SimpleNamespace(tokenizer=tok, device="cpu")
+    pieces = [Piece(*(torch.zeros((2, 1), dtype=torch.long),) * 2, torch.ones((2, 1), dtype=torch.long),
+                    torch.ones((2, 1), dtype=torch.long)) for _ in range(2)]
+    batch = {"records": [{"prompt": "say 3", "answer": "3"}, {"prompt": "say 4", "answer": "4"}]}
+    with pytest.raises(ValueError) as err:
+        objective.score_round(policy, batch, rollout_of(["3", "4", "4", "a"], tok), pieces)
+    assert len(str(err.value).splitlines()) == 1 and naming(str(err.value), *needles), str(err.value)
+
+
+def test_rewards_reach_the_advantages_group_by_group(tmp_path, tok):
+    """The record's columns reach the function, the weighted reward its group's advantages (TRL's: (r - mean) /
+    (std + 1e-4)), and the sample table shows each completion with its reward."""
+    from bigtrain.objectives.online import Piece
+    objective = grpo_with(tmp_path, "def mine(completions, answer, **kw):\n"
+                                    "    return [float(c == a) for c, a in zip(completions, answer)]\n")
+    policy = SimpleNamespace(tokenizer=tok, device="cpu")
+    pieces = [Piece(*(torch.zeros((2, 1), dtype=torch.long),) * 2, torch.ones((2, 1), dtype=torch.long),
+                    torch.ones((2, 1), dtype=torch.long)) for _ in range(2)]
+    batch = {"records": [{"prompt": "say 3", "answer": "3"}, {"prompt": "say 4", "answer": "4"}]}
+    metrics = objective.score_round(policy, batch, rollout_of(["3", "5", "4", "4"], tok), pieces)
+    std = (0.5 ** 0.5)
+    assert torch.allclose(pieces[0].advantages, torch.tensor([0.5, -0.5]) / (std + 1e-4))
+    assert torch.equal(pieces[1].advantages, torch.zeros(2))  # both right: no signal
+    assert metrics["reward"] == 0.75 and metrics["frac_reward_zero_std"] == 0.5
+    table = objective.sample_table()
+    assert [(r["prompt"], r["completion"], r["reward"]) for r in table] == [
+        ("say 3", "3", 1.0), ("say 3", "5", 0.0), ("say 4", "4", 1.0), ("say 4", "4", 1.0)]
+    assert objective.sample_table() is None  # each round's rows once
+
+
+def test_the_objectives_checkpoint_state_loads_weights_only(tmp_path):
+    """A rank's state (its sampling streams, the round the next steps reuse) holds tensors and plain values only:
+    the rank's RNG file it is saved in loads with torch's weights-only unpickler."""
+    from bigtrain.objectives import build_objective
+    from bigtrain.objectives.online import Piece
+    from bigtrain.rollout.generate import SampleRNG
+    run = load_run_config(None, [*BASE, "objective.num_iterations=2"])
+    objective = build_objective(run.objective)
+    objective.rng, objective.eval_rng = SampleRNG(1, 0, "cpu"), SampleRNG(2, 0, "cpu")
+    objective.held = [Piece(torch.ones((2, 3), dtype=torch.long), torch.ones((2, 3), dtype=torch.long),
+                            torch.zeros((2, 4), dtype=torch.long), torch.ones((2, 4), dtype=torch.long),
+                            advantages=torch.tensor([0.5, -0.5]))]
+    objective.iteration, objective.round_metrics = 1, {"reward": 0.25}
+    torch.save({"objective": objective.state_dict()}, tmp_path / "rng_rank0.pt")
+    state = torch.load(tmp_path / "rng_rank0.pt", weights_only=True)["objective"]
+    again = build_objective(run.objective)
+    again.load_state_dict(state)
+    again.streams(SimpleNamespace(seed=99, device="cpu"))  # the saved streams win over a fresh seed
+    assert torch.equal(again.rng.state, objective.rng.state) and again.iteration == 1
+    assert torch.equal(again.held[0].advantages, objective.held[0].advantages)
+    assert again.round_metrics == {"reward": 0.25}
+
+
+def test_zero3_weights_are_gathered_where_they_fit_one_device(monkeypatch):
+    from deepspeed.accelerator import get_accelerator
+
+    from bigtrain.rollout.generate import gathered_weights_fit
+    module = torch.nn.Linear(1000, 1000)  # 4 MB of fp32 weights
+    partitioned = SimpleNamespace(module=module, zero_optimization_partition_weights=lambda: True)
+    accelerator = get_accelerator()
+    monkeypatch.setattr(accelerator, "available_memory", lambda *a: 10 << 20)
+    assert gathered_weights_fit(partitioned)  # 4 MB <= half of 10 MB free
+    monkeypatch.setattr(accelerator, "available_memory", lambda *a: 6 << 20)
+    assert not gathered_weights_fit(partitioned)
+    assert gathered_weights_fit(SimpleNamespace(module=module, zero_optimization_partition_weights=lambda: False))
+
+
+def test_the_time_split_and_the_log_line():
+    from bigtrain.train.report import objective_line, time_split
+    split = time_split({"time/generation": [(1, 3.0), (2, 1.0)], "time/policy": [(1, 2.0), (2, 2.0)],
+                        "reward": [(1, 0.5)]})
+    assert split == {"generation": {"mean_s": 2.0, "share": 0.5}, "policy": {"mean_s": 2.0, "share": 0.5}}
+    line = objective_line({"reward": 0.5, "time/generation": 3.0, "time/policy": 1.0})
+    assert line == "reward 0.5000 | time generation 3.00s (75%) policy 1.00s (25%)"
+
+
+def test_the_sample_table_goes_to_its_file_and_tensorboard(tmp_path):
+    """OUT/samples.jsonl gets each row with its step, a resumed run drops the rows after its checkpoint, and
+    TensorBoard (DeepSpeed's monitor) gets the table as text."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from bigtrain.metrics import MetricsLogger
+    from bigtrain.metrics.samples import SampleLog
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    monitor = SimpleNamespace(enabled=True, tb_monitor=SimpleNamespace(summary_writer=writer))
+    log = SampleLog(tmp_path, MetricsLogger(monitor=monitor))
+    rows = [{"prompt": "say 3", "completion": "3 | x", "reward": 1.0}]
+    log.write(1, rows)
+    log.write(2, rows)
+    writer.close()
+    assert [json.loads(line)["step"] for line in (tmp_path / "samples.jsonl").read_text().splitlines()] == [1, 2]
+    (event,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    assert b"bigtrain/samples" in event.read_bytes() and b"3 \\| x" in event.read_bytes()
+    SampleLog(tmp_path, resumed_at=1)
+    assert [json.loads(line)["step"] for line in (tmp_path / "samples.jsonl").read_text().splitlines()] == [1]
+
+
+def test_prompt_records_are_read_with_room_for_the_completions():
+    from bigtrain.train.inputs import example_options
+    run = load_run_config(None, BASE)
+    options = example_options(run.data, run.objective.declared)
+    assert options.format == "prompt" and options.prompt_tokens == 64 - 16
+    assert example_options(load_run_config(None, []).data, load_run_config(None, []).objective.declared
+                           ).prompt_tokens is None
