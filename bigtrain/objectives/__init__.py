@@ -53,29 +53,26 @@ estimate/ or launch/):
 4. Its row in docs/fine-tuning.md's table of defaults, and the TRL config it follows in
    tests/unit/test_defaults.py's `TRL_CONFIGS`.
 
-Online RL (GRPO, RLOO; issue 38) on this seam:
+Online RL on this seam (online.py, grpo.py), with the hooks any objective may use:
 - `fine_tuning = FineTuning(lr=1e-6)` (TRL's GRPOConfig and RLOOConfig; with LoRA 1e-5, TRL's PEFT guide);
-  `Needs(layout="prompts", generates=True, frozen_models=(FrozenModel("reward_model", head="scalar"),), refuses=
-  {...})`, and a `declare(settings)` that allows the reference kinds only when `beta > 0` (TRL: beta 0 builds no
-  reference model); settings num_generations, max_completion_length, temperature, top_p, top_k, loss_type, beta,
-  epsilon, num_iterations, rewards, reward_weights, reward_model (a directory, or None: `FrozenModel` settings left
-  None hold no model).
-- `inputs`: prompt rows (a "prompts" layout in bigtrain/data: prompt ids left-padded, the record's other columns).
-- `begin_step(policy, micro)`: `policy.generate(prompt_ids, prompt_mask, Sampling(...), rng, gather=..., logps=...)`
-  for the step's prompts (bigtrain.rollout.generate; `rng`, the objective's own `SampleRNG`), the rewards
-  (bigtrain.rollout.rewards, with `policy.tokenizer`'s decoded completions; a reward model through
-  `policy.frozen("reward_model").logits(...)`), the group advantages (bigtrain.rollout.advantages), the old and
-  reference log-probabilities (`policy.logits` under no_grad, `policy.reference_logps`); it returns them per
-  micro-batch. bigtrain/rollout/__init__.py holds the step's plan.
-- `micro_loss(policy, item, step)`: `policy.answer_logps` of the completions (labels -100 on the prompt), the
-  clipped ratio and KL terms, TRL's aggregation; metrics under TRL's names, the step's split in time among them
-  (`time/generation`, ...): an objective's metrics reach the log line, summary.json and the monitors.
-- `flops_factor` adds generation (2N per generated token, a forward) and the frozen models' forwards.
-On-policy distillation: the same with `frozen_models=(FrozenModel("teacher"),)` and the generalized JSD between
-`policy.logits` and `policy.frozen("teacher").logits` on the student's completions.
-Not carried by the seam yet: an objective's own state in checkpoints (its SampleRNG's `state_dict`, per rank, beside
-the data sampler's), and the generation terms of `bigtrain estimate` (the KV cache, weights gathered at ZeRO-3); the
-frozen models' weights it counts.
+  `declare(settings)`: `Needs(layout="prompts", generates=True, samples_per_record=num_generations (every rank's
+  micro_batch x grad_accum holds whole groups: `batch_problem`), completion_tokens=max_completion_length (the data
+  leaves a prompt data.seq_len minus it), frozen_models=(FrozenModel("reward_model", head="scalar"),),
+  references only when beta > 0, refuses={...})`.
+- `data_batch(micro, accumulation)`: the records a step reads (micro x accumulation / num_generations prompts);
+  `read_step(policy, batches, n)`: the step's micro-batches, made by the objective (one batch of prompts, a round of
+  `policy.generate`, the reference's and old policy's log-probabilities through `policy.completion_logits` /
+  `reference_completion_logits`, the rewards and advantages), or the round it holds (num_iterations: no data read).
+- `micro_loss` returns a share of the step's loss times accumulation x ranks (DeepSpeed divides by both);
+  `end_step(policy, step)` gives the whole step's metrics (TRL's names; `time/generation|reference|rewards|policy`,
+  which the summary adds up as `time_split`); `sample_table()` the rows rank 0 writes to OUT/samples.jsonl and the
+  trackers at each log step; `state_dict()` / `load_state_dict()` each rank's own state (its SampleRNG streams, the
+  held round), saved in the rank's RNG file of each checkpoint and given back on a resume at the same world size.
+On-policy distillation: an `OnlineObjective` with `frozen_models=(FrozenModel("teacher"),)`, whose `score_round`
+sets no advantages and whose `piece_loss` is the generalized JSD between `policy.completion_logits` and
+`policy.frozen("teacher").completion_logits` on the student's completions (bigtrain.rollout.losses.distill_share).
+Not carried by the seam yet: the generation terms of `bigtrain estimate` (the KV cache, weights gathered at ZeRO-3);
+the frozen models' weights it counts.
 """
 from __future__ import annotations
 

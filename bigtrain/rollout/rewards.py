@@ -5,7 +5,9 @@ objective.rewards lists one or more of
     path/to/file.py:function     a function in a Python file (relative to the working directory)
     package.module:function      a function in an importable module (the file's directory on PYTHONPATH)
     accuracy | format[=REGEX] | length[=MAX[,CACHE]]   the built-ins (bigtrain.rollout.builtin_rewards)
-    path/to/reward_model_dir     a sequence classifier scored at its last token (bigtrain.rollout.reward_model)
+    path/to/reward_model_dir     a sequence classifier scored at its last token (bigtrain.rollout.reward_model;
+                                 objective.kind=grpo / rloo take it as objective.reward_model instead, held
+                                 frozen beside the policy and partitioned like it under ZeRO-3)
 
 weighted by objective.reward_weights (1.0 each by default). A function is called once per batch of
 completions as TRL calls it:

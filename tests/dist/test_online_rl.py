@@ -14,6 +14,7 @@ one process, then 2 ranks.
 - it learns: the run's mean reward rises as far as the plain loop's on the same model, prompts and seed;
 - LoRA at ZeRO-3 with its adapters off as the reference trains, writes its samples to TensorBoard's text, and
   exports merged into a directory transformers loads;
+- a reward model directory, partitioned like the policy at ZeRO-3, scores as transformers scores it;
 - bad input is one line: a reward file that does not import, a reward function that raises (naming it and the
   record), a record without a prompt.
 """
@@ -92,6 +93,7 @@ def runs(tmp_path_factory) -> Path:
     (root / "no_prompt.jsonl").write_text('{"question": "say 3", "answer": "3"}\n' * 8)
     (root / "rewards.py").write_text(REWARDS_FILE.format(tests=str(REPO / "tests")))
     (root / "broken.py").write_text("import not_a_module_anywhere\n")
+    make_reward_model(root / "judge")
     rewards = f"objective.rewards=[{root}/rewards.py:correct,{root}/rewards.py:digit_format]"
 
     def job(name: str, data: str = "prompts.jsonl", *args: str, **more: object) -> dict:
@@ -118,12 +120,25 @@ def runs(tmp_path_factory) -> Path:
     two += [job("full", "prompts.jsonl", "--steps", "5", *SAMPLED),
             job("stop", "prompts.jsonl", "--steps", "5", "--stop-after", "3", *SAMPLED),
             job("resumed", "prompts.jsonl", "--steps", "5", "--resume", *SAMPLED, copy_from="stop"),
-            job("lora", "prompts.jsonl", "--steps", "2", *SAMPLED, *sets("lora.r=8", "logging.tensorboard=true"))]
+            job("lora", "prompts.jsonl", "--steps", "2", *SAMPLED, *sets("lora.r=8", "logging.tensorboard=true")),
+            job("rm", "prompts.jsonl", "--steps", "2", *SAMPLED, *sets(f"objective.reward_model={root / 'judge'}",
+                                                                       "objective.reward_weights=[1.0,1.0,0.5]"))]
     started = time.perf_counter()
     launch_jobs(root, two, num_ranks=2, name="two", script=SCRIPT)
     TIMES["two ranks"] = time.perf_counter() - started
     print(f"launch wall times: {TIMES}")
     return root
+
+
+def make_reward_model(directory: Path) -> Path:
+    """A one-label sequence classifier on the task's tokenizer, as objective.kind=reward exports one."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+    torch.manual_seed(3)
+    LlamaForSequenceClassification(LlamaConfig(
+        vocab_size=len(rl_task.WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32, num_labels=1, pad_token_id=0)).save_pretrained(directory)
+    rl_task.make_tokenizer(directory)
+    return directory
 
 
 def plain_losses(run: Path, settings: dict, model_dir: Path) -> list[float]:
@@ -264,6 +279,25 @@ def test_lora_trains_writes_its_table_and_exports_merged_for_transformers(runs, 
     with torch.no_grad():
         assert float((merged(ids).logits - base(ids).logits).abs().max()) > 1e-4  # the adapters are merged in
         assert merged.generate(ids, max_new_tokens=3, do_sample=False).shape[1] > 3
+
+
+def test_a_reward_model_partitioned_at_zero3_scores_as_transformers_does(runs):
+    """objective.reward_model at ZeRO-3 on 2 ranks: its scores of rank 0's completions (OUT/samples.jsonl) are those
+    of the directory loaded by transformers, read at the last token, and weigh in the reward as weighted."""
+    from transformers import AutoModelForSequenceClassification
+
+    from bigtrain.rollout.reward_model import RewardModel
+    ran = summary(runs / "rm")
+    assert {"rewards/judge/mean", "rewards/judge/std", "rewards/correct/mean"} <= set(ran["final_metrics"])
+    rows = [json.loads(line) for line in (runs / "rm" / "samples.jsonl").read_text().splitlines()]
+    plain = RewardModel(AutoModelForSequenceClassification.from_pretrained(runs / "judge").eval(),
+                        rl_task.make_tokenizer(), "judge")
+    expected = plain(prompts=[r["prompt"] for r in rows], completions=[r["completion"] for r in rows])
+    worst = max(abs(r["rewards/judge"] - e) for r, e in zip(rows, expected))
+    print(f"reward model at ZeRO-3 vs transformers on {len(rows)} completions: worst difference {worst:.2e}")
+    assert len(rows) == 8 and worst <= 1e-5 and len({round(e, 4) for e in expected}) > 1
+    assert all(r["reward"] == pytest.approx(r["rewards/correct"] + r["rewards/digit_format"] + 0.5 * r["rewards/judge"],
+                                            abs=1e-5) for r in rows)
 
 
 def test_bad_input_is_one_line(runs):
