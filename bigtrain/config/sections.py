@@ -65,12 +65,13 @@ class DataConfig:
     hash_content: bool = doc(False, "Identify local data by content (reads every byte), not names, sizes, mtimes.")
     num_proc: int | None = doc(None, "Processes that tokenize an unprepared text source; None: every core.")
     format: Literal["auto", "text", "chat", "sharegpt", "prompt_completion", "alpaca", "preference",
-                    "preference_instruction"] = doc(
+                    "preference_instruction", "prompt"] = doc(
         "auto", "Records: chat ('messages' of role/content, rendered by the chat template), sharegpt "
         "('conversations' of from/value, rendered so too), prompt_completion, "
         "alpaca (instruction/input/output), preference pairs (prompt/chosen/rejected, strings or messages; "
         "preference_instruction: instruction/input/chosen/rejected) or text; auto recognises them from the first "
-        "record.")
+        "record. prompt: prompts alone, every other column kept (online RL; auto reads them so when the "
+        "objective generates).")
     chat_template: str | None = doc(None, "Jinja chat template (a file, or the text) for chat records; None: the "
                                     "tokenizer's own.")
     train_on_prompt: bool = doc(False, "Chat/instruction data: train on every token, not only the answers.")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from bigtrain.fields import doc
-from bigtrain.objectives.base import FrozenModel, Metrics, Needs, Policy
+from bigtrain.objectives.base import FineTuning, FrozenModel, Metrics, Needs, Policy
 from bigtrain.objectives.online import GenerationSettings, OnlineObjective, Piece, StepState, add_sums, gather_rows
 
 if TYPE_CHECKING:
@@ -100,6 +100,8 @@ class RLOOSettings(RewardSettings):
 class RewardedObjective(OnlineObjective):
     """Rewards and advantages of a round (GRPO's and RLOO's); the subclass says how advantages and the loss are
     made."""
+
+    fine_tuning = FineTuning(lr=1e-6)  # TRL's GRPOConfig and RLOOConfig; with LoRA 1e-5 (TRL's PEFT guide for GRPO)
 
     def __init__(self, kind: str, settings: Any = None, reference: str = "none"):
         super().__init__(kind, settings, reference)

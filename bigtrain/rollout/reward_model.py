@@ -21,12 +21,14 @@ import torch
 
 
 class RewardModel:
-    """`RewardModel(module, tokenizer, name)(prompts=..., completions=...)` -> one float per completion."""
+    """`RewardModel(module, tokenizer, name)(prompts=..., completions=...)` -> one float per completion. `module`: the
+    classifier, or the DeepSpeed engine around it (a frozen model beside the policy, every rank calling together)."""
 
     def __init__(self, module: Any, tokenizer: Any, name: str, batch_size: int = 8):
         self.module, self.tokenizer, self.batch_size = module, tokenizer, batch_size
         self.__name__ = name
-        config = module.config.get_text_config() if hasattr(module.config, "get_text_config") else module.config
+        config = getattr(module, "module", module).config  # a DeepSpeed engine's `config` is its own: its module's
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
         if getattr(config, "pad_token_id", None) is None:
             config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \
                 tokenizer.eos_token_id

@@ -32,6 +32,7 @@ import torch
 import grpo_reference as ref
 import rl_task
 from launch import REPO, launch_jobs, summary
+from messages import naming
 
 SCRIPT = REPO / "tests" / "dist_scripts" / "online_rl_runs.py"
 WIDTH, SEQ, STEPS = 4, 16, 4
@@ -308,4 +309,4 @@ def test_bad_input_is_one_line(runs):
         and "not_a_module_anywhere" in said["bad_import"]
     assert "reward function 'raises'" in said["raises"] and "ZeroDivisionError" in said["raises"] \
         and "completion 0 (record {" in said["raises"] and '"answer": "' in said["raises"]
-    assert "has no prompt" in said["no_prompt"] and "question" in said["no_prompt"]
+    assert naming(said["no_prompt"], "no_prompt.jsonl", "line 1", "prompt", "question")

@@ -61,6 +61,9 @@ def shrunk(item, models: dict[str, Path], data: dict[str, Path]) -> list[str]:
             sets.append(f"parallel.{axis}=2")
     # a sequence split over 2 ranks at 512 tokens keeps 256 a rank: 4 x the tiny hidden size, so tiling is on
     sets += [f"data.seq_len={512 if run.parallel.sequence > 1 else 64}", "batch.global_batch=2"]
+    if run.objective.declared.generates:  # online RL: a group of 2 completions of up to 8 tokens on each rank
+        sets += ["objective.num_generations=2", "objective.max_completion_length=8", "batch.micro_batch=2",
+                 "batch.global_batch=4"]
     return [arg for s in sets for arg in ("--set", s)] + ["--peak-tflops", "1"]
 
 
@@ -70,6 +73,8 @@ def trained(tmp_path_factory):
     models = tiny_models(root)
     data = {"chat": write_jsonl(root / "chat.jsonl", conversations(64)),
             "preference": write_jsonl(root / "pairs.jsonl", preference_pairs(64)),
+            "prompt": write_jsonl(root / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"what is {i} + 1"}],
+                                                            "answer": str(i + 1)} for i in range(64)]),
             "text": root / "corpus.txt"}
     import random
     rng = random.Random(0)

@@ -23,9 +23,17 @@ CPU = DeviceCaps("cpu", fp16=False, bf16=True)
 # objective.kind -> the TRL 1.16 config class whose defaults it follows (module, class)
 TRL_CONFIGS = {"lm": ("trl", "SFTConfig"), "dpo": ("trl", "DPOConfig"), "ipo": ("trl", "DPOConfig"),
                "orpo": ("trl.experimental.orpo", "ORPOConfig"), "simpo": ("trl.experimental.cpo", "CPOConfig"),
-               "kto": ("trl", "KTOConfig"), "reward": ("trl", "RewardConfig")}
+               "kto": ("trl", "KTOConfig"), "reward": ("trl", "RewardConfig"), "grpo": ("trl", "GRPOConfig"),
+               "rloo": ("trl", "RLOOConfig")}
 # the rates as docs/fine-tuning.md states them (TRL 1.16's defaults; LoRA: TRL's PEFT guide, 10x)
-STATED = {"lm": 2e-5, "dpo": 1e-6, "ipo": 1e-6, "orpo": 1e-6, "simpo": 1e-6, "kto": 1e-6, "reward": 1e-4}
+STATED = {"lm": 2e-5, "dpo": 1e-6, "ipo": 1e-6, "orpo": 1e-6, "simpo": 1e-6, "kto": 1e-6, "reward": 1e-4,
+          "grpo": 1e-6, "rloo": 1e-6}
+# what a kind needs besides itself to load (online RL: a reward, room for its completions)
+NEEDED = {kind: ["objective.rewards=accuracy", "data.seq_len=1024"] for kind in ("grpo", "rloo")}
+
+
+def kind_sets(kind: str) -> list[str]:
+    return [f"objective.kind={kind}", *NEEDED.get(kind, [])]
 
 
 @pytest.fixture
@@ -51,7 +59,7 @@ def test_each_objective_fine_tunes_at_trls_rate_with_trls_weight_decay(kind, wei
     module, name = TRL_CONFIGS[kind]
     trl = getattr(pytest.importorskip(module), name)
     fields = trl.__dataclass_fields__
-    run = load_run_config(None, [f"model.pretrained={weights}", f"objective.kind={kind}"])
+    run = load_run_config(None, [f"model.pretrained={weights}", *kind_sets(kind)])
     assert run.optimizer.lr == fields["learning_rate"].default == STATED.get(kind, run.optimizer.lr)
     assert run.optimizer.weight_decay == fields["weight_decay"].default == 0.0
     # TRL warms up none (0 steps); DeepSpeed's schedulers take 1 at least
@@ -60,8 +68,8 @@ def test_each_objective_fine_tunes_at_trls_rate_with_trls_weight_decay(kind, wei
 
 @pytest.mark.parametrize("kind", sorted(OBJECTIVES))
 def test_lora_fine_tunes_at_ten_times_the_rate(kind, weights):
-    full = load_run_config(None, [f"model.pretrained={weights}", f"objective.kind={kind}"])
-    lora = load_run_config(None, [f"model.pretrained={weights}", f"objective.kind={kind}", "lora.r=8"])
+    full = load_run_config(None, [f"model.pretrained={weights}", *kind_sets(kind)])
+    lora = load_run_config(None, [f"model.pretrained={weights}", *kind_sets(kind), "lora.r=8"])
     assert lora.optimizer.lr == pytest.approx(10 * full.optimizer.lr, rel=1e-12)
     assert hyper(lora)[1:] == (0.0, 1)
 
@@ -88,7 +96,7 @@ def test_trls_peft_guide_rates_for_lora():
 
 @pytest.mark.parametrize("kind", sorted(OBJECTIVES))
 def test_from_random_weights_the_pretraining_defaults_whatever_the_objective(kind):
-    run = load_run_config(None, [f"objective.kind={kind}"])
+    run = load_run_config(None, kind_sets(kind))
     assert hyper(run) == (6e-4, 0.1, 20)
     assert "the pretraining defaults: no model.pretrained" in provenance.describe(run, {})
 

@@ -21,7 +21,7 @@ from bigtrain.recipes.catalog import HEADER_KEYS, Hardware, recipe, recipes
 
 ALL = recipes()
 WANTED = {"gpt2-124m-pretrain", "llama3.1-8b-sft-full", "llama3.1-8b-sft-lora", "qwen3-8b-dpo-lora",
-          "llama3.1-8b-reward", "qwen3-30b-a3b-sft-ep", "llama3.1-8b-long-context"}
+          "llama3.1-8b-reward", "qwen3-30b-a3b-sft-ep", "llama3.1-8b-long-context", "qwen3-8b-grpo-lora"}
 
 
 def test_the_jobs_people_run_have_a_recipe():
