@@ -11,8 +11,7 @@ length. Causal attention is counted as full, as kernels compute it.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -47,27 +46,11 @@ def hf_init_fn(model_cls: type, config: Any) -> Callable[[nn.Module], None]:
 
 
 def meta_module(model_cls: type, config: Any) -> nn.Module:
-    """The module on the meta device: shapes and parameter names, no memory, milliseconds. transformers' ZeRO-3
-    switch is set aside meanwhile: a ZeRO-3 policy built before leaves it on, and then a sequence classifier (a
-    reward model beside the policy) initialises its inner model's weights through ZeRO-3's gathers, which meta
-    tensors cannot take."""
-    with torch.device("meta"), no_init_weights(), transformers_zero3_off():
+    """The module on the meta device: shapes and parameter names, no memory, milliseconds."""
+    with torch.device("meta"), no_init_weights():
         model = model_cls(config)
     model.tie_weights()
     return model
-
-
-@contextlib.contextmanager
-def transformers_zero3_off() -> Iterator[None]:
-    """transformers' `is_deepspeed_zero3_enabled()` False inside (its weak reference to a live HfDeepSpeedConfig
-    set aside), as it was after."""
-    from transformers.integrations import deepspeed as hf_deepspeed
-    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
-    hf_deepspeed._hf_deepspeed_config_weak_ref = None
-    try:
-        yield
-    finally:
-        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
 
 
 def matmul_params(model: nn.Module) -> int:

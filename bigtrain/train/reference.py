@@ -104,9 +104,25 @@ def build_frozen_models(declared: tuple, settings: Any, spec: ModelSpec, ds_conf
     for frozen in declared:
         directory = frozen.directory(settings)
         if directory is not None:
-            model = build_directory(directory, spec.seq_len, frozen.head, f"objective.{frozen.setting}")
+            with transformers_zero3_off():  # its shape is read on the meta device (bigtrain.models.hf_common)
+                model = build_directory(directory, spec.seq_len, frozen.head, f"objective.{frozen.setting}")
             built[frozen.setting] = FrozenCopy(model, ds_config, seed, directory)
     return built
+
+
+@contextlib.contextmanager
+def transformers_zero3_off() -> Iterator[None]:
+    """transformers' `is_deepspeed_zero3_enabled()` False inside, as it was after. A ZeRO-3 policy built before
+    leaves it on (its HfDeepSpeedConfig lives with the module), and then the meta-device build of a sequence
+    classifier (a reward model) initialises its inner model's weights through ZeRO-3's gathers, which meta tensors
+    cannot take; FrozenCopy builds the real one under zero.Init itself."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
 
 
 def reference_config(ds_config: dict) -> dict:
