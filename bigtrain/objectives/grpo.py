@@ -110,7 +110,6 @@ class RewardedObjective(OnlineObjective):
         self.functions = load_rewards(s.rewards or [], None, max_completion_length=s.max_completion_length,
                                       load_model=_reward_model_elsewhere) if s.rewards else []
         self.weights = s.reward_weights
-        self.steps_scored = 0  # TRL's trainer_state.global_step, for the reward functions
 
     @classmethod
     def declare(cls, settings: Any) -> Needs:
@@ -130,8 +129,7 @@ class RewardedObjective(OnlineObjective):
         completions = [[{"role": "assistant", "content": t}] if isinstance(r.get("prompt"), list) else t
                        for t, r in zip(texts, records)]
         prompts = [r.get("prompt") for r in records]
-        self.steps_scored += 1
-        scores = score(self.functions, prompts, completions, ids, records, step=self.steps_scored)
+        scores = score(self.functions, prompts, completions, ids, records, step=self.steps_done)
         local = scores.per_function.to(policy.device)
         penalty = self.penalty(pieces)
         table = gather_rows(torch.cat([local, penalty.unsqueeze(1)], 1), policy.device)

@@ -134,6 +134,7 @@ class OnlineObjective(Objective):
         self.pending: dict | None = None  # a checkpoint's state, applied at the first round
         self.held: list[Piece] = []  # the round the next steps reuse (num_iterations)
         self.iteration = 0  # steps taken on the held round
+        self.steps_done = 0  # optimizer steps this run has taken (TRL's trainer_state.global_step), in the checkpoint
         self.round_metrics: Metrics = {}
         self.table: list[dict] | None = None
         self.times: dict[str, float] = {}
@@ -221,6 +222,7 @@ class OnlineObjective(Objective):
     def end_step(self, policy: Policy, step: StepState) -> Metrics:
         from bigtrain.rollout.metrics import reduce_sums
         Clock(policy.device).sync()
+        self.steps_done += 1
         times = {**self.times, "policy": time.perf_counter() - step.started}
         return {**self.round_metrics, **reduce_sums(step.sums), **{f"time/{k}": v for k, v in times.items()}}
 
@@ -259,7 +261,7 @@ class OnlineObjective(Objective):
         """The random streams, and the round the next steps reuse (num_iterations) with how far they are."""
         if self.rng is None:
             return dict(self.pending or {})
-        state: dict = {"rng": self.rng.state_dict(), "eval_rng": self.eval_rng.state_dict()}
+        state: dict = {"rng": self.rng.state_dict(), "eval_rng": self.eval_rng.state_dict(), "steps": self.steps_done}
         if self.held and self.iteration < self.iterations:
             state.update(iteration=self.iteration, held=[p.state() for p in self.held],
                          round_metrics={k: float(v) for k, v in self.round_metrics.items()})
@@ -271,6 +273,7 @@ class OnlineObjective(Objective):
     def _apply(self, state: dict, device: Any) -> None:
         self.rng.load_state_dict(state["rng"])
         self.eval_rng.load_state_dict(state["eval_rng"])
+        self.steps_done = int(state.get("steps", 0))
         if "held" in state:
             self.iteration, self.round_metrics = int(state["iteration"]), dict(state["round_metrics"])
             self.held = [Piece(**{k: v.to(device) for k, v in p.items()}) for p in state["held"]]

@@ -140,13 +140,13 @@ def test_the_objectives_checkpoint_state_loads_weights_only(tmp_path):
     objective.held = [Piece(torch.ones((2, 3), dtype=torch.long), torch.ones((2, 3), dtype=torch.long),
                             torch.zeros((2, 4), dtype=torch.long), torch.ones((2, 4), dtype=torch.long),
                             advantages=torch.tensor([0.5, -0.5]))]
-    objective.iteration, objective.round_metrics = 1, {"reward": 0.25}
+    objective.iteration, objective.round_metrics, objective.steps_done = 1, {"reward": 0.25}, 5
     torch.save({"objective": objective.state_dict()}, tmp_path / "rng_rank0.pt")
     state = torch.load(tmp_path / "rng_rank0.pt", weights_only=True)["objective"]
     again = build_objective(run.objective)
     again.load_state_dict(state)
     again.streams(SimpleNamespace(seed=99, device="cpu"))  # the saved streams win over a fresh seed
-    assert torch.equal(again.rng.state, objective.rng.state) and again.iteration == 1
+    assert torch.equal(again.rng.state, objective.rng.state) and again.iteration == 1 and again.steps_done == 5
     assert torch.equal(again.held[0].advantages, objective.held[0].advantages)
     assert again.round_metrics == {"reward": 0.25}
 
