@@ -121,11 +121,15 @@ def build_objective(cfg: Any, lora: bool = False) -> Objective:
     return cls(cfg.kind, cfg.settings, resolve_reference(cls.declare(cfg.settings), cfg.reference, lora))
 
 
-def batch_problem(kind: str, needs: Needs, global_batch: int | None, per_rank: tuple[int, int] | None = None,
-                  seq_len: int | None = None) -> str | None:
+def batch_problem(kind: str, needs: Needs, global_batch: int | None = None, per_rank: tuple[int, int] | None = None,
+                  seq_len: int | None = None, ds_config: dict | None = None) -> str | None:
     """One line when the batch cannot hold whole records of `kind` (`Needs.samples_per_record`: the global batch,
-    and each rank's `per_rank` (micro-batch, accumulation), must be multiples of it), or when its completions leave
-    a prompt no room in `seq_len` (`Needs.completion_tokens`); None when they can."""
+    and each rank's `per_rank` (micro-batch, accumulation), must be multiples of it; both read from a resolved
+    `ds_config` when given), or when its completions leave a prompt no room in `seq_len` (`Needs.completion_tokens`);
+    None when they can."""
+    if ds_config is not None:
+        global_batch = ds_config["train_batch_size"]
+        per_rank = (ds_config["train_micro_batch_size_per_gpu"], ds_config["gradient_accumulation_steps"])
     group, why = needs.samples_per_record, needs.refuses.get("samples_per_record", "")
     if seq_len is not None and needs.completion_tokens and seq_len <= needs.completion_tokens:
         return (f"data.seq_len={seq_len} with objective.kind={kind}: {needs.refuses.get('completion_tokens', '')} "

@@ -107,10 +107,8 @@ def resolve_job(run: RunConfig, world: World, ds_config_path: str | None, source
         for line in build_lines([optimizer_op(resolved.ds_config)]):
             log.info("%s", line)
     check_split_layout(asked, Topology.of(resolved.ds_config, world.size))  # sizes a JSON gave, too
-    ds = resolved.ds_config
-    if line := objectives.batch_problem(run.objective.kind, run.objective.declared, ds["train_batch_size"],
-                                        (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])):
-        raise ValueError(line)
+    if line := objectives.batch_problem(run.objective.kind, run.objective.declared, ds_config=resolved.ds_config):
+        raise ValueError(line)  # whole groups of an online objective's completions on every rank
     seed_everything(run.train.seed)
     return config, resolved
 
