@@ -268,9 +268,8 @@ def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: M
     """The request's setup on the machine of the flags, with the ALST levers and the loss resolved by training's
     own rules (`bigtrain.config.rules`, `bigtrain.train.fast_path`; `meta`: the model on the meta device)."""
     from bigtrain.config.rules import offload_hidden_states_wanted, tiled_mlp_wanted
-    from bigtrain.estimate.shape import spec_hidden
     from bigtrain.train.fast_path import resolve_loss_impl
-    tokens, hidden = (spec.seq_len or 0) // req.sequence, spec_hidden(spec)
+    tokens, hidden = (spec.seq_len or 0) // req.sequence, spec.hidden_size
     tiled = shape.mlp_layers > 0 and tiled_mlp_wanted(_tri_state(args.tiled_mlp), tokens, hidden)
     offload = shape.mlp_layers > 0 and offload_hidden_states_wanted(_tri_state(args.offload_hidden_states),
                                                                     "accelerator", True, tokens, hidden)

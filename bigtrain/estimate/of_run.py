@@ -21,7 +21,7 @@ def estimate_run(run: RunConfig, world: int, gpus_per_node: int,
     The model's overrides are the runner's (`bigtrain.train.inputs.overrides_for_run`, from the run config alone:
     a tokenizer named is not loaded, so its vocabulary is the model's default); a Hub model.pretrained is its shape
     alone (`bigtrain.models.hub.shape_dir`: the shapes bigtrain ships, else its config.json)."""
-    from bigtrain.estimate.shape import frozen_params, meta_module, shape_from_spec, spec_hidden
+    from bigtrain.estimate.shape import frozen_params, meta_module, shape_from_spec
     from bigtrain.models import build
     from bigtrain.models.hub import shape_dir
     from bigtrain.train.fast_path import resolve_loss_impl
@@ -39,6 +39,6 @@ def estimate_run(run: RunConfig, world: int, gpus_per_node: int,
     shape = shape_from_spec(spec, run.precision, meta)
     chunked = resolve_loss_impl(run.train.loss_impl, device_name, spec, meta, run.parallel.tensor,
                                 run.objective.declared.allows("chunked_loss")) == "chunked"
-    setup = setup_from_run(run, world, gpus_per_node, shape.hidden or spec_hidden(spec), chunked,
+    setup = setup_from_run(run, world, gpus_per_node, shape.hidden or spec.hidden_size, chunked,
                            frozen_params(run.objective, run.data.seq_len))
     return estimate(shape, setup), spec

@@ -165,16 +165,10 @@ def _fused_sdpa() -> Iterator[None]:
         yield
 
 
-def spec_hidden(spec: ModelSpec) -> int:
-    """The model's hidden width (0 for a model without one)."""
-    config = getattr(spec.config, "get_text_config", lambda: spec.config)()
-    return int(getattr(config, "hidden_size", 0) or 0)
-
-
 def tiled_mlp_saving(spec: ModelSpec, dtype: torch.dtype) -> tuple[float, int]:
     """(bytes per sample one MLP no longer keeps for backward under ALST's tiled MLP, how many MLPs): the blocks'
     saved tensors counted on the meta device with and without DeepSpeed's TiledMLP (bigtrain.parallel.tiling)."""
-    hidden = spec_hidden(spec)
+    hidden = spec.hidden_size
     if spec.modality != "text" or not spec.seq_len or not hidden:
         return 0.0, 0
     from bigtrain.parallel.tiling import mlp_modules

@@ -106,6 +106,14 @@ class ModelSpec:
         self.initialize(module, seed)
         return module
 
+    @property
+    def hidden_size(self) -> int:
+        """The model's hidden width (transformers' `hidden_size`, GPT-2's `n_embd` through its alias; a
+        multimodal config's text model's); 0 for a model without one (an image classifier)."""
+        config = getattr(self.config, "get_text_config", lambda: self.config)()
+        width = getattr(config, "hidden_size", 0)
+        return width if isinstance(width, int) else 0
+
     def initialize(self, module: nn.Module, seed: int, gather: Any = None, writer: bool = True) -> int:
         """Seeded init of a constructed plain module (see `bigtrain.models.init`); with pretrained weights
         only the modules the checkpoint lacked (`module.bigtrain_uninitialized`, e.g. a new classifier head).

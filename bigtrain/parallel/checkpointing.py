@@ -120,10 +120,9 @@ def apply_checkpointing(spec: Any, model: nn.Module, every_n: int, ds_config: di
     from deepspeed.accelerator import get_accelerator
 
     from bigtrain.config.rules import offload_hidden_states_wanted
-    from bigtrain.parallel.tiling import hidden_size
     device = get_accelerator().device_name()
     tokens = spec.seq_len // sequence if spec.seq_len else None
-    if not offload_hidden_states_wanted(offload, device, True, tokens, hidden_size(spec)):
+    if not offload_hidden_states_wanted(offload, device, True, tokens, spec.hidden_size):
         return apply_activation_checkpointing(spec, model, every_n=every_n, ds_config=ds_config)
     if spec.enable_native_checkpointing is None or not _checkpointing_layers(model):
         if offload is True:

@@ -59,15 +59,9 @@ def apply_tiled_mlp(model: nn.Module, tile: int) -> int:
     return len(modules)
 
 
-def hidden_size(spec: Any) -> int | None:
-    """The model's hidden width (transformers' `hidden_size`, GPT-2's `n_embd` through its alias)."""
-    config = getattr(spec.config, "get_text_config", lambda: spec.config)()
-    return getattr(config, "hidden_size", None)
-
-
 def apply_tiling(model: nn.Module, spec: Any, setting: bool | str, sequence: int = 1) -> int:
     """`activation_checkpointing.tiled_mlp` for this job: the MLPs tiled (0 when off or when the model has none)."""
-    hidden = hidden_size(spec)
+    hidden = spec.hidden_size
     tokens = spec.seq_len // sequence if spec.seq_len else None
     if not tiled_mlp_wanted(setting, tokens, hidden) or not hidden:
         return 0
