@@ -116,6 +116,10 @@ class Policy(Protocol):
     def logits(self, inputs: Any) -> torch.Tensor:
         """The policy's output logits (a scalar head's are [rows, 1]), with their graph."""
 
+    def sequence_slice(self, inputs: Any, labels: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """Under sequence parallelism this rank's slice of each row (inputs with their positions, labels whose
+        next-token targets are the slice's), which `forward_with_loss` then takes; the rows unchanged without it."""
+
     def forward_with_loss(self, inputs: Any, labels: torch.Tensor,
                           scale: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
         """The model's own loss of a micro-batch, by the route the engine was built with (plain, chunked, compiled,

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from bigtrain.objectives.base import FineTuning, Metrics, Needs, Objective, Policy
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
 
 
@@ -20,6 +22,12 @@ class ModelLoss(Objective):
     needs = Needs()
     fine_tuning = FineTuning(lr=2e-5)  # TRL's SFTConfig
     summary = "the model's own loss (next-token cross-entropy, a classifier's cross-entropy)"
+
+    def read_step(self, policy: Policy, batches: Iterator[dict], micro_batches: int) -> list[Any]:
+        """Under sequence parallelism this rank's slice of each row, and no more (`Policy.sequence_slice`): the whole
+        rows every rank of a group reads are dropped here, before the step, instead of living through it (16 bytes
+        per token of the group's sequence)."""
+        return [policy.sequence_slice(*self.inputs(policy, next(batches))) for _ in range(micro_batches)]
 
     def begin_step(self, policy: Policy, micro: list[Any]) -> torch.Tensor | None:
         return policy.token_scale([labels for _, labels in micro])

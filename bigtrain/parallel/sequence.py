@@ -14,7 +14,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bigtrain.models.losses import lm_targets
 
 _swapped_attention: dict[str, Any] = {}  # transformers' attention functions as they were before Ulysses
 
@@ -45,16 +44,23 @@ def shard_sequence(inputs: torch.Tensor | dict, labels: torch.Tensor, size: int,
                    rank: int) -> tuple[dict, torch.Tensor]:
     """Rank `rank` of `size`'s slice of every sample's sequence: (inputs with their global positions, next-token
     targets). `inputs`: the input ids, or {"input_ids", "position_ids"} where the batch brings its own positions
-    (packed examples restart them); Ulysses gathers the slices' positions back for the attention."""
+    (packed examples restart them); Ulysses gathers the slices' positions back for the attention. Only the slice is
+    made: no whole-sequence positions or targets on any rank."""
     input_ids = inputs["input_ids"] if isinstance(inputs, dict) else inputs
     seq = input_ids.shape[-1]
     chunk = seq // size
-    part = slice(rank * chunk, (rank + 1) * chunk)
+    start, stop = rank * chunk, (rank + 1) * chunk
     given = inputs.get("position_ids") if isinstance(inputs, dict) else None
-    positions = torch.arange(seq, device=input_ids.device).expand_as(input_ids) if given is None else given
-    targets = lm_targets(labels, seq)
-    return ({"input_ids": input_ids[:, part].contiguous(), "position_ids": positions[:, part].contiguous()},
-            targets[:, part].contiguous())
+    if given is None:
+        positions = torch.arange(start, stop, device=input_ids.device).expand(*input_ids.shape[:-1], chunk)
+    else:
+        positions = given[..., start:stop]
+    # the slice's next-token targets (`lm_targets`): labels[t + 1], with none after the sequence's last input
+    targets = labels[..., start + 1:stop + 1]
+    if targets.shape[-1] < chunk:
+        targets = F.pad(targets, (0, chunk - targets.shape[-1]), value=-100)
+    return ({"input_ids": input_ids[..., start:stop].contiguous(), "position_ids": positions.contiguous()},
+            targets.contiguous())
 
 
 def sequence_loss(logits: torch.Tensor, targets: torch.Tensor, size: int, group: Any,

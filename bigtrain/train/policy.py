@@ -40,19 +40,23 @@ class PolicyModel:
     def logits(self, inputs: Any) -> torch.Tensor:
         return output_logits(call_module(self.ds, inputs))
 
+    def sequence_slice(self, inputs: Any, labels: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        if self.split is None or not self.split.sequence_parallel:
+            return inputs, labels
+        inputs, targets = self.split.shard(inputs, labels)
+        return inputs, F.pad(targets, (1, 0), value=-100)  # lm_targets of these are `targets` themselves
+
     def forward_with_loss(self, inputs: Any, labels: torch.Tensor,
                           scale: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
         metrics: Metrics = {}
         split = self.split
         if split is not None and split.sequence_parallel and self.loss_in_forward:
-            # the chunked loss over this rank's slice: no [tokens, vocabulary] logits (ALST's tiled logits)
-            inputs, targets = split.shard(inputs, labels)
-            labels_before = F.pad(targets, (1, 0), value=-100)  # lm_targets of these are `targets` themselves
-            loss = split.share(fast_path.call_with_loss(self.ds, inputs, labels_before, "sum"), targets, scale)
+            # the chunked loss over this rank's slice (`sequence_slice`): no [tokens, vocabulary] logits (ALST's
+            # tiled logits)
+            loss = split.share(fast_path.call_with_loss(self.ds, inputs, labels, "sum"), labels[..., 1:], scale)
         elif split is not None and split.sequence_parallel:
-            inputs, targets = split.shard(inputs, labels)
             output = call_module(self.ds, inputs)
-            loss = split.loss(output_logits(output), targets, scale)
+            loss = split.loss(output_logits(output), labels[..., 1:], scale)
             if getattr(output, "aux_loss", None) is not None:  # a mixture of experts' router loss
                 loss = loss + self.router_coef * output.aux_loss
                 metrics["router_aux_loss"] = output.aux_loss.detach()
@@ -87,9 +91,10 @@ class PolicyModel:
         """For a step whose loss is the mean over all its trained tokens (as transformers' Trainer does with
         `num_items_in_batch`): the factor that turns a micro-batch's summed token loss into its share of that
         mean. DeepSpeed divides gradients by the accumulation steps and by the ranks that hold different tokens
-        (world / tensor); the step's tokens are the count over all ranks / (tensor x sequence), the ranks of one
-        group each counting the same samples. Without it each micro-batch's mean weighs alike: one of short
-        answers as much as one of long ones, and another grouping of the same samples trains differently."""
+        (world / tensor); the step's tokens are the count over all ranks / tensor, the ranks of a tensor group each
+        counting the same samples (a sequence group's ranks count their own slices: `sequence_slice`). Without it
+        each micro-batch's mean weighs alike: one of short answers as much as one of long ones, and another
+        grouping of the same samples trains differently."""
         if not self.token_weighted:
             return None
         count = torch.stack([target_count(t) for t in labels]).sum().to(torch.float64).reshape(1)
@@ -97,7 +102,7 @@ class PolicyModel:
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(count)
             world = torch.distributed.get_world_size()
-        return self.ds.gradient_accumulation_steps() * world * self.split.topology.sequence / count[0].clamp(min=1)
+        return self.ds.gradient_accumulation_steps() * world / count[0].clamp(min=1)
 
     def answer_logps(self, inputs: Any, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return answer_logps(self.logits(inputs), labels)

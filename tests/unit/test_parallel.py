@@ -97,3 +97,26 @@ def test_activation_checkpointing_bad_arguments():
         apply_activation_checkpointing(spec, spec.build(), method="fast")
     with pytest.raises(ValueError, match="every_n=0"):
         apply_activation_checkpointing(spec, spec.build(), every_n=0)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_sequence_rank_gets_its_slice_of_inputs_positions_and_targets(packed):
+    """Sequence parallelism's slices (bigtrain.parallel.sequence.shard_sequence), joined, are the whole row's inputs,
+    positions and next-token targets (`lm_targets`), for labels equal to the inputs and for packed blocks of
+    seq_len + 1 labels; each rank makes its slice only (no whole-row positions or targets)."""
+    from bigtrain.models.losses import lm_targets
+    from bigtrain.parallel.sequence import shard_sequence
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (2, 16), generator=generator)
+    labels = torch.randint(0, 50, (2, 17), generator=generator) if packed else ids.clone()
+    labels[0, 3] = -100
+    restarting = torch.tensor([list(range(6)) + list(range(10))] * 2)
+    for size in (1, 2, 4):
+        for positions in (None, restarting):
+            given = ids if positions is None else {"input_ids": ids, "position_ids": positions}
+            parts = [shard_sequence(given, labels, size, rank) for rank in range(size)]
+            assert all(t.shape == (2, 16 // size) for _, t in parts)
+            assert torch.equal(torch.cat([t for _, t in parts], -1), lm_targets(labels, 16))
+            assert torch.equal(torch.cat([i["input_ids"] for i, _ in parts], -1), ids)
+            whole = torch.arange(16).expand(2, 16) if positions is None else positions
+            assert torch.equal(torch.cat([i["position_ids"] for i, _ in parts], -1), whole)
