@@ -104,10 +104,6 @@ class Topology:
                 problems.append(f"{name}={size} with {keys.pipeline}={self.pipeline}: DeepSpeed's pipeline engine "
                                 f"takes its own process groups and runs none of AutoTP, Ulysses and AutoEP; set "
                                 f"{name}=1 or {keys.pipeline}=1")
-        if self.tensor > 1 and self.sequence > 1:
-            problems.append(f"{keys.tensor}={self.tensor} with {keys.sequence}={self.sequence}: DeepSpeed's AutoTP "
-                            "replaces the Ulysses process groups its engine is given; use one of them (sequence for "
-                            "long sequences, tensor for layers too large for one device)")
         for name, size in ((keys.tensor, self.tensor), (keys.sequence, self.sequence)):
             if size > 1 and self.expert > 1:
                 problems.append(f"{keys.expert}={self.expert} with {name}={size}: bigtrain trains experts over "

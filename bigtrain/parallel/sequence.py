@@ -26,9 +26,28 @@ def attach_ulysses(model: torch.nn.Module, size: int, micro_batch: int, seq_len:
     _swapped_attention.setdefault("sdpa", ALL_ATTENTION_FUNCTIONS["sdpa"])
     if packed:  # the core Ulysses wraps; unpacked rows need no per-example mask (and no check per layer)
         ALL_ATTENTION_FUNCTIONS["sdpa"] = document_sdpa(_swapped_attention["sdpa"])
-    return UlyssesSPAttentionHF.register_with_transformers(
+    return UlyssesGroups(UlyssesSPAttentionHF.register_with_transformers(
         model_name_or_path=model, core_attn_implementation="sdpa", sequence_parallel_size=size,
-        micro_batch_size=micro_batch, seq_length=seq_len, seq_length_is_variable=False, disable_in_eval=True)
+        micro_batch_size=micro_batch, seq_length=seq_len, seq_length_is_variable=False, disable_in_eval=True))
+
+
+class UlyssesGroups:
+    """Ulysses' `mpu` (DeepSpeed's `parallel_state_sp` module), answering also the question DeepSpeed asks of any
+    `mpu` for the tensor-parallel size: it records that size in each checkpoint (which the universal conversion
+    reads) and slices by it when it loads a universal checkpoint (`load_hp_checkpoint_state_from_checkpoint_dir`
+    calls `get_tensor_model_parallel_world_size`, which `parallel_state_sp` lacks, so an SP run could not resume at
+    another shape, and its checkpoints claimed the sequence size as their tensor size). No tensor parallelism: 1.
+    The rank is left to the module's model-parallel rank, which DeepSpeed's gradient norm reads to count each
+    replicated weight once per sequence group."""
+
+    def __init__(self, groups: Any):
+        self._groups = groups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._groups, name)
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return 1
 
 
 def restore_attention() -> None:
@@ -63,24 +82,30 @@ def shard_sequence(inputs: torch.Tensor | dict, labels: torch.Tensor, size: int,
             targets.contiguous())
 
 
-def sequence_loss(logits: torch.Tensor, targets: torch.Tensor, size: int, group: Any,
-                  scale: torch.Tensor | None = None) -> torch.Tensor:
-    """The group's mean next-token loss over its real tokens, as this rank's share times the group size:
-    DeepSpeed averages gradients over every rank, so the shares sum to the loss one rank would compute.
-    With `scale` (a token-weighted step, `bigtrain.objectives.causal_lm.token_scale`): this rank's summed loss times it. (A token-
-    weighted all_reduce, not the tutorial's all_gather, which breaks in backward on gloo when SP < world.)"""
+def sequence_loss(logits: torch.Tensor, targets: torch.Tensor, size: int, group: Any, scale: torch.Tensor | None = None,
+                  gradient: float = 1.0) -> torch.Tensor:
+    """The group's mean next-token loss over its real tokens, as this rank's share times the group size: the ranks'
+    values average to the loss one rank would compute. With `scale` (a token-weighted step,
+    `bigtrain.objectives.causal_lm.token_scale`): this rank's summed loss times it. `gradient`: what of that value
+    backward sees, for how DeepSpeed reduces the group's gradients (1 where it averages them with the data-parallel
+    ranks, 1/size where it sums them: `ModelSplit.sequence_summed`). (A token-weighted all_reduce, not the
+    tutorial's all_gather, which breaks in backward on gloo when SP < world.)"""
     summed = F.cross_entropy(logits.float().flatten(0, -2), targets.reshape(-1), ignore_index=-100, reduction="sum")
-    return sequence_share(summed, targets, size, group, scale)
+    return sequence_share(summed, targets, size, group, scale, gradient)
 
 
 def sequence_share(summed: torch.Tensor, targets: torch.Tensor, size: int, group: Any,
-                   scale: torch.Tensor | None = None) -> torch.Tensor:
+                   scale: torch.Tensor | None = None, gradient: float = 1.0) -> torch.Tensor:
     """This rank's summed token loss as its share of the group's mean (`sequence_loss`)."""
     if scale is not None:
-        return summed * scale.to(summed.dtype)
-    tokens = (targets != -100).sum().to(torch.float64).reshape(1)
-    torch.distributed.all_reduce(tokens, group=group)
-    return summed / tokens[0].clamp(min=1).to(summed.dtype) * size
+        value = summed * scale.to(summed.dtype)
+    else:
+        tokens = (targets != -100).sum().to(torch.float64).reshape(1)
+        torch.distributed.all_reduce(tokens, group=group)
+        value = summed / tokens[0].clamp(min=1).to(summed.dtype) * size
+    if gradient == 1.0:
+        return value
+    return value * gradient + (value * (1.0 - gradient)).detach()  # the value reported, the gradient reduced
 
 
 def document_sdpa(core: Any) -> Any:

@@ -62,6 +62,8 @@ def check_split(spec: ModelSpec, topology: Topology) -> None:
         if size > 1 and heads is not None and heads % size:
             raise ValueError(f"parallel.{mode}={size}: the model's {heads} attention heads do not divide by {size}; "
                              f"choose parallel.{mode} dividing {heads}")
+    if topology.tensor > 1 and topology.sequence > 1 and heads is not None:
+        kv_heads = _tensor_sequence_heads(heads, kv_heads, topology)
     if topology.expert > 1:
         from bigtrain.parallel.experts import expert_problem
         problem = expert_problem(spec.config, topology.expert)
@@ -75,6 +77,21 @@ def check_split(spec: ModelSpec, topology: Topology) -> None:
         if attention not in (None, "sdpa"):
             raise ValueError(f"parallel.sequence={topology.sequence}: Ulysses wraps sdpa attention, and this model "
                              f"uses {attention}; set model.overrides.attn_implementation=sdpa (or parallel.sequence=1)")
+
+
+def _tensor_sequence_heads(heads: int, kv_heads: int | None, topology: Topology) -> int | None:
+    """The key-value heads one tensor rank holds, which Ulysses splits within it; ValueError (one line) where the
+    heads do not split so."""
+    split = f"parallel.tensor={topology.tensor} x parallel.sequence={topology.sequence}"
+    if heads % (topology.tensor * topology.sequence):
+        raise ValueError(f"{split}: the model's {heads} attention heads do not divide by "
+                         f"{topology.tensor * topology.sequence} (Ulysses splits each tensor shard's heads); choose "
+                         "sizes whose product divides them")
+    if kv_heads is not None and kv_heads % topology.tensor:
+        raise ValueError(f"{split}: the model's {kv_heads} key-value heads do not divide by parallel.tensor="
+                         f"{topology.tensor} (each tensor shard must hold whole key-value heads for Ulysses to split "
+                         "them); choose parallel.tensor dividing them")
+    return None if kv_heads is None else kv_heads // topology.tensor
 
 
 def _why_not(mode: str) -> str:

@@ -107,6 +107,8 @@ def parallelize(model: torch.nn.Module, spec: ModelSpec, ds_config: dict, option
     with output_capture_lookups() if split.topology.expert > 1 else contextlib.nullcontext():
         ds, optimizer, _, scheduler = deepspeed.initialize(  # ds_config: what resolve returned
             model=model, model_parameters=params, config=ds_config, mpu=split.mpu)
+    if split.sequence_parallel:  # each rank's loss share is scaled for how the engine reduces the group's gradients
+        assert (ds.sequence_parallel_size > 1) == split.sequence_summed, (ds.sequence_parallel_size, split.topology)
     if loss_impl == "chunked" and ds_config.get("zero_optimization", {}).get("stage", 0) == 3:
         fast_path.register_head_for_zero3(ds, model)
     fast_path.compile_engine(ds, compile_mode)

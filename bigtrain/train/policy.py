@@ -91,10 +91,11 @@ class PolicyModel:
         """For a step whose loss is the mean over all its trained tokens (as transformers' Trainer does with
         `num_items_in_batch`): the factor that turns a micro-batch's summed token loss into its share of that
         mean. DeepSpeed divides gradients by the accumulation steps and by the ranks that hold different tokens
-        (world / tensor); the step's tokens are the count over all ranks / tensor, the ranks of a tensor group each
-        counting the same samples (a sequence group's ranks count their own slices: `sequence_slice`). Without it
-        each micro-batch's mean weighs alike: one of short answers as much as one of long ones, and another
-        grouping of the same samples trains differently."""
+        (world / tensor; where it sums a sequence group's gradients instead, the group's share says so:
+        `ModelSplit.sequence_summed`); the step's tokens are the count over all ranks / tensor, the ranks of a
+        tensor group each counting the same samples (a sequence group's ranks count their own slices:
+        `sequence_slice`). Without it each micro-batch's mean weighs alike: one of short answers as much as one of
+        long ones, and another grouping of the same samples trains differently."""
         if not self.token_weighted:
             return None
         count = torch.stack([target_count(t) for t in labels]).sum().to(torch.float64).reshape(1)

@@ -32,13 +32,29 @@ def test_of_reads_a_deepspeed_dict():
     (Topology(4, pipeline=3), "world size 4 is not divisible by pipeline.stages=3"),
     (Topology(6, expert=4), "parallel.expert=4 does not divide the 6 ranks"),
     (Topology(4, pipeline=2, expert=2), "parallel.expert=2 with pipeline.stages=2"),
-    (Topology(4, tensor=2, sequence=2), "parallel.tensor=2 with parallel.sequence=2"),
     (Topology(4, sequence=2, expert=2), "parallel.expert=2 with parallel.sequence=2"),
     (Topology(0), "must be >= 1"),
 ])
 def test_impossible_splits_are_one_line_each(topology, said):
     with pytest.raises(ValueError, match=said.replace("+", r"\+")):
         topology.check()
+
+
+def test_tensor_by_sequence_parallelism_splits_the_world_and_each_shards_heads():
+    """TP x SP is a split (bigtrain.parallel.tensor_sequence): the world divides into tensor x sequence replicas,
+    and Ulysses splits each tensor shard's heads, so their product divides the heads and the tensor size the
+    key-value heads."""
+    from bigtrain.models import build
+    from bigtrain.parallel.split_rules import check_split
+    topology = Topology(8, tensor=2, sequence=2)
+    topology.check()
+    assert (topology.data, topology.model_split, topology.zero_ranks) == (2, 4, 4)
+    check_split(build("llama", "tiny"), Topology(4, tensor=2, sequence=2))  # 4 heads, 2 key-value heads
+    with pytest.raises(ValueError, match="parallel.tensor=2 x parallel.sequence=4: the model's 4 attention heads"):
+        check_split(build("llama", "tiny"), Topology(8, tensor=2, sequence=4))
+    with pytest.raises(ValueError, match="key-value heads do not divide by parallel.tensor=4"):
+        check_split(build("llama", "custom", n_layer=1, n_embd=64, n_head=8, n_kv_head=2), Topology(8, tensor=4,
+                                                                                                sequence=2))
 
 
 def test_the_run_config_the_lint_and_the_estimator_word_one_rule_alike():
