@@ -3,7 +3,9 @@
 
 Transformer layers follow Korthikanti et al. 2022: per layer and sample s*h*(c_h*e + m_h) + a*s^2*(c_s*e + m_s)
 bytes (e: bytes per value, masks 1 byte); bigtrain's own layers' coefficients were counted from the tensors they
-save for backward. Other models' counts are measured (`bigtrain.estimate.shape.measure_activations`).
+save for backward. Other models' counts are measured (`bigtrain.estimate.counting.measure_activations`): what a
+forward saves for backward, and the peak of a whole forward and backward of one sample counted tensor by tensor
+(`bigtrain.estimate.live_bytes`, the accounting scripts/profile_alst.py measures real training steps with).
 """
 from __future__ import annotations
 
@@ -44,12 +46,18 @@ class ActivationCount:
     blocks: float  # inside all blocks together
     largest_block: float  # the block recomputed at a time under full checkpointing
     block_inputs: float  # what full checkpointing keeps: each block's input
-    transient: float = 0.0  # extra memory at the start of backward (e.g. the loss gradient over the vocabulary)
+    # what the peak of the backward holds beyond the saved terms (e.g. the loss gradient over the vocabulary, a
+    # block's gradients), without and with checkpointing; measured counts may be negative: a peak that comes after
+    # the backward has freed some of what the forward saved
+    transient: float = 0.0
+    transient_checkpointed: float | None = None  # None: as without checkpointing
 
     def total(self, micro_batch: int, checkpointing: bool) -> float:
         """Peak activation bytes of one rank for `micro_batch` samples."""
         kept = self.block_inputs + self.largest_block if checkpointing else self.blocks
-        return micro_batch * (self.outside + kept + self.transient)
+        extra = self.transient if not checkpointing or self.transient_checkpointed is None \
+            else self.transient_checkpointed
+        return micro_batch * (self.outside + kept + extra)
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,8 @@ class ModelShape:
     param_numels: tuple[int, ...] = ()  # every parameter tensor's size (ZeRO-3 persistence); may be empty
     profile: str = "korthikanti"  # LayerProfile name for transformer activations
     dropout: float = 0.0
-    measured: dict[int, ActivationCount] = field(default_factory=dict)  # bytes/value -> count, when measured
+    # (bytes/value, tiled MLP, chunked loss) -> count, when measured (`measured_key`)
+    measured: dict[tuple[int, bool, bool], ActivationCount] = field(default_factory=dict)
     linear_dims: tuple[tuple[int, int], ...] = ()  # (in, out) of each linear layer LoRA adapts (not the head)
     tensor_whole_params: int = 0  # parameters tensor parallelism keeps whole on every rank (embeddings, norms)
     # ALST's tiled MLP: bytes per sample that each of `mlp_layers` MLPs no longer keeps for backward (bytes/value ->
@@ -108,17 +117,25 @@ def transformer_activations(shape: ModelShape, bytes_per_value: int, chunked_los
                            block_inputs=shape.n_layer * s * h * e, transient=transient)
 
 
+def measured_key(bytes_per_value: int, tiled_mlp: bool = False, chunked_loss: bool = False) -> tuple[int, bool, bool]:
+    """Where `ModelShape.measured` keeps the count of a precision trained with or without each lever."""
+    return bytes_per_value, tiled_mlp, chunked_loss
+
+
 def activations_per_sample(shape: ModelShape, bytes_per_value: int, tiled_mlp: bool = False,
                            chunked_loss: bool = False) -> ActivationCount:
-    """A measured count when the shape carries one for this precision, else the transformer formula; with
-    `tiled_mlp`, less what the MLPs' intermediates held (each block, and the one recomputed at a time)."""
-    if bytes_per_value in shape.measured:
-        count = shape.measured[bytes_per_value]
-    elif shape.n_layer and shape.hidden:
+    """The count measured with these levers when the shape carries them (measured shapes carry what their setups
+    train with: `bigtrain.estimate.shape.shape_from_spec`); else the transformer formula, with `tiled_mlp` less what
+    the MLPs' intermediates held (each block, and the one recomputed at a time)."""
+    key = measured_key(bytes_per_value, tiled_mlp, chunked_loss)
+    if key in shape.measured:
+        return shape.measured[key]
+    assert not shape.measured, f"{shape.family}: activations not measured for {key}; measured {sorted(shape.measured)}"
+    if shape.n_layer and shape.hidden:
         count = transformer_activations(shape, bytes_per_value, chunked_loss)
     else:
         raise ValueError(f"no activation model for {shape.family}: measure it "
-                         "(bigtrain.estimate.shape.measure_activations)")
+                         "(bigtrain.estimate.counting.measure_activations)")
     saving = shape.tiled_mlp_saving.get(bytes_per_value, 0.0) if tiled_mlp else 0.0
     if not saving or not shape.mlp_layers:
         return count

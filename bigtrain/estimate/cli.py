@@ -194,8 +194,9 @@ def run_estimate(args: argparse.Namespace) -> int:
         check_lora(spec, LoraConfig(r=req.lora_r))
     check_split_sizes(spec, req.tensor, req.sequence, req.expert)
     meta = meta_module(spec)
-    shape = shape_from_spec(spec, req.precision, meta)
-    base = base_setup(args, req, spec, shape, meta)
+    tiled, chunked = lever_decisions(args, req, spec, meta)
+    shape = shape_from_spec(spec, req.precision, meta, tiled=tiled, chunked=chunked)  # counted with training's levers
+    base = base_setup(args, req, spec, shape, tiled, chunked)
     # Muon at ZeRO-0 trains another curve under the default clipping and training refuses it (config.rules)
     rows = [estimate(shape, s) for s in all_setups(base) if not (s.muon and s.zero_stage == 0)]
     seq = f", seq {shape.seq_len}" if shape.seq_len else ""
@@ -264,21 +265,29 @@ def objective_line(req: Request) -> str:
     return f"; objective {req.objective}: {', '.join(said)}" if said else ""
 
 
-def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: ModelShape, meta: Any) -> Setup:
-    """The request's setup on the machine of the flags, with the ALST levers and the loss resolved by training's
-    own rules (`bigtrain.config.rules`, `bigtrain.train.fast_path`; `meta`: the model on the meta device)."""
-    from bigtrain.config.rules import offload_hidden_states_wanted, tiled_mlp_wanted
+def lever_decisions(args: argparse.Namespace, req: Request, spec: ModelSpec, meta: Any) -> tuple[bool, bool]:
+    """(tiled MLP, chunked loss) as training resolves them for this request (`bigtrain.config.rules`,
+    `bigtrain.train.fast_path`; `meta`: the model on the meta device)."""
+    from bigtrain.config.rules import tiled_mlp_wanted
     from bigtrain.train.fast_path import resolve_loss_impl
+    tokens = (spec.seq_len or 0) // req.sequence
+    return (tiled_mlp_wanted(_tri_state(args.tiled_mlp), tokens, spec.hidden_size),
+            resolve_loss_impl(req.loss_impl, "cuda", spec, meta, req.tensor, req.chunked_allowed) == "chunked")
+
+
+def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: ModelShape, tiled: bool,
+               chunked: bool) -> Setup:
+    """The request's setup on the machine of the flags, with the ALST levers and the loss resolved by training's
+    own rules (`lever_decisions`; the hidden states' offload by `bigtrain.config.rules` too)."""
+    from bigtrain.config.rules import offload_hidden_states_wanted
     tokens, hidden = (spec.seq_len or 0) // req.sequence, spec.hidden_size
-    tiled = shape.mlp_layers > 0 and tiled_mlp_wanted(_tri_state(args.tiled_mlp), tokens, hidden)
     offload = shape.mlp_layers > 0 and offload_hidden_states_wanted(_tri_state(args.offload_hidden_states),
                                                                     "accelerator", True, tokens, hidden)
     return Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=req.precision,
                  micro_batch=req.micro_batch, tensor=req.tensor, sequence=req.sequence, expert=req.expert,
-                 lora_r=req.lora_r, tiled_mlp=tiled, offload_hidden_states=offload, muon=args.optimizer == "muon",
-                 rows_per_sample=req.rows, reference=req.reference, frozen_params=req.frozen_params,
-                 chunked_loss=resolve_loss_impl(req.loss_impl, "cuda", spec, meta, req.tensor,
-                                                req.chunked_allowed) == "chunked")
+                 lora_r=req.lora_r, tiled_mlp=tiled and shape.mlp_layers > 0, offload_hidden_states=offload,
+                 muon=args.optimizer == "muon", rows_per_sample=req.rows, reference=req.reference,
+                 frozen_params=req.frozen_params, chunked_loss=chunked)
 
 
 def sequence_split_that_fits(shape: ModelShape, base: Setup, gpu_mem: float, cpu_mem: float | None,

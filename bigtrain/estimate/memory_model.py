@@ -312,9 +312,10 @@ def split_activations(count: ActivationCount, setup: Setup) -> ActivationCount:
     """One rank's share of a sample's activations under tensor and sequence parallelism (see the module doc)."""
     block_share = (10 + 24 / setup.tensor) / 34  # Korthikanti: 10sbh replicated, 24sbh split per layer
     u = setup.sequence
+    kept = count.transient_checkpointed
     return ActivationCount(outside=count.outside / u, blocks=count.blocks * block_share / u,
                            largest_block=count.largest_block * block_share / u, block_inputs=count.block_inputs / u,
-                           transient=count.transient / u)
+                           transient=count.transient / u, transient_checkpointed=None if kept is None else kept / u)
 
 
 def all_setups(base: Setup) -> list[Setup]:

@@ -36,9 +36,10 @@ def estimate_run(run: RunConfig, world: int, gpus_per_node: int,
         overrides = {k: v for k, v in overrides.items() if k not in ("task", "num_classes", "pad_token_id")}
     spec = build(run.model.family, run.model.size, **overrides)
     meta = meta_module(spec)
-    shape = shape_from_spec(spec, run.precision, meta)
     chunked = resolve_loss_impl(run.train.loss_impl, device_name, spec, meta, run.parallel.tensor,
                                 run.objective.declared.allows("chunked_loss")) == "chunked"
-    setup = setup_from_run(run, world, gpus_per_node, shape.hidden or spec.hidden_size, chunked,
+    setup = setup_from_run(run, world, gpus_per_node, spec.hidden_size, chunked,
                            frozen_params(run.objective, run.data.seq_len))
+    # activations counted with the levers it trains with
+    shape = shape_from_spec(spec, run.precision, meta, tiled=setup.tiled_mlp, chunked=chunked)
     return estimate(shape, setup), spec

@@ -42,7 +42,8 @@ def test_sequence_parallel_divides_every_activation_and_keeps_zero_over_all_rank
 
 
 @pytest.mark.parametrize("args, named", [
-    (["--model", "llama", "--size", "1b", "--tensor", "2", "--sequence", "2"], "parallel.sequence=2"),
+    (["--model", "llama", "--size", "tiny", "--tensor", "2", "--sequence", "4"],
+     "parallel.tensor=2 x parallel.sequence=4: the model's 4 attention heads"),
     (["--model", "gpt2", "--size", "small", "--tensor", "2"], "does not support tensor"),
     (["--model", "gpt2", "--size", "small", "--sequence", "2"], "does not support sequence"),
     (["--model", "llama", "--size", "1b", "--sequence", "2", "--seq-len", "1023"], "not divisible by parallel.sequence")])
@@ -61,7 +62,7 @@ def test_a_world_that_does_not_split_is_refused():
 
 def test_estimate_recommends_sequence_parallelism_when_activations_do_not_fit(capsys):
     from bigtrain.cli import main
-    long = ["estimate", "--model", "llama", "--size", "1b", "--seq-len", "131072", "--gpu-mem", "80"]
+    long = ["estimate", "--model", "llama", "--size", "1b", "--seq-len", "131072", "--gpu-mem", "6"]
     assert main(long) == 1
     err = capsys.readouterr().err
     assert "activations, not model states" in err and "--set parallel.sequence=2" in err

@@ -67,7 +67,8 @@ def test_auto_tiles_a_long_sequence_and_false_turns_it_off():
 
 def test_the_estimator_counts_the_tiles():
     from bigtrain.estimate.memory_model import Setup, estimate
-    from bigtrain.estimate.shape import measure_activations, shape_from_spec
+    from bigtrain.estimate.counting import measure_activations
+    from bigtrain.estimate.shape import shape_from_spec
     spec = build("llama", "tiny", vocab_size=128, seq_len=512, n_positions=512)
     shape = shape_from_spec(spec, "fp32")
     plain, tiled = (estimate(shape, Setup(world_size=1, precision="fp32", tiled_mlp=t)) for t in (False, True))
