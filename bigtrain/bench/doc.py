@@ -91,6 +91,14 @@ def gpu_section(rows: list[dict], ratio_records: list[dict], meta: dict) -> str:
         parts += ["### Each lever on its own", "bigtrain with one change against its defaults on the same "
                   "workload and strategy in this run: the gain is defaults / row for a default undone, row / "
                   "defaults for an opt-in lever turned on.", levers_table(levers)]
+    if any(r.get("group") == "longest" for r in rows):
+        from bigtrain.bench.longest import longest_table
+        parts += ["### The longest sequence on one device, every lever on",
+                  "Activation checkpointing with the hidden states in host memory, the tiled MLP, the chunked loss, "
+                  "ZeRO-3 with the optimizer in host memory, micro-batch 1 (bigtrain/bench/longest.py); Llama-8B "
+                  "trains LoRA adapters. Each rung is a job of a few steps; the last column extrapolates the "
+                  "measured memory per token to 90% of the device.",
+                  longest_table(rows, meta.get("device_bytes"))]
     parts += ["### Every job", "MFU counts the model's FLOPs only, against the bf16 peak measured above; peak "
               "memory is the device's (torch's max allocated).",
               jobs_table(rows, memory_label="peak GPU memory/rank", fp32_mfu=False)]

@@ -19,6 +19,7 @@ from bigtrain.bench.cases import Case, Strategy, Workload
 from bigtrain.bench.hostenv import LoadLog, host_facts, job_env
 from bigtrain.bench.jobs import REPO, Launch, run_case
 from bigtrain.bench.levers import BY_NAME, lever_cases
+from bigtrain.bench.longest import longest_cases
 from bigtrain.bench.peak import datasheet_bf16_tflops, read_peaks
 from bigtrain.bench.rows import check_rows, make_row, ratios
 
@@ -107,8 +108,9 @@ def dry_workload(w: Workload) -> Workload:
 
 def gpu_plan(num_gpus: int, repeats: int = GPU_REPEATS, dry: bool = False) -> Plan:
     """GPT-2 small and medium at ZeRO 1-3, each bigtrain job next to the hand-written DeepSpeed loop, the
-    nanoGPT-style PyTorch loop, each lever on its own (levers.LEVERS) on GPT-2 small, and the Llama 1B shape's
-    MFU; one rank per GPU.
+    nanoGPT-style PyTorch loop, each lever on its own (levers.LEVERS) on GPT-2 small, the Llama 1B shape's
+    MFU, and on one GPU the longest sequences of Llama-1B and Llama-8B with every lever on (`longest`); one rank per
+    GPU.
 
     The cases come in the order of what a short GPU lease should measure first (the bench stops at
     --max-minutes): GPT-2 small at ZeRO-1 beside both loops, GPT-2 medium at ZeRO-1 beside DeepSpeed's, the
@@ -143,6 +145,8 @@ def gpu_plan(num_gpus: int, repeats: int = GPU_REPEATS, dry: bool = False) -> Pl
     for _ in range(repeats - 1):
         for w in (small,) if dry else (small, medium):
             cases += ratio_pairs(w, GPU_STAGES, steps) + [Case(w, Z[1], "nanogpt", steps, "ratio")]
+    if num_gpus == 1:  # the longest sequence one device trains with every lever on: long steps, so last
+        cases += longest_cases(dry)
     return Plan("gpu-dry" if dry else "gpu", cases, ranks=num_gpus, repeats=repeats)
 
 
@@ -226,9 +230,16 @@ def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str],
     first = peaks["per_rank"][0]
     meta = {"mode": plan.mode, "host": host_facts(), "load": load.summary(), "peaks": peaks, "ranks": plan.ranks,
             "device": first.get("device", "cpu"), "peak_sizes": first.get("sizes", [1024, 2048]),
+            "device_bytes": device_bytes(),
             "minutes": (time.perf_counter() - start) / 60, "command": _command(plan),
             "env_summary": env_summary(launch.env, first.get("device", "cpu"))}
     return {"meta": meta, "results": results, "rows": rows, "ratios": ratios(rows), "problems": check_rows(rows, peaks)}
+
+
+def device_bytes() -> float:
+    """Memory of one device of this host (a GPU's, or the host's on a CPU): what the longest rungs extrapolate to."""
+    from deepspeed.accelerator import get_accelerator
+    return float(get_accelerator().total_memory())
 
 
 def _with_datasheet(peaks: dict) -> dict:

@@ -38,14 +38,27 @@ def test_short_bench_writes_a_sane_table_and_plots(tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_gpu_dry_run_trains_the_nanogpt_loop_and_a_lever_on_cpu(tmp_path):
+def test_gpu_dry_run_trains_the_nanogpt_loop_a_lever_and_the_longest_sequence_ladders_on_cpu(tmp_path):
+    """The GPU plan's code paths on this host: the nanoGPT loop, a lever, and the longest-sequence ladders (Llama-1B
+    and Llama-8B with LoRA, every lever on: ZeRO-3 with the optimizer offloaded, checkpointed hidden states in host
+    memory, the tiled MLP, the chunked loss) on a tiny Llama, so that they do not fail on a GPU lease for a silly
+    reason."""
     proc = subprocess.run([sys.executable, "-m", "bigtrain.bench", "--gpu", "--dry-run", "--workdir", str(tmp_path),
-                           "--only", "z1 (bigtrain|nanogpt)$|overflow check"],
+                           "--only", "z1 (bigtrain|nanogpt)$|overflow check|tokens$"],
                           cwd=REPO, env={**rank_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads((tmp_path / "benchmarks_gpu.json").read_text())
-    rows = {(r["runner"], r["setting"]): r for r in report["rows"]}
+    long = [r for r in report["rows"] if r["group"] == "longest"]
+    assert [(r["workload"], r["tokens_per_sample"], r["ok"]) for r in long] == [
+        (f"{model} (dry)", n, True) for model in ("llama-1b", "llama-8b LoRA r=16") for n in (64, 128)]
+    for slug in ("llama-1b-dry*128*", "llama-8b*128*"):
+        log = next(tmp_path.glob(f"{slug}/log.txt")).read_text()
+        assert "tiled MLP (activation_checkpointing.tiled_mlp=True)" in log and ("LoRA r=16" in log) == ("8b" in slug)
+        ran = json.loads(next(tmp_path.glob(f"{slug}/summary.json")).read_text())["run_config"]
+        assert ran["train"]["loss_impl"] == "chunked" and ran["activation_checkpointing"]["offload_hidden_states"]
+    assert "### The longest sequence on one device, every lever on" in (tmp_path / "benchmarks.md").read_text()
+    rows = {(r["runner"], r["setting"]): r for r in report["rows"] if r["group"] != "longest"}
     assert set(rows) == {("bigtrain", "bigtrain's defaults"), ("nanogpt", "bigtrain's defaults"),
                          ("bigtrain", "overflow check on")}
     assert all(r["ok"] and r["tokens_per_s"] > 0 and math.isfinite(r["final_loss"]) for r in rows.values())

@@ -250,7 +250,7 @@ def test_gpu_dry_run_is_the_gpu_plan_on_the_tiniest_model_without_cuda_only_case
     assert [c.workload.vocab_multiple for c in dry_gpt2] == [c.workload.vocab_multiple for c in small]
     assert all(c.steps == DRY_STEPS and c.workload.overrides == {"n_layer": 2, "n_embd": 64, "n_head": 2}
                for c in dry_gpt2)
-    llama = [c for c in dry.cases if c.workload.family == "llama"]  # the Llama 1B MFU row, on a tiny Llama
+    llama = [c for c in dry.cases if c.workload.family == "llama" and c.group != "longest"]  # the Llama 1B MFU row
     assert [(c.runner, c.strategy.label) for c in llama] == [("bigtrain", "z1")]
     assert "model.overrides.vocab_multiple" not in " ".join(llama[0].run_overrides())  # Llama takes no padding
     overflow = next(c for c in dry.cases if c.setting == "overflow check on")
@@ -280,6 +280,35 @@ def test_mfu_against_the_datasheet_and_each_lever_against_bigtrains_defaults():
     assert gains == pytest.approx({"compile off": 11.0 / 8.0, "micro_batch auto": 13.2 / 11.0})
     assert "**x1.38**" in levers_table(lever_ratios(rows)) and "**x1.20**" in levers_table(lever_ratios(rows))
     assert "MFU datasheet" in jobs_table(rows, fp32_mfu=False) and "bigtrain (compile off)" in jobs_table(rows)
+
+
+def test_the_gpu_plan_ends_with_the_longest_sequences_one_device_trains_with_every_lever():
+    """Issue 39: Llama-1B (every weight) and Llama-8B (LoRA) at growing lengths, every lever on, on one GPU only
+    (a rung is one device's question), last (its steps are long); the dry run has the same cases on a tiny Llama.
+    A rung out of memory is the ladder's finding, not a failed bench; the table extrapolates the per-token slope."""
+    from bigtrain.bench.longest import EVERY_LEVER, longest_cases, longest_table
+    from bigtrain.bench.sweep import gpu_plan
+    plan = gpu_plan(1)
+    long = [c for c in plan.cases if c.group == "longest"]
+    assert long == plan.cases[-len(long):] and not [c for c in gpu_plan(2).cases if c.group == "longest"]
+    assert [(c.workload.size, c.workload.seq_len) for c in long] == [
+        ("1b", 32768), ("1b", 65536), ("1b", 131072), ("8b", 16384), ("8b", 32768), ("8b", 65536)]
+    for case in long:
+        sets = dict(case.sets)
+        assert all(sets[k] == v for k, v in EVERY_LEVER) and case.strategy.checkpointing
+        assert case.strategy.zero == 3 and case.strategy.offload == "optimizer" and case.workload.micro_batch == 1
+        assert (sets.get("lora.r") == "16") == (case.workload.size == "8b")
+    dry = longest_cases(dry=True)
+    assert [c.workload.seq_len for c in dry] == [64, 128, 64, 128] and all(c.workload.size == "custom" for c in dry)
+    rows = [{"group": "longest", "workload": "llama-1b", "strategy": "z3", "setting": f"{n} tokens", "ok": ok,
+             "tokens_per_sample": n, "peak_rss_bytes": 1e9 + 1e4 * n, "step_s": 1.0, "out_of_memory": not ok,
+             "case": f"llama-1b {n}", "runner": "bigtrain", "precision": "bf16", "error": "exit code 1"}
+            for n, ok in ((1000, True), (2000, True), (4000, False))]
+    table = longest_table(rows, device_bytes=2e9)
+    assert "| llama-1b | z3 | 4000 | - | out of memory |" in table
+    assert "| 2000 | 1.0 GB | 1.0 s/step | 9.8 KiB/token: ~78K tokens fit |" in table  # 2000 + 0.78e9 / 1e4
+    assert check_rows([make_row({**r, "log_tail": "torch.OutOfMemoryError: CUDA out of memory"}, PEAKS)
+                       for r in rows if not r["ok"]], PEAKS) == []
 
 
 @pytest.mark.parametrize("plan_name", ["short", "full", "gpu", "gpu-dry"])
