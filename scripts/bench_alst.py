@@ -1,79 +1,161 @@
-"""Measure what ALST's tiled MLP buys (issue 31), on this machine's CPU ranks, with the Llama shape of
-scripts/bench_parallel.py (4 layers x 256, MLP 704, fp32, ZeRO-1, micro-batch 1, 2 steps per probe):
+"""What ALST's levers buy (issues 31 and 39), on this machine's CPU ranks, with the Llama shape of
+scripts/bench_parallel.py (4 layers x 256, MLP 704, vocabulary 512, fp32, ZeRO-1, micro-batch 1), activation
+checkpointing on, tiled MLP and not, at parallel.sequence 1, 2, 4:
 
-1. per_token: the peak RSS a rank adds per token of sequence, tiled and not, at parallel.sequence 1 and 2 (the
-   slope between two lengths, from the largest per-rank peak of each job);
-2. seq: the longest sequence under a per-rank cap at parallel.sequence 1, 2, 4, tiled and not (bisected over
-   multiples of 256, as bench_parallel.py does).
+1. per_token: what one more token costs a rank: the slope between two lengths of the rank's peak of live tensor
+   bytes (the tensors alive before step 2, model states and buffers, plus step 2's peak counted tensor by tensor:
+   bigtrain.estimate.live_bytes; RSS, which keeps freed pages, is not used);
+2. seq: the longest sequence (a multiple of 256) whose step 2 keeps every rank's peak under a cap, searched inside
+   one launch per case from the length the per-token line predicts (the ranks agree on each probe's largest peak).
 
-    .venv/bin/python scripts/bench_alst.py --out docs/bench_alst.json [--cap-gib 1.6] [--only per_token|seq]
+Memory, not time, is the measure: the 2 cores are shared with other work, which changes no count; the probes'
+seconds are printed as noisy. `--code DIR` runs the jobs with another checkout's bigtrain (to measure an older
+commit in the same run: copy bigtrain/estimate/live_bytes.py and token_profile.py into it first).
 
-Results are written after every measurement, so an interrupted run keeps what it measured.
+    .venv/bin/python scripts/bench_alst.py --out docs/bench_alst.json [--cap-mib 520] [--only per_token|seq]
+
+Results are written after every case, so an interrupted run keeps what it measured.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_parallel  # noqa: E402  (its job runner and bisection, with the same model)
+SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS))
+import bench_parallel  # noqa: E402  (the shape every ALST measurement uses)
 
-TILED = {True: ["--set", "activation_checkpointing.tiled_mlp=true"],
-         False: ["--set", "activation_checkpointing.tiled_mlp=false"]}
-
-
-def peak(result: dict | None) -> int | None:
-    return max(r["peak_rss_bytes"] for r in result["peak_memory_per_rank"]) if result else None
+LEVERS = {True: ["--set", "activation_checkpointing.enabled=true", "--set", "activation_checkpointing.tiled_mlp=true"],
+          False: ["--set", "activation_checkpointing.enabled=true", "--set", "activation_checkpointing.tiled_mlp=false"]}
 
 
-def per_token(sequence: int, tiled: bool, lengths: tuple[int, int], root: Path) -> dict:
-    peaks = []
-    for length in lengths:
-        result = bench_parallel.job(sequence, ["--set", f"data.seq_len={length}", "--set",
-                                               f"parallel.sequence={sequence}", "--set", "batch.global_batch=1",
-                                               *TILED[tiled]], root / f"pt_sp{sequence}_{tiled}_{length}")
-        peaks.append(peak(result))
-    slope = (peaks[1] - peaks[0]) / (lengths[1] - lengths[0]) if None not in peaks else None
-    print(f"per token sp{sequence} tiled={tiled}: {peaks} -> {slope and slope / 1024:.2f} KiB/token", flush=True)
-    return {"sequence": sequence, "tiled": tiled, "lengths": lengths, "peaks": peaks, "bytes_per_token": slope}
+def job_args(sequence: int, tiled: bool, length: int) -> list[str]:
+    return [*bench_parallel.LLAMA, "--set", f"data.seq_len={length}", "--set", f"parallel.sequence={sequence}",
+            "--set", "batch.global_batch=1", "--set", "checkpoint.at_end=false", *LEVERS[tiled]]
+
+
+# -- a rank's side ----------------------------------------------------------------------------------------------
+def rank_peak(args: list[str], out: Path, world) -> tuple[int, float]:
+    """(the largest rank peak of the group's step 2, seconds the job took)."""
+    import torch
+
+    from bigtrain.estimate.token_profile import profile_job
+    started = time.time()
+    snapshot = profile_job(["--out", str(out), *args], world)
+    peak = torch.tensor([float(snapshot.resident + snapshot.peak)], dtype=torch.float64)
+    torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+    return int(peak.item()), time.time() - started
+
+
+def worker(root: Path, plan: Path) -> None:
+    from bigtrain.distributed.world import init_distributed, shutdown
+    world = init_distributed()
+    case = json.loads(plan.read_text())
+    if case["kind"] == "per_token":
+        result = {n: rank_peak(job_args(case["sequence"], case["tiled"], n), root / f"run_{n}", world)
+                  for n in case["lengths"]}
+    else:
+        result = bisect(case, root, world)
+    if world.rank == 0:
+        (root / "result.json").write_text(json.dumps(result))
+    shutdown()
+
+
+def bisect(case: dict, root: Path, world) -> dict:
+    """The longest multiple of 256 under the cap: from `start` (the per-token line's prediction), up or down by a
+    doubling step until the answer changes, then halving down to 256."""
+    probes: list[dict] = []
+
+    def fits(length: int) -> bool:
+        peak, seconds = rank_peak(job_args(case["sequence"], case["tiled"], length), root / f"run_{length}", world)
+        probes.append({"seq_len": length, "peak_bytes_per_rank": peak, "fits": peak <= case["cap"],
+                       "seconds_noisy": round(seconds, 1)})
+        return peak <= case["cap"]
+
+    length, step = max(256, case["start"] // 256 * 256), 256
+    low, high = (length, None) if fits(length) else (None, length)
+    while low is None or high is None:  # gallop to the other side
+        length = length + step if high is None else max(256, length - step)
+        step *= 2
+        if fits(length):
+            low = length
+        else:
+            high = length
+        if low is None and length == 256:
+            return {"longest_seq_len": 0, "probes": probes}
+    while high - low > 256:
+        middle = (low + high) // 512 * 256
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return {"longest_seq_len": low, "probes": probes}
+
+
+# -- the driver -------------------------------------------------------------------------------------------------
+def launch(case: dict, ranks: int, code: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "plan.json").write_text(json.dumps(case))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(code)}
+        cmd = [str(bench_parallel.BIN / "torchrun"), "--nproc_per_node", str(ranks), "--master_port",
+               str(29500 + os.getpid() % 1000), __file__, "--worker", str(root), str(root / "plan.json")]
+        proc = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True, timeout=6 * 3600)
+        if proc.returncode != 0:
+            raise SystemExit(f"{case} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        return json.loads((root / "result.json").read_text())
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="docs/bench_alst.json")
     p.add_argument("--only", choices=["per_token", "seq"])
-    p.add_argument("--cap-gib", type=float, default=1.6)
+    p.add_argument("--cap-mib", type=float, default=520.0, help="the rank's peak of live tensor bytes a length "
+                                                                 "must stay under (seq)")
+    p.add_argument("--lengths", default="4096,8192")
     p.add_argument("--sequences", default="1,2,4")
+    p.add_argument("--code", default=str(SCRIPTS.parent), help="the checkout whose bigtrain the jobs run")
     args = p.parse_args()
+    code = Path(args.code).resolve()
+    commit = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "?"
     results: dict = {"machine": os.uname().nodename, "cores": os.cpu_count(), "started": time.strftime("%F %T"),
-                     "command": " ".join(sys.argv), "per_token": [], "seq": []}
+                     "command": " ".join(["scripts/bench_alst.py", *sys.argv[1:]]), "code": str(code),
+                     "commit": commit, "per_token": [], "seq": []}
     out = Path(args.out)
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        if args.only in (None, "per_token"):
-            for sequence in (1, 2):
-                for tiled in (False, True):
-                    results["per_token"].append(per_token(sequence, tiled, (2048, 4096), root))
-                    out.write_text(json.dumps(results, indent=2))
-        if args.only in (None, "seq"):
-            cap = int(args.cap_gib * 2**30)
-            results["cap_bytes"] = cap
-            for sequence in (int(s) for s in args.sequences.split(",")):
-                for tiled in (True, False):
-                    bench_parallel.LLAMA = [*BASE, *TILED[tiled]]
-                    row = bench_parallel.longest_sequence(sequence, cap, root / f"{sequence}_{tiled}")
-                    results["seq"].append({**row, "tiled": tiled})
-                    out.write_text(json.dumps(results, indent=2))
+    lengths = [int(n) for n in args.lengths.split(",")]
+    for sequence in (int(s) for s in args.sequences.split(",")):
+        for tiled in (False, True):
+            start = 1024 * sequence
+            if args.only in (None, "per_token"):
+                measured = launch({"kind": "per_token", "sequence": sequence, "tiled": tiled, "lengths": lengths},
+                                  sequence, code)
+                peaks = [measured[str(n)][0] for n in lengths]
+                slope = (peaks[-1] - peaks[0]) / (lengths[-1] - lengths[0])
+                results["per_token"].append({"sequence": sequence, "tiled": tiled, "lengths": lengths,
+                                             "peaks": peaks, "bytes_per_token": slope,
+                                             "seconds_noisy": [round(measured[str(n)][1], 1) for n in lengths]})
+                print(f"sp{sequence} tiled={tiled}: {slope:.0f} B/token", flush=True)
+                start = int(lengths[-1] + (args.cap_mib * 2**20 - peaks[-1]) / slope)  # the line's answer
+            if args.only in (None, "seq"):
+                results["cap_bytes"] = cap = int(args.cap_mib * 2**20)
+                row = launch({"kind": "seq", "sequence": sequence, "tiled": tiled, "cap": cap, "start": start},
+                             sequence, code)
+                results["seq"].append({"sequence": sequence, "tiled": tiled, **row})
+                print(f"sp{sequence} tiled={tiled}: longest {row['longest_seq_len']}", flush=True)
+            out.write_text(json.dumps(results, indent=1))
     results["finished"] = time.strftime("%F %T")
-    out.write_text(json.dumps(results, indent=2))
+    out.write_text(json.dumps(results, indent=1))
 
-
-BASE = list(bench_parallel.LLAMA)
 
 if __name__ == "__main__":
     main()
