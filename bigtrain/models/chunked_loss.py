@@ -52,36 +52,39 @@ class _LinearCrossEntropy(torch.autograd.Function):
             total = total + _chunk(hidden[start:end], weight, bias, targets[start:end], scale,
                                    grads, start, end)
         if grads is not None:
-            ctx.save_for_backward(*grads.tensors())
-        ctx.has_bias, ctx.weight_dtype = bias is not None, weight.dtype
-        ctx.bias_dtype = None if bias is None else bias.dtype
+            ctx.save_for_backward(grads.hidden, grads.weight, grads.bias)
+        ctx.made_grads = grads is not None
+        ctx.weight_dtype, ctx.bias_dtype = weight.dtype, None if bias is None else bias.dtype
         return total * scale
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
         if torch.is_grad_enabled():
             raise RuntimeError("the chunked cross-entropy has no second derivative (create_graph=True)")
-        saved = ctx.saved_tensors
-        if not saved:
+        if not ctx.made_grads:
             raise RuntimeError("the chunked cross-entropy ran without gradients (no_grad or frozen inputs)")
-        grad_hidden, grad_weight, *grad_bias = saved
+        if getattr(ctx, "done", False):
+            raise RuntimeError("the chunked cross-entropy's backward runs once (its gradients are scaled in place)")
+        ctx.done = True
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         g = grad_out.float()
-        dh = (grad_hidden * g).to(grad_hidden.dtype)
-        dw = (grad_weight * g).to(ctx.weight_dtype)
-        db = (grad_bias[0] * g).to(ctx.bias_dtype) if ctx.has_bias else None
+        # scaled in place: the buffers die with this call, and a copy would be a second [vocabulary, hidden] in fp32
+        dh = None if grad_hidden is None else grad_hidden.mul_(g.to(grad_hidden.dtype))
+        dw = None if grad_weight is None else grad_weight.mul_(g).to(ctx.weight_dtype)
+        db = None if grad_bias is None else grad_bias.mul_(g).to(ctx.bias_dtype)
         return dh, dw, db, None, None, None, None
 
 
 class _GradBuffers:
-    """Where the chunks put their gradients: d hidden in the compute dtype, d weight (and bias) in fp32."""
+    """Where the chunks put their gradients, for what needs one: d hidden in the compute dtype, d weight (and bias)
+    in fp32. A frozen head (LoRA's) gets none: no [vocabulary, hidden] buffer, no matmul for it."""
 
     def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.hidden = torch.empty_like(hidden)
-        self.weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        self.bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.hidden, self.weight] + ([self.bias] if self.bias is not None else [])
+        self.hidden = torch.empty_like(hidden) if hidden.requires_grad else None
+        self.weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if weight.requires_grad else None
+        self.bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) \
+            if bias is not None and bias.requires_grad else None
 
 
 def _chunk(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
@@ -99,8 +102,10 @@ def _chunk(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tar
     probs.scatter_add_(-1, safe, torch.full_like(lse, -1.0).unsqueeze(-1))
     probs.mul_((valid.float() * scale).unsqueeze(-1))
     d_logits = probs.to(h.dtype)
-    grads.hidden[start:end] = d_logits @ weight.to(h.dtype)
-    grads.weight.add_((d_logits.t() @ h).float())
+    if grads.hidden is not None:
+        grads.hidden[start:end] = d_logits @ weight.to(h.dtype)
+    if grads.weight is not None:  # summed in fp32, cast as it is added (no fp32 copy of the chunk's product)
+        grads.weight.add_(d_logits.t() @ h)
     if grads.bias is not None:
         grads.bias.add_(probs.sum(0))
     return loss
