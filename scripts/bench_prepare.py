@@ -36,6 +36,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
+sys.path.insert(0, str(REPO))
+
+from bigtrain.atomic import replacing  # noqa: E402
 
 OLD_PATH = """
 import sys, time
@@ -102,15 +105,13 @@ def make_corpus(path: Path, gigabytes: float, seed: int = 0) -> None:
     pool = paragraphs()
     rng = random.Random(seed)
     target = int(gigabytes * 1e9)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with replacing(path, "w", encoding="utf-8") as f:
         while f.tell() < target:
             lines = []
             for _ in range(1000):
                 doc = "\n\n".join(rng.choices(pool, k=rng.randint(2, 40)))
                 lines.append(json.dumps({"text": doc, "id": rng.getrandbits(32)}) + "\n")
             f.write("".join(lines))
-    tmp.replace(path)
 
 
 def prefix_copy(src: Path, dst: Path, gigabytes: float) -> None:
@@ -258,7 +259,6 @@ def main() -> None:
         prefix_copy(corpora[sizes[-1]], corpora[s], s)
     tok = work / "tokenizer"
     if not (tok / "tokenizer.json").is_file():
-        sys.path.insert(0, str(REPO))
         from bigtrain.data.tokenizer import ensure_tokenizer
         from pydoc_data.topics import topics
         ensure_tokenizer(tok, lambda: list(topics.values()), 4096)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bigtrain.atomic import write_atomic
 from bigtrain.bench.levers import lever_ratios
 from bigtrain.bench.table import efficiency_table, jobs_table, levers_table, ratio_table, settings_table
 from bigtrain.metrics import format_bytes
@@ -38,10 +39,7 @@ def update_page(path: Path, name: str, body: str) -> Path:
     path = Path(path)
     text = path.read_text() if path.exists() else STUB
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(replace_section(text, name, body))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, replace_section(text, name, body))
 
 
 def conditions(meta: dict) -> str:

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from bigtrain.atomic import write_atomic
 from bigtrain.checkpoint.integrity import DIGESTS, MANIFEST, check_complete, damaged_files, digests, tag_files
 from bigtrain.checkpoint.safe_load import checkpoint_loading, load_torch_file
 from bigtrain.checkpoint.state import MARKER, CheckpointState, read_state
@@ -85,7 +86,7 @@ def write_marker(tag_dir: Path, state: CheckpointState, hashed: dict[str, str] |
     names = tag_files(tag_dir)
     hashed = hashed if hashed is not None else digests(tag_dir, names)
     sizes = {name: (tag_dir / name).stat().st_size for name in names}
-    _write_atomic(tag_dir / MARKER, json.dumps({**state.to_json(tag_dir), MANIFEST: sizes,
+    write_atomic(tag_dir / MARKER, json.dumps({**state.to_json(tag_dir), MANIFEST: sizes,
                                                 DIGESTS: {n: hashed[n] for n in names if n in hashed}}, indent=2))
 
 
@@ -122,7 +123,7 @@ def set_aside(tag_dir: Path, world: World) -> Path:
         latest = tag_dir.parent / "latest"  # DeepSpeed's pointer, read by its zero_to_fp32 script
         if latest.is_file() and latest.read_text().strip() == tag_dir.name:
             newest = newest_complete(tag_dir.parent)
-            latest.write_text(newest) if newest else latest.unlink()
+            write_atomic(latest, newest) if newest else latest.unlink()
     shared = [target]
     if world.size > 1 and torch.distributed.is_initialized():
         torch.distributed.broadcast_object_list(shared, src=0)
@@ -244,9 +245,3 @@ def _prune(ckpt_dir: Path, keep_last: int) -> None:
             shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
             # its conversion for a resume at another shape (bigtrain.checkpoint.universal), if one was made
             shutil.rmtree(ckpt_dir / f"{tag}_universal", ignore_errors=True)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from bigtrain.atomic import write_atomic
 from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.safe_load import checkpoint_loading, load_torch_file
 from bigtrain.distributed.world import World
@@ -66,7 +67,7 @@ def convert_to_universal(ckpt_dir: Path, tag: str, trust: bool = False) -> tuple
     shutil.rmtree(final, ignore_errors=True)  # a stale conversion of an older checkpoint of this step
     tmp.replace(final)
     # ds_to_universal names its temporary folder in `latest_universal`; point it at the real one.
-    (Path(ckpt_dir) / "latest_universal").write_text(final.name)
+    write_atomic(Path(ckpt_dir) / "latest_universal", final.name)
     _remove_orphans(Path(ckpt_dir))
     return final, False
 

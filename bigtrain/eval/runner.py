@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from bigtrain.atomic import write_atomic
 from bigtrain.eval.harness import require_lm_eval
 from bigtrain.eval.tasks import TaskSet, quiet_lm_eval
 
@@ -100,10 +101,7 @@ def write_results(results: dict, out: str | Path) -> Path:
     from lm_eval.utils import handle_non_serializable
     path = Path(out).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False))
 
 
 def results_table(results: dict) -> str:

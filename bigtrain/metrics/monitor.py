@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bigtrain.atomic import write_atomic
+
 PREFIX = "bigtrain/"
 TRACKERS = {"wandb": "wandb", "comet": "comet_ml"}  # run-config switch -> the package DeepSpeed's monitor imports
 log = logging.getLogger("bigtrain")
@@ -203,7 +205,5 @@ class MetricsLogger:
         """summary.json: {"summary": ..., "history": [...], **extra}; written atomically."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps({"summary": self.summary(), "history": self.history, **(extra or {})}, indent=2))
-        os.replace(tmp, path)
-        return path
+        return write_atomic(path, json.dumps({"summary": self.summary(), "history": self.history, **(extra or {})},
+                                             indent=2))

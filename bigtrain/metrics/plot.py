@@ -14,6 +14,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bigtrain.atomic import replacing
+
 log = logging.getLogger("bigtrain")
 MISSING = "matplotlib is not installed (pip install 'bigtrain[bench]')"
 
@@ -95,10 +97,9 @@ def draw(curves: list[LossCurve], out: str | Path, title: str | None = None) -> 
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.png")
-    fig.savefig(tmp)
+    with replacing(out) as f:
+        fig.savefig(f, format=out.suffix.lstrip(".") or "png")
     plt.close(fig)
-    tmp.replace(out)
     return out
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 from deepspeed.accelerator import get_accelerator
 
+from bigtrain.atomic import replacing, temporaries, write_atomic
 from bigtrain.checkpoint.state import ModelBuild
 from bigtrain.data.dataset import ConcatRows, DataBundle
 from bigtrain.data.pairs import AnswerRows, PairRows
@@ -129,12 +129,10 @@ def keep_table(path: Path, table: np.ndarray, ident: dict) -> None:
     """Written whole or not at all (a temporary file renamed), so that a killed job leaves no half table."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(temporary, "wb") as f:
+        with replacing(path) as f:
             np.save(f, table)
-        os.replace(temporary, path)
-        path.with_suffix(".json").write_text(json.dumps(ident, indent=1, default=str) + "\n")
-        for debris in path.parent.glob(f".{path.name}.*.tmp"):  # a killed job's half table: never read
+        write_atomic(path.with_suffix(".json"), json.dumps(ident, indent=1, default=str) + "\n")
+        for debris in temporaries(path):  # a killed job's half table: never read
             debris.unlink(missing_ok=True)
     except OSError as err:
         log.warning("could not keep the reference log-probabilities beside the prepared data (%s); the next run "

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import statistics
 import time
 from dataclasses import asdict
@@ -13,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from bigtrain.atomic import write_atomic
 from bigtrain.config.run_config import RunConfig
 from bigtrain.distributed.world import World
 from bigtrain.metrics import (MetricsLogger, ProgressBar, ThroughputMeter, achieved_tflops, measure_peak_tflops,
@@ -43,11 +43,7 @@ def notify(event: str, step: int, values: dict) -> None:
 def write_summary(out: Path, summary: dict) -> Path:
     """OUT/summary.json, atomically: a reader (a sweep, a resumed job, a kill mid-write) sees the old
     file or the new one, never half of one."""
-    path = Path(out) / "summary.json"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(finite_or_null(summary), indent=2, allow_nan=False))
-    os.replace(tmp, path)
-    return path
+    return write_atomic(Path(out) / "summary.json", json.dumps(finite_or_null(summary), indent=2, allow_nan=False))
 
 
 def finite_or_null(value: Any) -> Any:

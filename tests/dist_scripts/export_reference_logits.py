@@ -11,7 +11,6 @@ the load), "pipeline"} to OUT.pt. Several checkpoints in one launch save the sta
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from bigtrain import models  # noqa: E402
+from bigtrain.atomic import replacing  # noqa: E402
 from bigtrain.checkpoint import store as checkpoint  # noqa: E402
 from bigtrain.checkpoint.state import CheckpointState, read_state  # noqa: E402
 from bigtrain.distributed.world import init_distributed, shutdown  # noqa: E402
@@ -75,9 +75,8 @@ def reference(tag_dir: Path, out: Path, rank: int) -> None:
     writer = (engine.ds.is_last_stage() and engine.dp_rank == 0) if engine.is_pipeline else rank == 0
     if writer:
         assert logits is not None
-        tmp = out.with_suffix(f".tmp{os.getpid()}")
-        torch.save({"input_ids": ids, "logits": logits, "fresh_logits": fresh, "pipeline": engine.is_pipeline}, tmp)
-        tmp.replace(out)
+        with replacing(out) as f:
+            torch.save({"input_ids": ids, "logits": logits, "fresh_logits": fresh, "pipeline": engine.is_pipeline}, f)
 
 
 if __name__ == "__main__":

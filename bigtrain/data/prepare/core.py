@@ -156,7 +156,7 @@ def _start_or_resume(out: Path, ident: dict) -> None:
         shutil.rmtree(out / "spool", ignore_errors=True)
         write_json_atomic(plan_path, ident)
     shard_dir.mkdir(exist_ok=True)
-    for stale in [*shard_dir.glob(".*.tmp-*"), *(out / "spool").glob("*.tmp")]:
+    for stale in [*shard_dir.glob(".*.tmp"), *(out / "spool").glob(".*.tmp")]:
         stale.unlink(missing_ok=True)  # half-written files of a killed run
 
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from bigtrain.atomic import replacing
 from bigtrain.data.chat import record_text
 from bigtrain.data.formats import ALL_COLUMNS, columns, no_text_field_line, required
 from bigtrain.data.sources import Source, first_not_utf8, line_at, not_utf8
@@ -191,11 +192,9 @@ def write_spool(piece: Piece, docs: list[Any]) -> None:
     before a worker reads it."""
     path = Path(piece.path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with replacing(path, "w", encoding="utf-8") as f:
         for doc in docs:
             f.write(json.dumps({"text": doc} if isinstance(doc, str) else doc, ensure_ascii=False) + "\n")
-    tmp.replace(path)
 
 
 def iter_documents(src: Source, text_field: Field, max_bytes: int | None = None) -> Iterator[str]:

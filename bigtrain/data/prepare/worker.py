@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bigtrain.atomic import replacing, write_atomic
 from bigtrain.data.prepare.pieces import BATCH_BYTES, Piece, read_piece
 
 _STATE: dict[str, Any] = {}  # per worker process: encoder, eos, dtype, shared counters
@@ -45,13 +46,8 @@ def shard_paths(shard_dir: Path, index: int) -> dict[str, Path]:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    """Written under a temporary name, flushed to disk and renamed: a reader sees all of it or none."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """A marker, plan or manifest: a reader sees all of it or none."""
+    write_atomic(path, json.dumps(data, indent=1))
 
 
 def make_encoder(tokenizer_dir: str):
@@ -105,10 +101,10 @@ def process_piece(piece: Piece, text_field: str | list[str] | tuple[str, ...], s
     paths = shard_paths(Path(shard_dir), piece.index)
     if not isinstance(text_field, str):
         return _process_examples(piece, tuple(text_field), paths)
-    tmp = {k: p.with_name(f".{p.name}.tmp-{os.getpid()}") for k, p in paths.items()}
     ends: list[np.ndarray] = []
     tokens = docs = 0
-    with open(tmp["tokens"], "wb") as out:
+    # the token file renamed last (the inner block's file first): its size is what a resume checks
+    with replacing(paths["tokens"]) as out:
         for texts, last_ends, nbytes in read_piece(piece, text_field, state["batch_bytes"]):
             ids, doc_ends = _encode(texts, last_ends, state["encode"], state["eos"], state["dtype"])
             out.write(ids.tobytes())
@@ -117,13 +113,8 @@ def process_piece(piece: Piece, text_field: str | list[str] | tuple[str, ...], s
             docs += len(doc_ends)
             if state["report"] is not None:
                 state["report"]([len(ids), len(doc_ends), nbytes])
-        out.flush()
-        os.fsync(out.fileno())
-    index = np.concatenate(ends) if ends else np.zeros(0, np.int64)  # end offset of each document
-    with open(tmp["index"], "wb") as f:
-        np.save(f, index)
-    os.replace(tmp["index"], paths["index"])
-    os.replace(tmp["tokens"], paths["tokens"])
+        with replacing(paths["index"]) as f:
+            np.save(f, np.concatenate(ends) if ends else np.zeros(0, np.int64))  # end offset of each document
     marker = {"piece": piece.key(), "tokens": tokens, "docs": docs, "bytes": piece.nbytes}
     write_json_atomic(paths["marker"], marker)
     if piece.kind == "spool":
@@ -135,13 +126,14 @@ def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Pa
     """Render the piece's example records into shard files: tokens, mask, document ends, answer starts."""
     state = _STATE
     assert state["render"] is not None, "setup(fmt=...) renders examples"
-    tmp = {k: p.with_name(f".{p.name}.tmp-{os.getpid()}") for k, p in paths.items()}
     ends: list[np.ndarray] = []
     answers: list[np.ndarray] = []
     tokens = docs = trained = 0
     keep = getattr(state["render"], "keeps_records", False)  # prompt records: kept whole, for the rewards
-    with open(tmp["tokens"], "wb") as out, open(tmp["mask"], "wb") as mask_out, \
-            open(tmp["records"] if keep else os.devnull, "w", encoding="utf-8") as records_out:
+    # renamed in the reverse order of opening: index, answers, records, mask, and the token file last (its size is
+    # what a resume checks)
+    with replacing(paths["tokens"]) as out, replacing(paths["mask"]) as mask_out, \
+            (replacing(paths["records"], "w", encoding="utf-8") if keep else open(os.devnull, "w")) as records_out:
         for records, _, nbytes in read_piece(piece, fields, state["batch_bytes"]):
             ids, mask, doc_ends, first = render_records(records, state["render"], state["dtype"], piece.path)
             out.write(ids.tobytes())
@@ -154,17 +146,11 @@ def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Pa
             tokens, docs, trained = tokens + len(ids), docs + len(doc_ends), trained + int(np.count_nonzero(mask))
             if state["report"] is not None:
                 state["report"]([len(ids), len(doc_ends), nbytes])
-        for f in (out, mask_out, *([records_out] if keep else [])):
-            f.flush()
-            os.fsync(f.fileno())
-    first_answers = np.concatenate(answers) if answers else np.zeros(0, np.int64)
-    all_ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
-    for key, array in (("index", all_ends), ("answers", first_answers)):
-        with open(tmp[key], "wb") as f:
-            np.save(f, array)
-    for key in ("index", "answers", "mask", *(["records"] if keep else []), "tokens"):  # tokens last: their
-        # file's size is what a resume checks
-        os.replace(tmp[key], paths[key])
+        first_answers = np.concatenate(answers) if answers else np.zeros(0, np.int64)
+        all_ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+        with replacing(paths["answers"]) as answers_out, replacing(paths["index"]) as index_out:
+            np.save(index_out, all_ends)
+            np.save(answers_out, first_answers)
     lengths = np.diff(all_ends, prepend=0)
     marker = {"piece": piece.key(), "tokens": tokens, "docs": docs, "bytes": piece.nbytes, "trained": trained,
               "no_answer": int((first_answers >= lengths).sum())}
