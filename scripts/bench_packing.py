@@ -52,6 +52,20 @@ def make_data(root: Path, examples: int = 2000) -> tuple[Path, Path]:
     return path, root / "tok"
 
 
+def make_pairs(chats: Path, out: Path) -> Path:
+    """Preference pairs from the chats of make_data: the chosen answer the chat's own, the rejected one another
+    chat's (for scripts/bench_preference.py and the DPO journey of scripts/gpu_journeys.py)."""
+    records = [json.loads(line) for line in chats.read_text().splitlines()]
+    rng = random.Random(1)
+    with out.open("w") as f:
+        for record in records:
+            other = rng.choice(records)["messages"][-1]["content"]
+            prompt, answer = record["messages"][:-1], record["messages"][-1]["content"]
+            f.write(json.dumps({"prompt": prompt, "chosen": [{"role": "assistant", "content": answer}],
+                                "rejected": [{"role": "assistant", "content": other}]}) + "\n")
+    return out
+
+
 def bigtrain_command() -> str:
     """The `bigtrain` console script: beside this Python (a venv), else on PATH (a machine without the venv)."""
     import shutil

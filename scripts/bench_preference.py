@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import subprocess
 import sys
 import tempfile
@@ -36,18 +35,6 @@ RUNNERS = {
     "sft + LoRA": ["--set", "lora.r=16", "--set", "batch.micro_batch=16", "--set", "batch.global_batch=16"],
     "orpo (no reference)": ["--set", "objective.kind=orpo"],
 }
-
-
-def make_pairs(chats: Path, out: Path) -> Path:
-    records = [json.loads(line) for line in chats.read_text().splitlines()]
-    rng = random.Random(1)
-    with out.open("w") as f:
-        for record in records:
-            other = rng.choice(records)["messages"][-1]["content"]
-            prompt, answer = record["messages"][:-1], record["messages"][-1]["content"]
-            f.write(json.dumps({"prompt": prompt, "chosen": [{"role": "assistant", "content": answer}],
-                                "rejected": [{"role": "assistant", "content": other}]}) + "\n")
-    return out
 
 
 def run(root: Path, name: str, base: Path, data: Path, steps: int) -> dict:
@@ -78,7 +65,7 @@ def main() -> None:
         root = Path(tmp)
         chats, tok = bench_packing.make_data(root, examples=600)
         base = gpu_journeys.make_base(root, tok, {**SIZE, "seq": SIZE["seq"]})
-        pairs = make_pairs(chats, root / "pairs.jsonl")
+        pairs = bench_packing.make_pairs(chats, root / "pairs.jsonl")
         names = list(RUNNERS)
         for r in range(args.rounds):
             for name in names if r % 2 == 0 else names[::-1]:

@@ -104,8 +104,7 @@ def reload_exports(base: Path, merged: Path, adapter: Path) -> dict:
 
 def dpo_journey(root: Path, base: Path, chats: Path, size: dict, seconds: float) -> dict:
     """DPO from the base on pairs made of the chats, to its exit; its export reloaded with transformers."""
-    import bench_preference
-    pairs = bench_preference.make_pairs(chats, root / "pairs.jsonl")
+    pairs = bench_packing.make_pairs(chats, root / "pairs.jsonl")
     out, merged = root / "dpo", root / "dpo-merged"
     args = ["train", "--num-gpus", "1", "--model", "hf", "--set", f"model.pretrained={base}", "--data", str(pairs),
             "--steps", str(size["steps"]), "--out", str(out)]

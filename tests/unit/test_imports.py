@@ -1,35 +1,62 @@
-"""bigtrain's import graph has no circle: no module imports itself through others, and no package of bigtrain/
+"""The repository's import graph has no circle: no module imports itself through others, and no package of bigtrain/
 imports one that imports it back (an import running back up). Imports inside functions count: they are how a
-verb stays light, not a way around the layering. Read from the source (ast), nothing imported."""
+verb stays light, not a way around the layering. The whole tree is read: bigtrain/, and the scripts and test
+files that import one another as top-level modules (scripts/ from its own folder, tests' helpers from tests/).
+Read from the source (ast), nothing imported."""
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "bigtrain"
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "bigtrain"
+# Folders of plain files, each imported by its file name from its own folder (a script's folder is on sys.path when
+# it runs) and, under tests/, from tests/ too (tests/conftest.py and the dist scripts put it on sys.path).
+LOOSE = ("scripts", "tests", "tests/unit", "tests/dist", "tests/dist_scripts")
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    """bigtrain/data/prepare/core.py -> bigtrain.data.prepare.core; scripts/gpu_journeys.py -> scripts.gpu_journeys."""
+    parts = path.relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    found = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    for folder in LOOSE:
+        found |= {module_name(p): p for p in (REPO / folder).glob("*.py")}
+    return found
+
+
+def resolve(name: str, path: Path, known: dict[str, Path]) -> str | None:
+    """The module `import name` in `path` loads: bigtrain's by its dotted name; a top-level name from the importer's
+    own folder, then (under tests/) from tests/."""
+    if name.split(".")[0] == "bigtrain":
+        return name if name in known else None
+    if path.is_relative_to(PACKAGE) or "." in name:
+        return None
+    folders = [path.parent] + ([REPO / "tests"] if path.is_relative_to(REPO / "tests") else [])
+    return next((module_name(f / f"{name}.py") for f in folders if module_name(f / f"{name}.py") in known), None)
 
 
 def imported(path: Path, known: dict[str, Path]) -> set[str]:
-    """The bigtrain modules `path` imports (a name imported from a package counts as its module when it is one)."""
+    """The modules of the tree `path` imports (a name imported from a package counts as its module when it is one)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name in known}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in known:
-            subs = {f"{node.module}.{a.name}" for a in node.names} & set(known)
-            found |= subs or {node.module}
+            found |= {m for a in node.names if (m := resolve(a.name, path, known))}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            module = resolve(node.module, path, known)
+            if module is None:
+                continue
+            subs = {f"{module}.{a.name}" for a in node.names} & set(known)
+            found |= subs or {module}
     return found - {module_name(path)}
 
 
+@functools.cache
 def module_graph() -> dict[str, set[str]]:
     known = modules()
     # a package's __init__ that only hands names on would tie every module of the package to every other
@@ -64,8 +91,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def package_of(module: str) -> str:
-    """bigtrain.data.prepare.core -> bigtrain.data (top-level modules are their own package)."""
-    return ".".join(module.split(".")[:2])
+    """bigtrain.data.prepare.core -> bigtrain.data (top-level modules are their own package); a script or a test
+    file is its own."""
+    return ".".join(module.split(".")[:2]) if module.startswith("bigtrain.") else module
 
 
 def test_no_module_imports_itself_through_others():
@@ -81,6 +109,24 @@ def test_no_package_imports_one_that_imports_it_back():
         targets.discard(package)
     cycle = find_cycle(graph)
     assert cycle is None, "packages import each other: " + " -> ".join(cycle)
+
+
+def test_the_whole_tree_is_read():
+    """Scripts and tests are in the graph, their imports of one another resolved (else a circle there hides)."""
+    graph = module_graph()
+    assert {"scripts.gpu_journeys", "tests.launch", "tests.dist_scripts.hf_runs", "tests.unit.test_imports"} <= set(graph)
+    assert "scripts.bench_packing" in graph["scripts.gpu_journeys"]  # scripts/ from its own folder
+    assert any("tests.launch" in targets for name, targets in graph.items() if name.startswith("tests.dist."))
+    assert "bigtrain.atomic" in graph["scripts.bench_prepare"]
+
+
+def test_a_package_map_names_only_modules_that_exist():
+    """The file table in a package's docstring (`runner.py   one evaluation ...`) lists files that are there."""
+    for init in PACKAGE.rglob("__init__.py"):
+        text = ast.get_docstring(ast.parse(init.read_text())) or ""
+        for name in re.findall(r"^\s+([\w/]+\.py)\s", text, re.M):
+            assert (init.parent / name).is_file() or (REPO / name).is_file(), \
+                f"{init.relative_to(REPO)} lists {name}, which is not there"
 
 
 def test_the_cycle_finder_finds_a_cycle():
