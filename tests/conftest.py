@@ -9,6 +9,12 @@ CLI surface.
 
 The folder is kept honest: a test under tests/unit/ (or a fixture it uses) that starts a launcher fails with a
 line saying so, so the unit tier never grows a launcher run; a test module outside both folders fails too.
+
+Before its first dist test, each test process loads (building where none is built yet) the DeepSpeed ops that
+launched ranks build on first use: the shared-memory all-reduce every CPU rank joins its process group with, and CPU
+Adam for optimizer offload. A build takes 1-3 minutes of a fresh machine; done inside a test, its lock made every
+run started meanwhile print a warning line and wait (the lines a test counts then counted one too many). Done here,
+no launched rank builds an op.
 """
 import subprocess
 import sys
@@ -72,9 +78,30 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    if tier(item) == "dist":
+        build_deepspeed_ops()
     _current[0] = item
     yield
     _current[0] = None
+
+
+_ops_built: list = []
+
+
+def build_deepspeed_ops() -> None:
+    """Load, building where needed, the ops a CPU rank builds on first use (once per test process)."""
+    if _ops_built:
+        return
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+    for name in ("ShareMemCommBuilder", "CPUAdamBuilder"):
+        builder = get_accelerator().create_op_builder(name)
+        if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME):
+            try:
+                builder.load(verbose=False)
+            except Exception as err:  # noqa: BLE001 -- the ranks then fail on it themselves, in their tests
+                print(f"conftest: DeepSpeed's {builder.NAME} op did not build here: {err}", file=sys.stderr)
+    _ops_built.append(True)
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +113,9 @@ def one_rank_group():
     import deepspeed
     from deepspeed import comm as dist
 
-    from launch import free_port
+    # port 0: the store of a world of one binds a port the kernel picks and holds (no port picked, then bound later)
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
+           "MASTER_PORT": "0"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     deepspeed.init_distributed(dist_backend="gloo")

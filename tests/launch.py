@@ -43,9 +43,10 @@ def deepspeed_cmd(script: str | Path, args: list[str], num_ranks: int = 2) -> li
 def torchrun_cmd(script: str | Path, args: list[str], num_ranks: int = 2) -> list[str]:
     """torchrun (a launcher bigtrain supports as well: test_runner) for tests of the math: the same ranks,
     process group and DeepSpeed engine, started without DeepSpeed's launcher, which costs ~5 s more per
-    launch here (its runner and launch.py each import DeepSpeed, and launch.py polls its ranks once a second)."""
-    return [str(BIN / "torchrun"), "--nproc_per_node", str(num_ranks), "--master_port", str(free_port()),
-            str(script), *args]
+    launch here (its runner and launch.py each import DeepSpeed, and launch.py polls its ranks once a second).
+    --standalone: the launcher's own store binds a port the kernel picks and the ranks meet there, so no port is
+    picked here and bound seconds later (when another launch on the machine may have taken it)."""
+    return [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(num_ranks), str(script), *args]
 
 
 def run_train(out: Path, args: list[str], num_ranks: int = 2, timeout: int = 300, check: bool = True,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from launch import REPO, TINY, rank_env
-from messages import naming
+from messages import error_lines, naming
 
 from bigtrain.checkpoint import store
 from bigtrain.checkpoint.safe_load import load_torch_file
@@ -94,7 +94,7 @@ def test_resume_refuses_a_malicious_pickle(moved_run, tmp_path):
                            "--set", "zero.stage=2", "--resume"], cwd=REPO, env=rank_env(), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("bigtrain: ")]
+    lines = error_lines(proc.stderr)
     poisoned = run / "checkpoints" / TAG / "rng_rank0.pt"
     assert len(lines) == 1 and naming(lines, str(poisoned), "builtins.exec"), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and not exploit_ran.exists()

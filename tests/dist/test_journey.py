@@ -208,7 +208,9 @@ def test_sigterm_reaches_a_rank_inside_a_collective(tmp_path):
         procs[1].join(timeout=60)
         seconds = time.monotonic() - sent
         assert procs[1].exitcode == 128 + signal.SIGTERM, procs[1].exitcode
-        assert seconds < 10, seconds  # grace 2 s here (50 s by default: within a minute of the signal)
+        # grace 2 s here (50 s by default: within a minute of the signal); the bound is the collective's 300 s
+        # timeout, which it must not wait for, with room for a machine busy enough to delay a 0.5 s poll
+        assert seconds < 30, seconds
     finally:
         for p in procs:
             if p.is_alive():
@@ -242,7 +244,7 @@ def test_a_rank_stops_when_its_launcher_is_gone():
         killed = time.monotonic()
         stop = launcher.stdout.readline()
         assert stop.startswith("stop: ") and naming(stop, "launcher", "deepspeed", f"pid {launcher.pid}", "gone"), stop
-        assert time.monotonic() - killed < 5
+        assert time.monotonic() - killed < 15  # polled every 0.5 s; the rank itself gives up after 30 s
     finally:
         launcher.kill()
         launcher.wait()
