@@ -47,7 +47,7 @@ def root(tmp_path_factory) -> Path:
     lora = ["--model", "hf", "--set", f"model.pretrained={files['llama']}", "--set", "lora.r=4",
             *task_args(files, "sounds", 6, "--set", "zero.stage=2")]
     launch_jobs(root, [
-        {"name": "sounds", "args": task_args(files, "sounds", STEPS, "--set", "zero.stage=2")},
+        {"name": "sounds", "args": task_args(files, "sounds", STEPS, "--set", "zero.stage=2"), "plot": True},
         {"name": "other", "args": task_args(files, "other", STEPS, "--set", "zero.stage=2")},
         {"name": "z3", "args": task_args(files, "sounds", 10, "--set", "zero.stage=3")},
         {"name": "lora", "args": [a for a in lora if a not in ("--size", "tiny")]},

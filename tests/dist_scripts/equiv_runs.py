@@ -7,21 +7,29 @@ Usage: equiv_runs.py ROOT PLAN.json
 PLAN.json is a list of jobs, each {"name": str, "args": [run.py arguments]} plus optionally
 - "copy_from": NAME  copy ROOT/NAME first (rank 0), to resume from that job's checkpoints;
 - "expect_error": true  the job must fail with a ValueError (a user's mistake); its message
-  goes to ROOT/NAME/error.txt.
+  goes to ROOT/NAME/error.txt;
+- "call": "MODULE.FUNCTION"  instead of a run, FUNCTION(ROOT/NAME, world) of tests/dist_scripts/MODULE.py on every
+  rank: a check on an engine of its own that would otherwise need a launch of its own (its state goes with the job);
+- "plot": true  draw the run's loss.png (matplotlib: ~1 s of a 2-core CPU per job, so only for a test that reads
+  the plot; tests/unit/test_cli.py and test_eval_runs.py do).
 Each job trains with `--out ROOT/NAME` and writes summary.json there; this script adds
 ROOT/NAME/probe_rank{R}.json: the optimizer classes DeepSpeed built and how many blocks ran
-through DeepSpeed's activation checkpointing.
+through DeepSpeed's activation checkpointing, and a line with each job's wall time.
 
 Order matters: DeepSpeed keeps process-wide state, so a pipeline job goes last (its grid stays
 in `deepspeed.utils.groups`), and transformers' ZeRO-3 switch is cleared after each job (a
-live ZeRO-3 model leaves it on).
+live ZeRO-3 model leaves it on). After each job what is still alive (the modules imported, DeepSpeed's registries)
+is frozen out of the garbage collector's view: a full collection walks every live object, half a million here by
+the second job, ~1 s per collection per rank that the next job would pay again for nothing.
 """
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import shutil
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,11 +39,25 @@ from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # the modules a "call" job names
 
 from bigtrain.distributed.world import World, barrier, init_distributed, shutdown  # noqa: E402
+from bigtrain.train import job as job_module  # noqa: E402
 from bigtrain.train.job import train  # noqa: E402
 from bigtrain.train.process import setup_logging  # noqa: E402
 from bigtrain.config.flags import build_run_parser, run_config_from_args  # noqa: E402
+
+
+@contextmanager
+def loss_plot(drawn: bool) -> Iterator[None]:
+    """The job's loss.png as the runner draws it, or (the default here) not drawn."""
+    original = job_module.write_loss_plot
+    if not drawn:
+        job_module.write_loss_plot = lambda summary, path: None
+    try:
+        yield
+    finally:
+        job_module.write_loss_plot = original
 
 
 @contextmanager
@@ -71,7 +93,13 @@ def probe(report: dict) -> Iterator[None]:
 
 
 def run_one(root: Path, job: dict, world: World) -> None:
+    started = time.perf_counter()
     out = root / job["name"]
+    if job.get("call"):
+        module, function = job["call"].rsplit(".", 1)
+        getattr(importlib.import_module(module), function)(out, world)
+        finish(job, world, started)
+        return
     if job.get("copy_from") and world.is_main:
         shutil.copytree(root / job["copy_from"], out)
         (out / "summary.json").unlink(missing_ok=True)  # the resumed job writes its own
@@ -79,7 +107,7 @@ def run_one(root: Path, job: dict, world: World) -> None:
     args = build_run_parser().parse_args(["--out", str(out), *job["args"]])
     report: dict = {}
     try:
-        with probe(report):
+        with probe(report), loss_plot(job.get("plot", False)):
             train(run_config_from_args(args), world, args.deepspeed_config, args.resume, args.stop_after)
     except ValueError as err:
         if not job.get("expect_error"):
@@ -89,10 +117,19 @@ def run_one(root: Path, job: dict, world: World) -> None:
             (out / "error.txt").write_text(str(err))
     else:
         assert not job.get("expect_error"), f"job {job['name']} was expected to fail with a ValueError"
+        assert job.get("plot") or not (out / "loss.png").exists(), \
+            "loss.png drawn although not asked: the runner no longer draws it through train.job.write_loss_plot"
     (out / f"probe_rank{world.rank}.json").write_text(json.dumps(report))
+    finish(job, world, started)
+
+
+def finish(job: dict, world: World, started: float) -> None:
     unset_hf_deepspeed_config()
     gc.collect()
+    gc.freeze()  # the survivors are the process's for good: later collections skip them
     barrier()
+    if world.is_main:  # what each job costs, in the launch's log (tests/launch.py returns it)
+        print(f"equiv_runs: job {job['name']} took {time.perf_counter() - started:.1f} s", flush=True)
 
 
 def main() -> None:

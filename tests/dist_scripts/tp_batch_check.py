@@ -1,26 +1,20 @@
-"""Run by tests/dist/test_parallel_modes.py on 2 ranks: a tensor-parallel engine (llama tiny, parallel.tensor=2)
-fed a different batch on each rank of its group must stop with one line (a ValueError), on every rank.
-Writes ROOT/rank{R}.txt with the message (or "trained" when no error came)."""
+"""A job of tests/dist/test_parallel_modes.py's 2-rank launch (equiv_runs.py's {"call": "tp_batch_check.check"}): a
+tensor-parallel engine (llama tiny, parallel.tensor=2) fed a different batch on each rank of its group must stop with
+one line (a ValueError), on every rank. Writes OUT/rank{R}.txt with the message (or "trained" when no error came)."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from bigtrain import models  # noqa: E402
-from bigtrain.config.load import load_run_config  # noqa: E402
-from bigtrain.distributed.world import init_distributed, shutdown  # noqa: E402
-from bigtrain.ds.resolve import resolve  # noqa: E402
-from bigtrain.train.engine import Engine, EngineOptions  # noqa: E402
+from bigtrain import models
+from bigtrain.config.load import load_run_config
+from bigtrain.distributed.world import World
+from bigtrain.ds.resolve import resolve
+from bigtrain.train.engine import Engine, EngineOptions
 
 
-def main() -> None:
-    root = Path(sys.argv[1])
-    world = init_distributed()
+def check(out: Path, world: World) -> None:
     run = load_run_config(None, ["model.family=llama", "parallel.tensor=2", "precision=fp32", "data.seq_len=16"])
     config = resolve(run, None, world.size).ds_config
     spec = models.build("llama", "tiny", vocab_size=64, seq_len=16)
@@ -31,9 +25,5 @@ def main() -> None:
         outcome = "trained"
     except ValueError as err:
         outcome = str(err)
-    (root / f"rank{world.rank}.txt").write_text(outcome)
-    shutdown()
-
-
-if __name__ == "__main__":
-    main()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{world.rank}.txt").write_text(outcome)
