@@ -1,8 +1,9 @@
 """Tensor parallelism (AutoTP), sequence parallelism (Ulysses) and mixtures of experts, each against one process
 on the same batches (issue 23): per-step losses within 1e-5 relative, fp32.
 
-Four launches share the work: one process for the references, 2 ranks for TP2 and SP2 at ZeRO 0-3 and the MoE
-models at ZeRO-3, 4 ranks for TP2 x DP2 and SP2 x DP2, and one process again for a TP2 run resumed on one rank.
+Three launches share the work: 2 ranks for TP2 and SP2 at ZeRO 0-3 and the MoE models at ZeRO-3, one process for
+the references and a TP2 run resumed on one rank, 4 ranks for TP2 x DP2 and SP2 x DP2. A run saves a checkpoint only
+where a test reads one (the exports, the resumes).
 A run stopped at step 2 and resumed at its own shape (tp2_again, sp2_again) must continue its uninterrupted twin's
 curve. A reference with global batch 8 runs as micro 4 x accumulation 2 (the same samples per step as dp 2 x micro 4).
 The MoE models are compared over their first MOE_STEPS steps: top-2 routing turns the ~1e-7 differences of another
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import PRETRAINING_RATE, REPO, launch_jobs, rank_env, summary, torchrun_cmd
+from launch import PRETRAINING_RATE, REPO, launch_jobs, rank_env, summary
 from local_moe import make_moe_dirs
 
 RTOL = 1e-5
@@ -30,13 +31,18 @@ LLAMA = ["--model", "llama", "--size", "tiny", "--set", "data.vocab_size=512", "
 B4, B8 = ["--set", "batch.global_batch=4"], ["--set", "batch.global_batch=8"]
 
 
+UNSAVED = ["--set", "checkpoint.at_end=false"]
+EXPORTED = ("ref_b4", "tp2_z1", "tp2_z3", "sp2_z1")
+
+
 def moe_args(directory: Path) -> list[str]:
     return ["--model", "hf", "--set", f"model.pretrained={directory}", "--set", "data.seq_len=32", *COMMON, *B8,
             *PRETRAINING_RATE]
 
 
 def job(name: str, args: list[str], *extra: str, **more) -> dict:
-    return {"name": name, "args": [*args, *extra], **more}
+    saves = name in EXPORTED or "_stop" in name  # --stop-after saves whatever at_end says
+    return {"name": name, "args": [*args, *extra, *([] if saves else UNSAVED)], **more}
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +50,6 @@ def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("parallel")
     moe = make_moe_dirs(root / "moe_dirs")
     zero = lambda stage: ["--set", f"zero.stage={stage}"]  # noqa: E731
-    launch_jobs(root, [job("ref_b4", LLAMA, *B4), job("ref_b8", LLAMA, *B8),
-                       *[job(f"ref_{m}", moe_args(moe[m])) for m in ("mixtral", "qwen2_moe", "qwen3_moe")]],
-                num_ranks=1, name="refs")
     two = [job(f"tp2_z{s}", LLAMA, *B4, *zero(s), "--set", "parallel.tensor=2") for s in range(4)]
     two += [job(f"sp2_z{s}", LLAMA, *B4, *zero(s), "--set", "parallel.sequence=2") for s in range(4)]
     # ALST's tiled logits: the chunked loss on each rank's slice of the sequence
@@ -58,14 +61,19 @@ def runs(tmp_path_factory) -> Path:
             job("sp2_stop", LLAMA, *B4, *zero(3), "--set", "parallel.sequence=2", "--stop-after", "2"),
             job("sp2_again", LLAMA, *B4, *zero(3), "--set", "parallel.sequence=2", "--resume", copy_from="sp2_stop"),
             # the end-of-run sample: AutoTP all-reduces inside every forward, so every rank generates alike
-            job("tp2_sample", LLAMA, *B4, *zero(1), "--set", "parallel.tensor=2", "--set", "train.sample_tokens=8")]
+            job("tp2_sample", LLAMA, *B4, *zero(1), "--set", "parallel.tensor=2", "--set", "train.sample_tokens=8"),
+            # last: an engine left mid-step by the error it checks for
+            {"name": "tp2_batch_check", "call": "tp_batch_check.check"}]
     (root / "two.log").write_text(launch_jobs(root, two, num_ranks=2, name="two"))
+    # the references and the resume of a TP2 checkpoint on one rank share the one-process launch
+    log = launch_jobs(root, [job("ref_b4", LLAMA, *B4), job("ref_b8", LLAMA, *B8),
+                             *[job(f"ref_{m}", moe_args(moe[m])) for m in ("mixtral", "qwen2_moe", "qwen3_moe")],
+                             job("tp2_to_1", LLAMA, *B4, *zero(1), "--resume", copy_from="tp2_stop")],
+                      num_ranks=1, name="one")
+    (root / "resume.log").write_text(log.split("tp2_to_1", 1)[1])  # the resume's own lines
     launch_jobs(root, [job("tp2_dp2", LLAMA, *B8, *zero(1), "--set", "parallel.tensor=2"),
                        job("sp2_dp2", LLAMA, *B8, *zero(1), "--set", "parallel.sequence=2")], num_ranks=4, name="four",
                 timeout=900)
-    log = launch_jobs(root, [job("tp2_to_1", LLAMA, *B4, *zero(1), "--resume", copy_from="tp2_stop")], num_ranks=1,
-                      name="resume")
-    (root / "resume.log").write_text(log)
     return root
 
 
@@ -128,31 +136,46 @@ def test_a_resume_at_another_tensor_parallel_size_goes_through_a_universal_check
     assert (runs / "tp2_to_1" / "checkpoints" / "step_000002_universal").is_dir()
 
 
-# TP splits each matmul exactly; Ulysses reorders attention's sums (losses 3e-6 apart), and Adam's near-sign
-# updates of near-zero gradients turn that into weight differences up to the learning rate.
-@pytest.mark.parametrize("name, tolerance", [("tp2_z1", 1e-5), ("tp2_z3", 1e-5), ("sp2_z1", 5e-3)])
-def test_the_export_of_a_split_run_gives_the_single_process_logits(runs, tmp_path, name, tolerance):
-    from transformers import AutoModelForCausalLM
+@pytest.fixture(scope="module")
+def one_process_export(runs: Path, tmp_path_factory) -> Path:
+    from bigtrain.export import export_checkpoint
+    out = tmp_path_factory.mktemp("exports") / "ref_b4"
+    assert export_checkpoint(runs / "ref_b4", out).max_logit_diff == 0  # reloaded, as it was written
+    return out
+
+
+def export_through_the_command(run: Path, out: Path) -> None:
+    """`bigtrain export` as a user runs it: its verification line, and none of DeepSpeed's or transformers' own."""
     bigtrain = str(Path(sys.executable).parent / "bigtrain")
-    for run in (name, "ref_b4"):
-        proc = subprocess.run([bigtrain, "export", str(runs / run), "--out", str(tmp_path / run)], cwd=REPO,
-                              env=rank_env(), capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0 and "largest logit difference on a fixed batch 0" in proc.stdout, proc.stderr
-        for noise in ("Processing zero checkpoint", "Loading checkpoint shards", "Writing model shards", "%|"):
-            assert noise not in proc.stdout + proc.stderr, proc.stderr[-2000:]  # DeepSpeed's and transformers' own
+    proc = subprocess.run([bigtrain, "export", str(run), "--out", str(out)], cwd=REPO, env=rank_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "largest logit difference on a fixed batch 0" in proc.stdout, proc.stderr
+    for noise in ("Processing zero checkpoint", "Loading checkpoint shards", "Writing model shards", "%|"):
+        assert noise not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+# TP splits each matmul exactly; Ulysses reorders attention's sums (losses 3e-6 apart), and Adam's near-sign
+# updates of near-zero gradients turn that into weight differences up to the learning rate. The ZeRO-3 one goes
+# through the command line; the others are exported in this process (the same export_checkpoint).
+@pytest.mark.parametrize("name, tolerance", [("tp2_z1", 1e-5), ("tp2_z3", 1e-5), ("sp2_z1", 5e-3)])
+def test_the_export_of_a_split_run_gives_the_single_process_logits(runs, one_process_export, tmp_path, name,
+                                                                    tolerance):
+    from transformers import AutoModelForCausalLM
+
+    from bigtrain.export import export_checkpoint
+    if name == "tp2_z3":
+        export_through_the_command(runs / name, tmp_path / name)
+    else:
+        assert export_checkpoint(runs / name, tmp_path / name).max_logit_diff == 0
     ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
-    split, one = (AutoModelForCausalLM.from_pretrained(tmp_path / run).eval() for run in (name, "ref_b4"))
+    split, one = (AutoModelForCausalLM.from_pretrained(path).eval() for path in (tmp_path / name, one_process_export))
     with torch.no_grad():
         difference = float((split(ids).logits - one(ids).logits).abs().max())
     print(f"{name}: export logits vs one process: {difference:.2e}")
     assert difference <= tolerance
 
 
-def test_a_tensor_parallel_rank_fed_another_batch_stops_with_one_line(tmp_path):
-    script = REPO / "tests" / "dist_scripts" / "tp_batch_check.py"
-    proc = subprocess.run(torchrun_cmd(script, [str(tmp_path)], 2), cwd=REPO, env=rank_env(), capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for rank in (0, 1):
-        line = (tmp_path / f"rank{rank}.txt").read_text()
+def test_a_tensor_parallel_rank_fed_another_batch_stops_with_one_line(runs):
+    for rank in (0, 1):  # tests/dist_scripts/tp_batch_check.py, a job of the 2-rank launch
+        line = (runs / "tp2_batch_check" / f"rank{rank}.txt").read_text()
         assert "parallel.tensor" in line and "different batches" in line and "\n" not in line
