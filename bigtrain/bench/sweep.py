@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from bigtrain.atomic import write_atomic
 from bigtrain.bench.cases import Case, Strategy, Workload
 from bigtrain.bench.hostenv import LoadLog, host_facts, job_env
 from bigtrain.bench.jobs import REPO, Launch, run_case
@@ -266,5 +267,4 @@ def env_summary(env: dict, device: str = "cpu") -> str:
 def save_results(report: dict, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1, default=str))
-    return path
+    return write_atomic(path, json.dumps(report, indent=1, default=str))

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bigtrain.atomic import write_atomic
 from bigtrain.distributed.world import World
 from bigtrain.generate.prompts import read_prompts, shown
 from bigtrain.generate.sampling import generate, prompt_ids, sampling_from_args, turn_end_ids, uses_template
@@ -61,7 +62,7 @@ def run_generate(args: argparse.Namespace, world: World) -> int:
     if args.out and world.is_main:
         out = Path(args.out).expanduser()
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        write_atomic(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
         say(f"wrote {len(records)} completions to {out}")
     return 0
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bigtrain.atomic import write_atomic
+
 log = logging.getLogger("bigtrain")
 CONFIG = ("config.json", "generation_config.json")
 TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
@@ -289,9 +291,7 @@ def _write_ref(repo_id: str, revision: str, commit: str) -> None:
     if ref.is_file() and ref.read_text().strip() == commit:
         return
     ref.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
-    tmp.write_text(commit)
-    os.replace(tmp, ref)
+    write_atomic(ref, commit)
 
 
 def _node_lock(repo_id: str) -> Any:
