@@ -8,7 +8,8 @@ its wording); dist_scripts/ holds what launched ranks run and data/ other people
 CLI surface.
 
 The folder is kept honest: a test under tests/unit/ (or a fixture it uses) that starts a launcher fails with a
-line saying so, so the unit tier never grows a launcher run; a test module outside both folders fails too.
+line saying so, so the unit tier never grows a launcher run; a test module outside both folders fails too. Each
+test file's cost is held to its budget (tests/budget.py, the budgets in tests/budgets.py).
 
 Before its first dist test, each test process loads (building where none is built yet) the DeepSpeed ops that
 launched ranks build on first use: the shared-memory all-reduce every CPU rank joins its process group with, and CPU
@@ -63,6 +64,7 @@ def pytest_configure(config):
     subprocess.Popen.__init__ = _guarded_popen_init
     from bigtrain.distributed.op_builds import use_environment_ops_dir
     use_environment_ops_dir()  # DeepSpeed's ops built in this process (one_rank_group) go where the ranks' go
+    config.pluginmanager.import_plugin("budget")  # each test file's cost against tests/budgets.py
 
 
 def pytest_itemcollected(item):

@@ -1,0 +1,65 @@
+"""What each test file may cost, in CPU seconds (its tests, their fixtures, and the processes they start: see
+tests/budget.py), on the 2-core machines the suite runs on. The suite fails when a file passes its line, so that the
+next feature pays for its own time: make its tests cheaper (share a launch, size a fixture to what it proves) or
+raise its line here in the same change, saying why.
+
+A file not listed gets its tier's default. Each listed budget is about twice a measured cost (the comment): CPU
+seconds move far less than wall time with the machine's load, but a busy machine still slows each core (shared
+caches), and a file measured alone pays start-up costs once more than it does in a session. On 2 cores the suite's
+wall time is about its CPU seconds over 2 plus the idle ends of its two workers.
+"""
+from __future__ import annotations
+
+DEFAULT = {"tests/unit/": 12.0, "tests/dist/": 60.0}
+TIERS = {"tests/unit/": 160.0}  # the unit tier together: `pytest tests/unit` runs it in one process
+
+# Measured: CPU seconds of the file alone (pytest on that file, no -n), 2026-11-28, this 2-core AMD EPYC VM while
+# other jobs kept its load at 5-30; the budget about twice that.
+BUDGETS = {
+    "tests/unit/test_eval.py": 32,  # 15.8 (lm-eval's own HFLM run beside bigtrain's)
+    "tests/unit/test_lora.py": 21,  # 10.3
+    "tests/unit/test_estimate.py": 19,  # 9.4 (meta-device forward passes of GPT-2 XL)
+    "tests/unit/test_bench.py": 16,  # 7.8
+    "tests/dist/test_bench_runs.py": 300,  # 145.7: 9 launches through the deepspeed launcher, as the bench runs jobs
+    "tests/dist/test_eval_runs.py": 220,  # 109
+    "tests/dist/test_levers.py": 210,  # 104 (158 before its checkpoints and exports were sized to its tests)
+    "tests/dist/test_run_guard_journeys.py": 210,  # 101
+    "tests/dist/test_equivalence.py": 200,  # 99 (122 before equiv_runs froze the garbage collector's survivors)
+    "tests/dist/test_parallel_modes.py": 180,  # 88 (190 before: 4 launches, 6 export commands)
+    "tests/dist/test_multinode.py": 160,  # 76
+    "tests/dist/test_runner.py": 140,  # 70
+    "tests/dist/test_journey.py": 130,  # 63
+    "tests/dist/test_failures.py": 120,  # 60
+    "tests/dist/test_lora_training.py": 120,  # 60
+    "tests/dist/test_export.py": 80,  # 37
+    "tests/dist/test_reshape_resume.py": 80,  # 36
+    "tests/dist/test_hf_models_training.py": 70,  # 32
+    "tests/dist/test_compile_training.py": 60,  # 29
+    "tests/dist/test_estimate_measured.py": 60,  # 27
+    "tests/dist/test_ray.py": 60,  # 25 (Ray's own processes are not this process's children: not counted)
+    "tests/dist/test_chat_training.py": 50,  # 24
+    "tests/dist/test_parallel_ranks.py": 40,  # 19
+    "tests/dist/test_checkpoint_moved_run.py": 40,  # 16
+    "tests/dist/test_data_ranks.py": 20,  # 6
+}
+
+
+def budget_of(test_file: str) -> float:
+    """The CPU seconds `test_file` (a path from the repository root, as pytest's node ids give it) may cost."""
+    if test_file in BUDGETS:
+        return BUDGETS[test_file]
+    return next((seconds for folder, seconds in DEFAULT.items() if test_file.startswith(folder)), DEFAULT["tests/dist/"])
+
+
+def over_budget(costs: dict[str, float], scale: float = 1.0) -> list[str]:
+    """One line per file (and per tier) whose cost passed its budget (times `scale`), naming both and where to
+    change them."""
+    lines = [f"{name}: {spent:.0f} CPU seconds, over its budget of {scale * budget_of(name):.0f} (tests/budgets.py): "
+             "share a launch or shrink a fixture, or raise its line there saying why"
+             for name, spent in sorted(costs.items()) if spent > scale * budget_of(name)]
+    for folder, seconds in TIERS.items():
+        spent = sum(cost for name, cost in costs.items() if name.startswith(folder))
+        if spent > scale * seconds:
+            lines.append(f"{folder}: {spent:.0f} CPU seconds in all, over the tier's budget of {scale * seconds:.0f} "
+                         "(tests/budgets.py): make its costliest files cheaper")
+    return lines
