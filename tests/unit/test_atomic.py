@@ -17,7 +17,7 @@ import pytest
 from bigtrain.atomic import replacing, temporaries, write_atomic
 
 REPO = Path(__file__).resolve().parents[2]
-PAYLOAD = 64 << 20  # 64 MiB: a write that takes many system calls, as a checkpoint marker or a shard would
+PAYLOAD = 16 << 20  # 16 MiB: a write of many system calls and pages, as a shard or a table is
 
 # The child writes the target and says where it is; it then waits on stdin (which the parent never closes) for the
 # SIGKILL, so the kill lands at that point every time, not when the scheduler happens to allow.
