@@ -11,15 +11,21 @@ wall time is about its CPU seconds over 2 plus the idle ends of its two workers.
 from __future__ import annotations
 
 DEFAULT = {"tests/unit/": 12.0, "tests/dist/": 60.0}
-TIERS = {"tests/unit/": 160.0}  # the unit tier together: `pytest tests/unit` runs it in one process
+# The unit tier together (`pytest tests/unit` runs it in one process): 152 CPU seconds of tests with every extra
+# installed, 208 s of wall time at load 3 (2026-11-28, after the generate, recipes, hub and precheck tests landed);
+# the aim is under 90 s of wall time with [test] alone: lower this line as the tier gets there.
+TIERS = {"tests/unit/": 240.0}
 
 # Measured: CPU seconds of the file alone (pytest on that file, no -n), 2026-11-28, this 2-core AMD EPYC VM while
 # other jobs kept its load at 5-30; the budget about twice that.
 BUDGETS = {
-    "tests/unit/test_eval.py": 32,  # 15.8 (lm-eval's own HFLM run beside bigtrain's)
-    "tests/unit/test_lora.py": 21,  # 10.3
-    "tests/unit/test_estimate.py": 19,  # 9.4 (meta-device forward passes of GPT-2 XL)
-    "tests/unit/test_bench.py": 16,  # 7.8
+    "tests/unit/test_eval.py": 42,  # 20.8 (lm-eval's own HFLM run beside bigtrain's)
+    "tests/unit/test_generate.py": 25,  # 12.4
+    "tests/unit/test_lora.py": 21,  # 10.3 at load 7, 3.1 at load 3
+    "tests/unit/test_recipes.py": 20,  # 10.1
+    "tests/unit/test_estimate.py": 19,  # 8.2-9.4 (meta-device forward passes of GPT-2 XL, every layer, 4 times)
+    "tests/unit/test_objective_seam.py": 18,  # 8.8
+    "tests/unit/test_bench.py": 17,  # 7.8-8.4
     "tests/dist/test_bench_runs.py": 300,  # 145.7: 9 launches through the deepspeed launcher, as the bench runs jobs
     "tests/dist/test_eval_runs.py": 220,  # 109
     "tests/dist/test_levers.py": 210,  # 104 (158 before its checkpoints and exports were sized to its tests)
@@ -34,7 +40,14 @@ BUDGETS = {
     "tests/dist/test_export.py": 80,  # 37
     "tests/dist/test_reshape_resume.py": 80,  # 36
     "tests/dist/test_hf_models_training.py": 70,  # 32
-    "tests/dist/test_compile_training.py": 60,  # 29
+    "tests/dist/test_compile_training.py": 160,  # 79 with inductor's cache empty (a fresh machine), 29 with it warm
+    "tests/dist/test_preference_training.py": 80,  # 36 (as of its rewrite in flight: measure it again when it lands)
+    "tests/dist/test_rollout_generation.py": 60,  # 28.5
+    "tests/dist/test_reward_model.py": 50,  # 24
+    "tests/dist/test_generate_ranks.py": 100,  # 50
+    "tests/dist/test_precheck_runs.py": 100,  # 49
+    "tests/dist/test_hub_training.py": 60,  # 26
+    "tests/dist/test_recipes_train.py": 50,  # 22
     "tests/dist/test_estimate_measured.py": 60,  # 27
     "tests/dist/test_ray.py": 60,  # 25 (Ray's own processes are not this process's children: not counted)
     "tests/dist/test_chat_training.py": 50,  # 24
