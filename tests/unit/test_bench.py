@@ -214,7 +214,7 @@ def test_runner_env_and_ranks_keep_freed_memory():
 
 
 def test_jobs_that_offload_give_freed_memory_back():
-    from bigtrain.train.job import offloads_to_host
+    from bigtrain.train.job_config import offloads_to_host
     from bigtrain.launch.train import MALLOC_TUNABLES
     assert offloads_to_host({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})
     assert not offloads_to_host({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}})
