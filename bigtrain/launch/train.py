@@ -156,9 +156,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     def forward(signum: int, frame: object) -> None:
         os.killpg(child.pid, signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    code = child.wait()
+    # restored after the launch: a caller in the same process (a notebook, a test) keeps its own handlers
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     for console in consoles:
         console.join(timeout=10)  # the launcher's last lines; a rank left holding a pipe does not hold us
     return code

@@ -285,12 +285,16 @@ def test_bigtrain_train_on_one_machine_takes_a_free_port(monkeypatch):
             return 0
 
     monkeypatch.setattr(train.subprocess, "Popen", Launched)
+    import signal
+    handlers = [signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)]
     for extra in ([], ["--master-port", "29777"]):
         args = cli.build_parser().parse_known_args(["train", "--num-gpus", "2", "--verbose", *extra])[0]
         args.run_args = ["--size", "tiny"]
         assert train.cmd_train(args) == 0
     chosen, given = (int(cmd[cmd.index("--master_port") + 1]) for cmd in started)
     assert given == 29777 and chosen != 29500
+    # the launch's signal forwarding ends with it: a caller in the same process keeps its own handlers
+    assert [signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)] == handlers
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", chosen))  # it was free
 
