@@ -7,7 +7,10 @@ model generates after, as TRL's GRPOTrainer renders it.
                                                                          generation prompt (the assistant's header);
                                                                          a last assistant turn is continued instead
 
-Nothing of a prompt is trained on (its mask is all 0); the model's completion is what the objective scores. The
+Nothing of a prompt is trained on (its mask is all 0); the model's completion is what the objective scores. A
+record may carry an answer too (`{"prompt": ..., "completion": "..." | [assistant messages]}`, TRL's
+prompt-completion records): on-policy distillation trains a share of its steps on those answers instead of
+sampled ones (`PromptRenderer.answer`: the answer's tokens as they follow the rendered prompt). The
 record is kept whole, as one JSON line per prompt beside each prepared shard (`records` in
 bigtrain.data.prepare.worker.shard_paths), because reward functions read its other columns by name (TRL passes
 every column as a keyword). How prompts are served (cut or dropped when too long, left-padded) is
@@ -65,6 +68,23 @@ class PromptRenderer:
         except TemplateError as e:
             raise ValueError(f"the chat template refused a prompt: {e}") from None
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def answer(self, record: dict) -> tuple[list[int], list[int]]:
+        """The tokens of the record's `completion` as they follow its prompt (a text answer and the end-of-text; an
+        assistant turn as the chat template renders it after the generation prompt), and their mask (1 on what
+        supervised fine-tuning would train: bigtrain.data.chat.Renderer's). One line when the record has none."""
+        completion = record.get("completion") if isinstance(record, dict) else None
+        if completion is None or (isinstance(completion, str) and not completion.strip()):
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise ValueError(f"a prompt record has no answer in 'completion' (it has {keys}), which training on the "
+                             "records' answers reads: give {\"prompt\": ..., \"completion\": \"...\" or [assistant "
+                             "messages]}")
+        prompt = record.get("prompt")
+        if isinstance(prompt, list) and isinstance(completion, str):
+            completion = [{"role": "assistant", "content": completion}]
+        ids, mask = self.plain.answer({"prompt": prompt, "completion": completion}, "completion")
+        start = mask.index(1) if 1 in mask else len(ids)  # the rendered prompt (a turn's header) ends there
+        return ids[start:], mask[start:]
 
     @staticmethod
     def record_line(record: dict) -> str:

@@ -9,6 +9,9 @@ checks).
     orpo, simpo  pairs of answers, no reference                                         (preference.py)
     kto       unpaired answers marked desirable or not, against a reference             (kto.py)
     reward    a scalar head on pairs: -log sigmoid(r_chosen - r_rejected)               (reward.py)
+    grpo, rloo  online RL: completions sampled and scored by rewards                    (grpo.py on online.py)
+    distill   on-policy distillation: the student's completions against a teacher's     (distill.py on online.py)
+              next-token distributions, the generalized JSD
 
 What an objective is (base.py):
 - `needs` (`Needs`): the data layout it reads, rows per sample, the reference kinds it allows, whether it generates,
@@ -68,11 +71,11 @@ Online RL on this seam (online.py, grpo.py), with the hooks any objective may us
   which the summary adds up as `time_split`); `sample_table()` the rows rank 0 writes to OUT/samples.jsonl and the
   trackers at each log step; `state_dict()` / `load_state_dict()` each rank's own state (its SampleRNG streams, the
   held round), saved in the rank's RNG file of each checkpoint and given back on a resume at the same world size.
-On-policy distillation: an `OnlineObjective` with `frozen_models=(FrozenModel("teacher"),)`, whose `score_round`
-sets no advantages and whose `piece_loss` is the generalized JSD between `policy.completion_logits` and
-`policy.frozen("teacher").completion_logits` on the student's completions (bigtrain.rollout.losses.distill_share).
-Not carried by the seam yet: the generation terms of `bigtrain estimate` (the KV cache, weights gathered at ZeRO-3);
-the frozen models' weights it counts.
+On-policy distillation (distill.py): an `OnlineObjective` with `frozen_models=(FrozenModel("teacher"),)`, no
+rewards (`score_round` sets no advantages), `completions` from the records' answers on the steps objective.lmbda
+leaves off-policy, and a `piece_loss` that is the generalized JSD between `policy.completion_logits` and
+`policy.frozen("teacher").completion_logits` on the completion (bigtrain.rollout.losses.distill_share:
+DeepSpeed's generalized_jsd_loss).
 """
 from __future__ import annotations
 
@@ -81,6 +84,7 @@ from typing import Any
 from bigtrain.objectives.base import (HEADS, LIVE_REFERENCES, MODES, REFERENCES, FineTuning, FrozenModel, Needs,
                                       NoSettings, Objective, Policy)
 from bigtrain.objectives.causal_lm import ModelLoss
+from bigtrain.objectives.distill import Distill
 from bigtrain.objectives.grpo import GRPO, RLOO
 from bigtrain.objectives.kto import KTOLoss
 from bigtrain.objectives.preference import DPO, IPO, ORPO, SimPO
@@ -89,7 +93,7 @@ from bigtrain.objectives.reward import RewardLoss
 # The one table of kinds (objective.kind -> its objective); the first is the run config's default.
 OBJECTIVES: dict[str, type[Objective]] = {
     "lm": ModelLoss, "dpo": DPO, "ipo": IPO, "orpo": ORPO, "simpo": SimPO, "kto": KTOLoss, "reward": RewardLoss,
-    "grpo": GRPO, "rloo": RLOO}
+    "grpo": GRPO, "rloo": RLOO, "distill": Distill}
 
 
 def objective_class(kind: str) -> type[Objective]:

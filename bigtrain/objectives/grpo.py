@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from bigtrain.fields import doc
 from bigtrain.objectives.base import FineTuning, FrozenModel, Metrics, Needs, Policy
-from bigtrain.objectives.online import GenerationSettings, OnlineObjective, Piece, StepState, add_sums, gather_rows
+from bigtrain.objectives.online import (GROUP_DOC, GenerationSettings, OnlineObjective, Piece, StepState, add_sums,
+                                       gather_rows)
 
 if TYPE_CHECKING:
     import torch
@@ -90,8 +91,7 @@ class GRPOSettings(RewardSettings):
 
 @dataclass(kw_only=True)
 class RLOOSettings(RewardSettings):
-    num_generations: int = doc(2, "grpo/rloo: completions sampled per prompt (a group); the global batch counts "
-                                  "completions and holds whole groups on every rank.")
+    num_generations: int = doc(2, GROUP_DOC)
     beta: float = doc(0.05, "grpo: the k3 KL term's weight (0: no reference model); rloo: the k1 KL penalty on "
                             "the rewards.")
     normalize_advantages: bool = doc(False, "rloo: advantages normalised to mean 0, std 1 over the batch.")

@@ -1,7 +1,7 @@
-"""What every objective that generates its own answers shares (GRPO and RLOO, grpo.py; on-policy distillation next):
-prompts in, a round of completions sampled from the policy, the round cut into the step's micro-batches, several
-optimizer steps over one round (num_iterations), its random stream and what it holds in the checkpoint, the time
-of a step split into its parts, and a table of what it sampled.
+"""What every objective that generates its own answers shares (GRPO and RLOO, grpo.py; on-policy distillation,
+distill.py): prompts in, a round of completions sampled from the policy (`completions`), the round cut into the
+step's micro-batches, several optimizer steps over one round (num_iterations), its random stream and what it holds
+in the checkpoint, the time of a step split into its parts, and a table of what it sampled.
 
 A step (bigtrain/rollout/__init__.py has the plan; `OnlineObjective.read_step`):
 1. generation: this rank's prompts, one batch of micro_batch x grad_accum / num_generations records a step
@@ -44,24 +44,26 @@ ONLINE_REFUSALS = {
     "completion_tokens": "its completions (objective.max_completion_length)"}
 NO_REFERENCE = "objective.beta=0 builds no reference model (TRL's default); set objective.beta > 0 for a KL term"
 GATHER = ("auto", True, False)
+GROUP_DOC = ("grpo/rloo/distill: completions sampled per prompt (a group); the global batch counts completions "
+             "and holds whole groups on every rank.")
 
 
 @dataclass(kw_only=True)
 class GenerationSettings:
     """How an online objective samples its completions (TRL's GRPOConfig names and defaults)."""
 
-    num_generations: int = doc(8, "grpo/rloo: completions sampled per prompt (a group); the global batch counts "
-                                  "completions and holds whole groups on every rank.")
-    max_completion_length: int = doc(512, "grpo/rloo: the most tokens a completion has; prompts get data.seq_len "
-                                          "minus this (longer ones cut or dropped: data.long_examples).")
-    temperature: float = doc(1.0, "grpo/rloo: the sampling temperature (also of the log-probabilities the loss "
-                                  "uses).")
-    top_p: float = doc(1.0, "grpo/rloo: nucleus sampling's probability mass (1.0: off).")
-    top_k: int = doc(0, "grpo/rloo: sample among the k likeliest tokens (0: off).")
+    num_generations: int = doc(8, GROUP_DOC)
+    max_completion_length: int = doc(512, "grpo/rloo/distill: the most tokens a completion has; prompts get "
+                                          "data.seq_len minus this (longer ones cut or dropped: "
+                                          "data.long_examples).")
+    temperature: float = doc(1.0, "grpo/rloo/distill: the sampling temperature (also of the log-probabilities the "
+                                  "loss uses).")
+    top_p: float = doc(1.0, "grpo/rloo/distill: nucleus sampling's probability mass (1.0: off).")
+    top_k: int = doc(0, "grpo/rloo/distill: sample among the k likeliest tokens (0: off).")
     ds3_gather_for_generation: Literal["auto"] | bool = doc(
-        "auto", "grpo/rloo at ZeRO-3: true gathers the weights once per round of generation (fast; the model must "
-        "fit one device), false leaves them partitioned (one all-gather per layer and decode step); auto = true "
-        "where the whole model takes at most half of each device's free memory.")
+        "auto", "grpo/rloo/distill at ZeRO-3: true gathers the weights once per round of generation (fast; the model "
+        "must fit one device), false leaves them partitioned (one all-gather per layer and decode step); auto = "
+        "true where the whole model takes at most half of each device's free memory.")
 
     def __post_init__(self) -> None:
         check_positive(self, "num_generations", "max_completion_length", "temperature")
@@ -175,9 +177,7 @@ class OnlineObjective(Objective):
     def round(self, policy: Policy, batch: dict, pieces: int, rng: Any) -> list[Piece]:
         """A round of completions for `batch`'s prompts, cut into `pieces` micro-batches, scored."""
         clock = Clock(policy.device)
-        gather = self.settings.ds3_gather_for_generation
-        rollout = policy.generate(batch["prompt_ids"], batch["prompt_mask"], self.sampling, rng,
-                                  gather=None if gather == "auto" else gather)
+        rollout = self.completions(policy, batch, rng)
         self.times["generation"] = clock.lap()
         # scored and measured whole, as TRL does; a cut completion trains on nothing with mask_truncated_completions
         trained = rollout.masked_truncated() if getattr(self.settings, "mask_truncated_completions", False) \
@@ -189,6 +189,14 @@ class OnlineObjective(Objective):
         self.round_metrics.update(self.completion_metrics(rollout))
         self.times["rewards"] = clock.lap()
         return cut
+
+    def completions(self, policy: Policy, batch: dict, rng: Any) -> Any:
+        """The round's completions (a `bigtrain.rollout.generate.Rollout`): sampled from the policy, num_generations
+        per prompt, every rank together; a subclass may take them from elsewhere (distillation: the records'
+        answers on some steps)."""
+        gather = self.settings.ds3_gather_for_generation
+        return policy.generate(batch["prompt_ids"], batch["prompt_mask"], self.sampling, rng,
+                               gather=None if gather == "auto" else gather)
 
     def reference_logps(self, policy: Policy, pieces: list[Piece]) -> None:
         import torch

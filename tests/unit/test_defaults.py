@@ -24,12 +24,13 @@ CPU = DeviceCaps("cpu", fp16=False, bf16=True)
 TRL_CONFIGS = {"lm": ("trl", "SFTConfig"), "dpo": ("trl", "DPOConfig"), "ipo": ("trl", "DPOConfig"),
                "orpo": ("trl.experimental.orpo", "ORPOConfig"), "simpo": ("trl.experimental.cpo", "CPOConfig"),
                "kto": ("trl", "KTOConfig"), "reward": ("trl", "RewardConfig"), "grpo": ("trl", "GRPOConfig"),
-               "rloo": ("trl", "RLOOConfig")}
+               "rloo": ("trl", "RLOOConfig"), "distill": ("trl", "DistillationConfig")}
 # the rates as docs/fine-tuning.md states them (TRL 1.16's defaults; LoRA: TRL's PEFT guide, 10x)
 STATED = {"lm": 2e-5, "dpo": 1e-6, "ipo": 1e-6, "orpo": 1e-6, "simpo": 1e-6, "kto": 1e-6, "reward": 1e-4,
-          "grpo": 1e-6, "rloo": 1e-6}
-# what a kind needs besides itself to load (online RL: a reward, room for its completions)
-NEEDED = {kind: ["objective.rewards=accuracy", "data.seq_len=1024"] for kind in ("grpo", "rloo")}
+          "grpo": 1e-6, "rloo": 1e-6, "distill": 1e-6}
+# what a kind needs besides itself to load (online RL: a reward or a teacher, room for its completions)
+NEEDED = {**{kind: ["objective.rewards=accuracy", "data.seq_len=1024"] for kind in ("grpo", "rloo")},
+          "distill": ["objective.teacher=/models/teacher", "data.seq_len=1024"]}
 
 
 def kind_sets(kind: str) -> list[str]:
