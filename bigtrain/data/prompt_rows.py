@@ -134,8 +134,8 @@ def build_prompts(corpora: list[PreparedCorpus], sources: list[str], weights: li
 
     if options.prompt_tokens is None:  # set by an objective that generates: the room its completions leave
         raise ValueError("data.format=prompt: prompt records are for an objective that generates its answers "
-                         "(online RL: objective.kind=grpo, rloo or distill); for supervised fine-tuning give records with "
-                         "answers (data.format=prompt_completion, chat, ...)")
+                         "(online RL: objective.kind=grpo, rloo or distill); for supervised fine-tuning give records "
+                         "with answers (data.format=prompt_completion, chat, ...)")
     limit = options.prompt_tokens
     if limit < 1:
         raise ValueError(f"prompt records: data.seq_len={seq_len} leaves {limit} tokens for a prompt after the "
