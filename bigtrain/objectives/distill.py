@@ -151,11 +151,11 @@ class Distill(OnlineObjective):
 
         from bigtrain.objectives.online import Clock
         from bigtrain.rollout.losses import masked_sum, token_entropy
-        student = policy.completion_logits(*piece.rows)
         clock = Clock(policy.device)
         with torch.no_grad():
             teacher = policy.frozen(TEACHER.setting).completion_logits(*piece.rows)
         self.teacher_s += clock.lap()
+        student = policy.completion_logits(*piece.rows)
         if teacher.shape[-1] != student.shape[-1]:
             raise ValueError(f"objective.teacher={policy.frozen(TEACHER.setting).directory}: its output has "
                              f"{teacher.shape[-1]} token scores and the student's {student.shape[-1]}: distillation "

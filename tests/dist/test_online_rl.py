@@ -17,6 +17,16 @@ one process, then 2 ranks.
 - a reward model directory, partitioned like the policy at ZeRO-3, scores as transformers scores it;
 - bad input is one line: a reward file that does not import, a reward function that raises (naming it and the
   record), a record without a prompt.
+
+On-policy distillation (objective.kind=distill) rides the same two launches, with a peaked teacher directory (a
+tiny Llama of another seed, its embeddings scaled: its next-token distributions far from the student's):
+- with the completions fixed, each step's loss equals a plain loop of DeepSpeed's generalized_jsd_loss over the
+  step's tokens (AdamW, the same micro-batches) within 1e-5; half the steps on the records' answers
+  (objective.lmbda=0.5), 2 ranks at ZeRO-3 give one process's losses;
+- sampled for real, the student's agreement with its teacher on held-out prompts (the share of tokens where their
+  likeliest next tokens agree, and the divergence) rises over a few steps;
+- bad input is one line: a teacher with another tokenizer (naming both), no teacher, a record without an answer
+  on a step that trains on answers.
 """
 from __future__ import annotations
 
@@ -96,6 +106,11 @@ def runs(tmp_path_factory) -> Path:
     (root / "broken.py").write_text("import not_a_module_anywhere\n")
     make_reward_model(root / "judge")
     rewards = f"objective.rewards=[{root}/rewards.py:correct,{root}/rewards.py:digit_format]"
+    make_teachers(root)
+    # enough prompts that a fixed run's 4 steps of 32 stay within one pass over them (at a pass's end one process
+    # and 2 ranks draw the next pass's first prompts differently)
+    (root / "answers.jsonl").write_text("".join(json.dumps({**r, "completion": r["answer"]}) + "\n"
+                                                for r in rl_task.records(200)))
 
     def job(name: str, data: str = "prompts.jsonl", *args: str, **more: object) -> dict:
         return {"name": name, "args": ["--model", "hf", "--set", f"model.pretrained={model}", "--data",
@@ -112,6 +127,7 @@ def runs(tmp_path_factory) -> Path:
             job("raises", "prompts.jsonl", *FIXED, *sets(f"objective.rewards=[{root}/rewards.py:raises]",
                                                          "batch.grad_accum=2"), expect_error=True),
             job("no_prompt", "no_prompt.jsonl", *FIXED, expect_error=True)]
+    one += distill_jobs(job, root)
     started = time.perf_counter()
     launch_jobs(root, one, num_ranks=1, name="one", script=SCRIPT)
     TIMES["one process"] = time.perf_counter() - started
@@ -123,12 +139,50 @@ def runs(tmp_path_factory) -> Path:
             job("resumed", "prompts.jsonl", "--steps", "5", "--resume", *SAMPLED, copy_from="stop"),
             job("lora", "prompts.jsonl", "--steps", "2", *SAMPLED, *sets("lora.r=8", "logging.tensorboard=true")),
             job("rm", "prompts.jsonl", "--steps", "2", *SAMPLED, *sets(f"objective.reward_model={root / 'judge'}",
-                                                                       "objective.reward_weights=[1.0,1.0,0.5]"))]
+                                                                       "objective.reward_weights=[1.0,1.0,0.5]")),
+            job("distill_mixed_z3", "answers.jsonl", *FIXED, *sets("batch.grad_accum=1", "zero.stage=3",
+                                                                   *DISTILL(root), *DISTILL_MIXED), fixed=True)]
     started = time.perf_counter()
     launch_jobs(root, two, num_ranks=2, name="two", script=SCRIPT)
     TIMES["two ranks"] = time.perf_counter() - started
     print(f"launch wall times: {TIMES}")
     return root
+
+
+def DISTILL(root: Path) -> list[str]:  # noqa: N802 (a constant of the launch's folder)
+    return ["objective.kind=distill", f"objective.teacher={root / 'teacher'}"]
+
+
+DISTILL_MIXED = ["objective.lmbda=0.5", "objective.beta=0.5"]
+DISTILL_STEPS = 24
+
+
+def distill_jobs(job, root: Path) -> list[dict]:
+    """The one-process distillation jobs (the 2-rank one is in the fixture's second launch)."""
+    fixed = [*FIXED, *sets("batch.grad_accum=2", *DISTILL(root))]
+    return [job("distill_fixed", "answers.jsonl", *fixed, *sets("objective.beta=0.5"), fixed=True),
+            job("distill_mixed", "answers.jsonl", *fixed, *sets(*DISTILL_MIXED), fixed=True),
+            job("distill_learn", "answers.jsonl", "--steps", str(DISTILL_STEPS),
+                *sets(*DISTILL(root), "batch.micro_batch=16", "optimizer.lr=1e-2", "train.eval_interval=4",
+                      "train.eval_batches=2", "data.val_fraction=0.25", "checkpoint.at_end=false")),
+            job("distill_tokenizer", "answers.jsonl", *fixed, *sets(f"objective.teacher={root / 'other_teacher'}"),
+                expect_error=True),
+            job("distill_no_answer", "prompts.jsonl", *fixed, *sets("objective.lmbda=0"), expect_error=True),
+            job("distill_no_teacher", "answers.jsonl", *FIXED, *sets("objective.kind=distill"), expect_error=True)]
+
+
+def make_teachers(root: Path) -> None:
+    """ROOT/teacher: a tiny Llama of another seed whose embeddings (tied to its output) are scaled 4x, so its
+    next-token distributions are peaked and far from the student's; ROOT/other_teacher: the same model with another
+    tokenizer."""
+    from local_chat import make_chat_tokenizer
+    model = rl_task.make_model(7)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(4)
+    for name in ("teacher", "other_teacher"):
+        model.save_pretrained(root / name)
+    rl_task.make_tokenizer(root / "teacher")
+    make_chat_tokenizer(root / "other_teacher")
 
 
 def make_reward_model(directory: Path) -> Path:
@@ -310,3 +364,88 @@ def test_bad_input_is_one_line(runs):
     assert "reward function 'raises'" in said["raises"] and "ZeroDivisionError" in said["raises"] \
         and "completion 0 (record {" in said["raises"] and '"answer": "' in said["raises"]
     assert naming(said["no_prompt"], "no_prompt.jsonl", "line 1", "prompt", "question")
+
+
+# --- on-policy distillation ---------------------------------------------------------------------------------------
+
+def plain_distill_losses(run: Path, root: Path, beta: float) -> list[float]:
+    """A plain loop on the completions the run trained on (its fixed_rank0.jsonl): the student and the teacher
+    loaded by transformers, each step's loss DeepSpeed's generalized_jsd_loss summed over the step's micro-batches'
+    tokens and divided by their count (TRL's num_items_in_batch), AdamW as the run's."""
+    from deepspeed.runtime.rollout.opsd import generalized_jsd_loss
+    from transformers import AutoModelForCausalLM
+    student = AutoModelForCausalLM.from_pretrained(root / "model")
+    teacher = AutoModelForCausalLM.from_pretrained(root / "teacher").eval()
+    optimizer = torch.optim.AdamW(student.parameters(), lr=1e-2)
+    cfg = ref.Config(num_generations=1, max_completion_length=WIDTH, micro_batches=2)
+    losses = []
+    for line in (run / "fixed_rank0.jsonl").read_text().splitlines():
+        batch, _ = recorded_batch(json.loads(line), cfg, rl_task.make_tokenizer())
+        total = batch["completion_mask"].sum()
+        optimizer.zero_grad()
+        step = 0.0
+        for rows in torch.arange(len(batch["completion_ids"])).chunk(2):
+            p, pm, c, cm = (batch[k][rows] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"))
+            with torch.no_grad():
+                t = plain_logits(teacher, p, pm, c, cm)
+            out = generalized_jsd_loss(plain_logits(student, p, pm, c, cm), t, cm.bool(), beta=beta)
+            loss = out.loss_sum / total
+            loss.backward()
+            step += loss.item()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        optimizer.step()
+        losses.append(step)
+    return losses[:STEPS]
+
+
+def plain_logits(model, p, pm, c, cm) -> torch.Tensor:
+    ids, mask = torch.cat([p, c], 1), torch.cat([pm, cm], 1)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    return logits[:, p.shape[1] - 1:-1]
+
+
+def test_distillation_with_fixed_completions_gives_the_plain_loops_losses(runs):
+    torch.set_num_threads(1)
+    ran = summary(runs / "distill_fixed")
+    expected = plain_distill_losses(runs / "distill_fixed", runs, beta=0.5)
+    worst = max(abs(a - b) for a, b in zip(expected, ran["losses"]))
+    print(f"distill: worst loss difference to the plain loop over {STEPS} steps {worst:.2e} ({ran['losses']})")
+    assert len(ran["losses"]) == STEPS and worst <= 1e-5 and min(ran["losses"]) > 0.01, (expected, ran["losses"])
+    assert {"entropy", "teacher_agreement", "completions/mean_length"} <= set(ran["final_metrics"])
+    assert set(ran["time_split"]) == {"generation", "teacher", "policy"}
+
+
+def test_distillation_on_two_ranks_at_zero3_trains_like_one_process_on_and_off_policy(runs):
+    """objective.lmbda=0.5: some steps on the (fixed) completions, the others on the records' answers, the same
+    steps on every rank and in one process."""
+    one, two = summary(runs / "distill_mixed"), summary(runs / "distill_mixed_z3")
+    worst = max(abs(a - b) for a, b in zip(one["losses"], two["losses"]))
+    sampled = [v for _, v in one["metrics"]["on_policy"]]
+    print(f"distill lmbda=0.5 on 2 ranks at ZeRO-3 vs 1 process: worst loss difference {worst:.2e}, on-policy steps "
+          f"{sampled}")
+    assert len(two["losses"]) == STEPS and worst <= 1e-5, (one["losses"], two["losses"])
+    assert set(sampled) == {0.0, 1.0} and [v for _, v in two["metrics"]["on_policy"]] == sampled
+
+
+def test_the_distilled_students_agreement_with_its_teacher_rises(runs):
+    """Sampled for real: on held-out prompts, the share of the student's completion tokens where its likeliest next
+    token is the teacher's rises, and the divergence falls, within a few steps."""
+    ran = summary(runs / "distill_learn")
+    agreement = [v for _, v in ran["val_metrics"]["teacher_agreement"]]
+    divergence = [v for _, v in ran["val_losses"]]
+    print(f"distill: held-out agreement with the teacher {agreement}, divergence {divergence} "
+          f"({ran['wall_s']:.1f} s)")
+    assert len(agreement) == DISTILL_STEPS // 4
+    assert agreement[-1] > agreement[0] + 0.2 and agreement[-1] > 0.8
+    assert divergence[-1] < divergence[0] / 3
+
+
+def test_distillation_bad_input_is_one_line(runs):
+    said = {n: (runs / n / "error.txt").read_text() for n in ("distill_tokenizer", "distill_no_answer",
+                                                              "distill_no_teacher")}
+    for name, line in said.items():
+        assert len(line.strip().splitlines()) == 1, (name, line)
+    assert naming(said["distill_tokenizer"], f"objective.teacher={runs / 'other_teacher'}", "20 tokens",
+                  "one tokenizer")
+    assert naming(said["distill_no_answer"], "objective.lmbda=0", "'completion'", "objective.lmbda=1")
+    assert naming(said["distill_no_teacher"], "objective.teacher", "needs a teacher")
