@@ -1,6 +1,7 @@
 """Online RL's building blocks (issue 38, sections 2-4): generation on the training engine, rewards, and the math
 of GRPO, RLOO and on-policy distillation, each a function of tensors or of a module, tested alone. The objectives
-assemble them: objective.kind=grpo and rloo (bigtrain/objectives/grpo.py, on online.py's step); distillation next.
+assemble them: objective.kind=grpo and rloo (bigtrain/objectives/grpo.py), distill (distill.py), on online.py's
+step.
 
     generate.py         sampling completions from the policy's engine (DeepSpeed's HybridEngineRollout where the
                         ZeRO-3 weights stay partitioned, gathered once a round otherwise), a per-rank sampling

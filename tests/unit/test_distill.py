@@ -116,8 +116,8 @@ def test_the_records_answers_follow_their_prompts_as_supervised_training_renders
     tok = rl_task.make_tokenizer()
     policy = FakePolicy(None, None, tok)
     records = [{"prompt": "say 3", "completion": "3"}, {"prompt": "say 4", "completion": "4 4 4 4 4 4 4 4 4 4"}]
-    batch = {"prompt_ids": torch.tensor([[0, 2, 3, 11], [0, 2, 3, 12]]), "prompt_mask": torch.tensor([[0, 1, 1, 1]] * 2),
-             "records": records}
+    batch = {"prompt_ids": torch.tensor([[0, 2, 3, 11], [0, 2, 3, 12]]),
+             "prompt_mask": torch.tensor([[0, 1, 1, 1]] * 2), "records": records}
     rollout = obj.record_answers(policy, batch)
     whole, mask = Renderer(tok, "prompt_completion")(records[0])
     assert rollout.completion_lists()[0] == [w for w, m in zip(whole, mask) if m] == [11, 1]  # "3" <eos>
