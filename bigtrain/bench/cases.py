@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bigtrain.config.rules import Layout, check_layout
 
 RUNNERS = ("bigtrain", "deepspeed", "ddp", "nanogpt")
 OFFLOADS = ("none", "optimizer", "all")  # all = optimizer and parameters (ZeRO-3 only)
+PROMPTS_FILE = "prompts.jsonl"  # an online-RL case's data, in its job's folder (bench/online.py writes it)
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class Case:
     sets: tuple[tuple[str, str], ...] = ()  # run-config overrides on top of the strategy's, e.g. ZeRO-3 tuning
     ds_sets: tuple[tuple[str, Any], ...] = ()  # DeepSpeed-config keys (dotted) set after generation, for every runner
     base: str = ""  # lever rows: the workload whose bigtrain defaults this row is compared with (default: its own)
+    prompts: int = 0  # online RL: this many prompt records (bench/online.py), written into the job's folder as its data
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
@@ -115,8 +118,9 @@ class Case:
     def slug(self) -> str:
         return "-".join(re.sub(r"[^\w.-]+", " ", self.name.replace("+", "_")).split())
 
-    def run_overrides(self) -> list[str]:
-        """`--set` overrides for bigtrain/run.py (the baselines read the same run config)."""
+    def run_overrides(self, folder: Path | None = None) -> list[str]:
+        """`--set` overrides for bigtrain/run.py (the baselines read the same run config); a case with `prompts`
+        reads them from `folder` (the job's)."""
         w, s = self.workload, self.strategy
         sets = {
             "model.family": w.family, "model.size": w.size, "data.source": "synthetic", "precision": w.precision,
@@ -138,6 +142,8 @@ class Case:
             sets.update({"data.image_size": w.image_size, "data.num_classes": w.num_classes})
         for key, value in w.model_overrides().items():
             sets[f"model.overrides.{key}"] = _yaml(value)
+        if self.prompts:
+            sets["data.source"] = str(Path(folder or ".") / PROMPTS_FILE)
         sets.update(self.sets)
         return [f"{k}={v}" for k, v in sets.items()]
 

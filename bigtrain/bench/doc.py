@@ -89,6 +89,14 @@ def gpu_section(rows: list[dict], ratio_records: list[dict], meta: dict) -> str:
         parts += ["### Each lever on its own", "bigtrain with one change against its defaults on the same "
                   "workload and strategy in this run: the gain is defaults / row for a default undone, row / "
                   "defaults for an opt-in lever turned on.", levers_table(levers)]
+    if any(r.get("group") == "online" for r in rows):
+        from bigtrain.bench.online import online_table
+        parts += ["### Online RL: GRPO's generation at ZeRO-3, weights gathered or partitioned",
+                  "A bigtrain GRPO job per row (bigtrain/bench/online.py): random weights, 8 completions per prompt "
+                  "decoding to `objective.max_completion_length`, rewards `accuracy` and `length`. Each part of a "
+                  "step is the median over the steps after the first, from the run's own `time/PART` metrics; "
+                  "generation tokens/s is a step's completion tokens over its generation seconds.",
+                  online_table(rows)]
     if any(r.get("group") == "longest" for r in rows):
         from bigtrain.bench.longest import longest_table
         parts += ["### The longest sequence on one device, every lever on",

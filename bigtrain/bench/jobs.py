@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bigtrain.bench.cases import Case
+from bigtrain.bench.cases import PROMPTS_FILE, Case
 from bigtrain.bench.timers import step_split
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def command(case: Case, out: Path, ds_path: Path, job_path: Path, port: int, num
         args = [str(REPO / "bigtrain" / "run.py"), "--out", str(out), "--deepspeed_config", str(ds_path)]
         if peak_tflops:
             args += ["--peak-tflops", f"{peak_tflops:.6g}"]
-        for item in case.run_overrides():
+        for item in case.run_overrides(out):
             args += ["--set", item]
         return cmd + args
     args = ["--module", MODULES[case.runner], "--job", str(job_path), "--out", str(out)]
@@ -102,6 +102,9 @@ def run_case(case: Case, workdir: Path, launch: Launch, peak_tflops: float | Non
     out.mkdir(parents=True)
     ds_config = ds_config_for(case, launch.num_ranks, launch.breakdown)
     ds_path, job_path = out / "ds_config.json", out / "job.json"
+    if case.prompts:
+        from bigtrain.bench.online import write_prompts
+        write_prompts(out / PROMPTS_FILE, case.prompts)
     ds_path.write_text(json.dumps(ds_config, indent=2))
     job_path.write_text(json.dumps(job_description(case, ds_config), indent=2))
     port = free_port()
@@ -155,7 +158,11 @@ def remove_shm_leftovers(port: int) -> int:
 def read_bigtrain(out: Path) -> dict[str, Any]:
     s = json.loads((out / "summary.json").read_text())
     model = s["model"]
-    return {"samples_per_s": s["samples_per_s"], "step_s_median": s["step_s_median"], "losses": s["losses"],
+    online = {}
+    if "time_split" in s:  # an online objective: the step's parts, generation tokens/s
+        from bigtrain.bench.online import step_medians
+        online = {"online": step_medians(s)}
+    return {**online, "samples_per_s": s["samples_per_s"], "step_s_median": s["step_s_median"], "losses": s["losses"],
             "num_params": model["num_params"], "flops_per_sample": model["flops_per_sample"],
             "tokens_per_sample": model["tokens_per_sample"], "global_batch": s["ds_config"]["train_batch_size"],
             "peak_rss_per_rank": [m.get("peak_device_bytes", m["peak_rss_bytes"]) for m in s["peak_memory_per_rank"]],

@@ -35,6 +35,8 @@ def make_row(result: dict, peaks: dict) -> dict[str, Any]:
         split_ms=result.get("split_ms") or {}, final_loss=result["losses"][-1] if result["losses"] else None,
     )
     row["loop_ms"] = loop_overhead_ms(row["step_s"], row["split_ms"])
+    if "online" in result:  # an online-RL job: its step's parts and generation tokens/s (bench/online.py)
+        row["online"] = result["online"]
     return row
 
 

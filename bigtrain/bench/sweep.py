@@ -21,6 +21,7 @@ from bigtrain.bench.hostenv import LoadLog, host_facts, job_env
 from bigtrain.bench.jobs import REPO, Launch, run_case
 from bigtrain.bench.levers import BY_NAME, lever_cases
 from bigtrain.bench.longest import longest_cases
+from bigtrain.bench.online import online_cases
 from bigtrain.bench.peak import datasheet_bf16_tflops, read_peaks
 from bigtrain.bench.rows import check_rows, make_row, ratios
 
@@ -110,8 +111,8 @@ def dry_workload(w: Workload) -> Workload:
 def gpu_plan(num_gpus: int, repeats: int = GPU_REPEATS, dry: bool = False) -> Plan:
     """GPT-2 small and medium at ZeRO 1-3, each bigtrain job next to the hand-written DeepSpeed loop, the
     nanoGPT-style PyTorch loop, each lever on its own (levers.LEVERS) on GPT-2 small, the Llama 1B shape's
-    MFU, and on one GPU the longest sequences of Llama-1B and Llama-8B with every lever on (`longest`); one rank per
-    GPU.
+    MFU, GRPO's generation throughput at ZeRO-3 (`online`), and on one GPU the longest sequences of Llama-1B and
+    Llama-8B with every lever on (`longest`); one rank per GPU.
 
     The cases come in the order of what a short GPU lease should measure first (the bench stops at
     --max-minutes): GPT-2 small at ZeRO-1 beside both loops, GPT-2 medium at ZeRO-1 beside DeepSpeed's, the
@@ -146,6 +147,7 @@ def gpu_plan(num_gpus: int, repeats: int = GPU_REPEATS, dry: bool = False) -> Pl
     for _ in range(repeats - 1):
         for w in (small,) if dry else (small, medium):
             cases += ratio_pairs(w, GPU_STAGES, steps) + [Case(w, Z[1], "nanogpt", steps, "ratio")]
+    cases += online_cases(num_gpus, dry)  # GRPO's generation, weights gathered and partitioned
     if num_gpus == 1:  # the longest sequence one device trains with every lever on: long steps, so last
         cases += longest_cases(dry)
     return Plan("gpu-dry" if dry else "gpu", cases, ranks=num_gpus, repeats=repeats)

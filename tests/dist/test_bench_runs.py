@@ -44,13 +44,14 @@ def test_short_bench_writes_a_sane_table_and_plots(tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_gpu_dry_run_trains_the_nanogpt_loop_a_lever_and_the_longest_sequence_ladders_on_cpu(tmp_path):
-    """The GPU plan's code paths on this host: the nanoGPT loop, a lever, and the longest-sequence ladders (Llama-1B
+def test_gpu_dry_run_trains_the_nanogpt_loop_a_lever_the_longest_sequence_ladders_and_grpo_on_cpu(tmp_path):
+    """The GPU plan's code paths on this host: the nanoGPT loop, a lever, the longest-sequence ladders (Llama-1B
     and Llama-8B with LoRA, every lever on: ZeRO-3 with the optimizer offloaded, checkpointed hidden states in host
-    memory, the tiled MLP, the chunked loss) on a tiny Llama, so that they do not fail on a GPU lease for a silly
-    reason."""
+    memory, the tiled MLP, the chunked loss) and GRPO generating with its ZeRO-3 weights left partitioned (the
+    online case's other half, gathered, differs by that one setting) on a tiny Llama, so that they do not fail on a
+    GPU lease for a silly reason."""
     proc = subprocess.run([sys.executable, "-m", "bigtrain.bench", "--gpu", "--dry-run", "--workdir", str(tmp_path),
-                           "--only", "z1 (bigtrain|nanogpt)$|overflow check|64 tokens$"],
+                           "--only", "z1 (bigtrain|nanogpt)$|overflow check|64 tokens$|grpo .* partitioned$"],
                           cwd=REPO, env={**rank_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -64,7 +65,14 @@ def test_gpu_dry_run_trains_the_nanogpt_loop_a_lever_and_the_longest_sequence_la
         ran = json.loads(next(tmp_path.glob(f"{slug}/summary.json")).read_text())["run_config"]
         assert ran["train"]["loss_impl"] == "chunked" and ran["activation_checkpointing"]["offload_hidden_states"]
     assert "### The longest sequence on one device, every lever on" in (tmp_path / "benchmarks.md").read_text()
-    rows = {(r["runner"], r["setting"]): r for r in report["rows"] if r["group"] != "longest"}
+    (grpo,) = [r for r in report["rows"] if r["group"] == "online"]
+    assert grpo["ok"] and grpo["setting"] == "partitioned" and grpo["online"]["generation_tokens_per_s"] > 0
+    assert grpo["online"]["mean_completion_length"] == 16  # random weights: every completion runs to its end
+    ran = json.loads(next(tmp_path.glob("*grpo*partitioned/summary.json")).read_text())
+    assert ran["run_config"]["objective"]["ds3_gather_for_generation"] is False
+    assert ran["model"]["num_params"] == 138048  # with its own vocabulary, 500 rows (the prompts' BPE at most 320)
+    assert "### Online RL: GRPO's generation at ZeRO-3" in (tmp_path / "benchmarks.md").read_text()
+    rows = {(r["runner"], r["setting"]): r for r in report["rows"] if r["group"] not in ("longest", "online")}
     assert set(rows) == {("bigtrain", "bigtrain's defaults"), ("nanogpt", "bigtrain's defaults"),
                          ("bigtrain", "overflow check on")}
     assert all(r["ok"] and r["tokens_per_s"] > 0 and math.isfinite(r["final_loss"]) for r in rows.values())

@@ -250,7 +250,7 @@ def test_gpu_dry_run_is_the_gpu_plan_on_the_tiniest_model_without_cuda_only_case
     assert [c.workload.vocab_multiple for c in dry_gpt2] == [c.workload.vocab_multiple for c in small]
     assert all(c.steps == DRY_STEPS and c.workload.overrides == {"n_layer": 2, "n_embd": 64, "n_head": 2}
                for c in dry_gpt2)
-    llama = [c for c in dry.cases if c.workload.family == "llama" and c.group != "longest"]  # the Llama 1B MFU row
+    llama = [c for c in dry.cases if c.workload.family == "llama" and c.group == "efficiency"]  # the Llama 1B MFU row
     assert [(c.runner, c.strategy.label) for c in llama] == [("bigtrain", "z1")]
     assert "model.overrides.vocab_multiple" not in " ".join(llama[0].run_overrides())  # Llama takes no padding
     overflow = next(c for c in dry.cases if c.setting == "overflow check on")
