@@ -67,7 +67,7 @@ def test_gpu_dry_run_trains_the_nanogpt_loop_a_lever_the_longest_sequence_ladder
     assert "### The longest sequence on one device, every lever on" in (tmp_path / "benchmarks.md").read_text()
     (grpo,) = [r for r in report["rows"] if r["group"] == "online"]
     assert grpo["ok"] and grpo["setting"] == "partitioned" and grpo["online"]["generation_tokens_per_s"] > 0
-    assert grpo["online"]["mean_completion_length"] == 16  # random weights: every completion runs to its end
+    assert 12 <= grpo["online"]["mean_completion_length"] <= 16  # random weights: few draw their end-of-text
     ran = json.loads(next(tmp_path.glob("*grpo*partitioned/summary.json")).read_text())
     assert ran["run_config"]["objective"]["ds3_gather_for_generation"] is False
     assert ran["model"]["num_params"] == 138048  # with its own vocabulary, 500 rows (the prompts' BPE at most 320)
