@@ -32,6 +32,7 @@ BUDGETS = {
     # the GPU dry-run test alone 103 CPU s with it, 2026-11-28 at load 10-15)
     "tests/dist/test_bench_runs.py": 340,
     "tests/dist/test_eval_runs.py": 220,  # 109
+    "tests/dist/test_online_rl.py": 90,  # 42.8 (GRPO, RLOO and distillation: two launches, the jobs shared)
     "tests/dist/test_levers.py": 210,  # 104 (158 before its checkpoints and exports were sized to its tests)
     "tests/dist/test_run_guard_journeys.py": 210,  # 101
     "tests/dist/test_equivalence.py": 200,  # 99 (122 before equiv_runs froze the garbage collector's survivors)
