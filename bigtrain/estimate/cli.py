@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from bigtrain.config.flags import FAMILY_HELP, add_run_config_args, shorthand_sets
 from bigtrain.estimate.memory_model import (PRECISIONS, MemoryEstimate, ModelShape, Setup, all_setups, estimate, fits,
-                                            parse_memory, recommend)
+                                            gathers_for_generation, parse_memory, recommend)
 from bigtrain.estimate.shape import meta_module, shape_from_spec
 
 if TYPE_CHECKING:  # torch is imported where it is used: `bigtrain estimate --help` starts without it
@@ -53,7 +53,7 @@ def format_table(rows: list[MemoryEstimate], gpu_mem: float, cpu_mem: float | No
     for e in rows:
         extra = e.buffers + e.live_params + e.step_transient
         ok = "yes" if fits(e, gpu_mem, cpu_mem, headroom) else "no"
-        lines.append(f"{e.setup.label:<32}{_gib(e.params + e.reference):>8}{_gib(e.grads):>8}{_gib(e.optimizer):>8}{_gib(extra):>9}"
+        lines.append(f"{e.setup.label:<32}{_gib(e.params + e.reference + e.frozen):>8}{_gib(e.grads):>8}{_gib(e.optimizer):>8}{_gib(extra):>9}"
                      f"{_gib(e.activations):>8}{_gib(e.device_peak):>10}{_gib(e.host_per_node):>10}"
                      f"{_gib(e.nvme * e.setup.gpus_per_node):>11}  {ok}")
     return "\n".join(lines)
@@ -127,6 +127,8 @@ class Request:
     chunked_allowed: bool = True  # whether the objective allows the chunked loss
     frozen_params: int = 0  # the parameters of the frozen models the objective holds beside the policy
     generates: bool = False  # the objective samples completions before its loss
+    completion_tokens: int = 0  # the tokens its completions take (Needs.completion_tokens), when it generates
+    gathers_weights: bool | str = False  # at ZeRO-3, whether its rounds gather the whole weights (Needs)
     pretrained: str | None = None  # model.pretrained as given (a Hub name; overrides hold its shape's directory)
     training: str = ""  # the rate, weight decay and schedule the recommended command trains with, and whence
     training_sets: tuple[str, ...] = ()  # the user's own of those, carried into the recommended command
@@ -163,20 +165,37 @@ def request_from_args(args: argparse.Namespace) -> Request:
         raise ValueError("batch.micro_batch=auto: the estimate tabulates a given micro-batch; give --micro-batch N")
     from bigtrain.config import provenance
     carried = [f for f in provenance.KEPT_ON_RESUME if f in given]  # what the command must say to train as asked
+    # the objective's own settings too (its rewards, beta, ...): without them the command trains something else, or
+    # is refused (an online objective without a reward)
+    carried += [f for f in given if f.startswith("objective.") and f not in ("objective.kind", "objective.reference")]
     ignored = sorted(set(given) - READS - set(carried))
     if ignored:
         print(f"note: not read by the estimate, which tabulates every setup: {', '.join(ignored)}", file=sys.stderr)
     from bigtrain.estimate.shape import frozen_params
     from bigtrain.objectives import resolve_reference
     needs = run.objective.declared
+    from bigtrain.objectives import batch_problem
+    problem = batch_problem(run.objective.kind, needs, per_rank=(micro or 1, 1),
+                            seq_len=run.data.seq_len if "data.seq_len" in given else None)
+    if problem:  # the estimate's command trains micro-batch x 1 accumulation step: training would refuse it
+        raise ValueError(problem)
     return Request(model.family, model.size, overrides, "bf16" if run.precision == "auto" else run.precision,
                    micro or 1, run.parallel.tensor, run.parallel.sequence, run.lora.r, run.parallel.expert,
                    run.objective.kind if "objective.kind" in given else "", needs.rows_per_sample,
                    resolve_reference(needs, run.objective.reference, run.lora.r > 0), run.train.loss_impl,
                    needs.allows("chunked_loss"), frozen_params(run.objective, overrides.get("seq_len")),
-                   needs.generates, model.pretrained,
+                   needs.generates, needs.completion_tokens if needs.generates else 0, needs.gathers_weights,
+                   model.pretrained,
                    provenance.describe(run, provenance.provenance(given, frozenset())),
-                   tuple(f"{f}={provenance.value(run, f)}" for f in carried))
+                   tuple(set_text(f, provenance.value(run, f)) for f in carried))
+
+
+def set_text(key: str, value: Any) -> str:
+    """KEY=VALUE as `--set` reads it back (a list as [a,b], quoted for the shell where it has brackets or spaces)."""
+    if isinstance(value, (list, tuple)):
+        value = "[" + ",".join(map(str, value)) + "]"
+    text = f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+    return f"'{text}'" if any(c in text for c in "[] ,*") else text
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -207,14 +226,12 @@ def run_estimate(args: argparse.Namespace) -> int:
           + objective_line(req))
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
     print_notes(base, shape)
-    if req.generates:
-        print(f"objective {req.objective} generates before its loss: the generation's cache (and weights gathered "
-              "for it at ZeRO-3) are not counted here")
     print("GiB. GPU/rank = params + optim + the larger of acts (end of forward) and grads + buffers (end of "
           "backward); buffers: gradient buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"
           f"fits: GPU/rank <= {100 * (1 - args.headroom):.0f}% of --gpu-mem"
           + (" and CPU/node of --cpu-mem" if cpu_mem else ""))
     best = recommend(rows, gpu_mem, cpu_mem, args.headroom)
+    print_objective_terms(best or min(rows, key=lambda e: e.device_peak))
     if best is None:
         smallest = min(rows, key=lambda e: e.device_peak)
         print(f"nothing fits: the smallest setup ({smallest.setup.label}) needs {_gib(smallest.device_peak)} GiB per "
@@ -258,6 +275,25 @@ def print_notes(base: Setup, shape: ModelShape) -> None:
               "training (forward passes only) and is freed; training holds no reference model")
 
 
+def print_objective_terms(e: MemoryEstimate) -> None:
+    """What the objective holds beside the policy, each its own line (of the recommended setup, else the smallest):
+    the reference copy and frozen models (in params), a generation round's KV cache and the weights it gathers."""
+    terms = [("reference copy (objective.reference=copy)", e.reference),
+             ("frozen models (reward model, teacher)", e.frozen)]
+    if e.setup.completion_tokens:
+        terms += [(f"KV cache of a generation round ({e.setup.micro_batch * e.setup.grad_accum} rows x "
+                   f"{e.setup.completion_tokens} completion tokens + prompt)", e.kv_cache),
+                  ("weights gathered for generation (ZeRO-3, objective.ds3_gather_for_generation)", e.gathered)]
+    shown = [(what, n) for what, n in terms if n or e.setup.completion_tokens]
+    if shown:
+        print(f"objective's terms at {e.setup.label}, GiB per rank:")
+        for what, n in shown:
+            print(f"  {what:<80}{_gib(n):>8}")
+    if e.setup.completion_tokens:
+        print("  a generation round precedes the step's forward: GPU/rank is the larger of it (KV cache + gathered "
+              "weights) and the step")
+
+
 def objective_line(req: Request) -> str:
     """What the objective adds to a sample: its rows, its reference."""
     said = ([f"{req.rows} rows a sample"] if req.rows > 1 else []) + (
@@ -287,7 +323,10 @@ def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: M
                  micro_batch=req.micro_batch, tensor=req.tensor, sequence=req.sequence, expert=req.expert,
                  lora_r=req.lora_r, tiled_mlp=tiled and shape.mlp_layers > 0, offload_hidden_states=offload,
                  muon=args.optimizer == "muon", rows_per_sample=req.rows, reference=req.reference,
-                 frozen_params=req.frozen_params, chunked_loss=chunked)
+                 frozen_params=req.frozen_params, chunked_loss=chunked, completion_tokens=req.completion_tokens,
+                 gather_for_generation=gathers_for_generation(req.gathers_weights,
+                                                              PRECISIONS[req.precision] * shape.num_params,
+                                                              parse_gpu_mem(args.gpu_mem, "--gpu-mem")))
 
 
 def sequence_split_that_fits(shape: ModelShape, base: Setup, gpu_mem: float, cpu_mem: float | None,

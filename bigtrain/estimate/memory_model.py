@@ -94,6 +94,10 @@ class Setup:
     reference: str = "none"  # the objective's reference, resolved: copy = a frozen second model; none / adapters_off
     frozen_params: int = 0  # the parameters of the frozen models an objective holds beside the policy (a teacher)
     chunked_loss: bool = False  # the loss over chunks of the logits (train.loss_impl, resolved as training does)
+    # an objective that generates (Needs.generates): the tokens its completions take (Needs.completion_tokens; 0:
+    # none), and whether its rounds gather the whole weights at ZeRO-3 (Needs.gathers_weights, auto resolved)
+    completion_tokens: int = 0
+    gather_for_generation: bool = False
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -158,7 +162,8 @@ def setup_from_run(run: RunConfig, world_size: int, gpus_per_node: int, hidden: 
                  precision=precision, offload_optimizer=run.offload.optimizer, offload_param=run.offload.param,
                  chunked_loss=chunked_loss and run.pipeline.stages == 1, rows_per_sample=needs.rows_per_sample,
                  reference=resolve_reference(needs, run.objective.reference, run.lora.r > 0),
-                 frozen_params=frozen_params,
+                 frozen_params=frozen_params, completion_tokens=needs.completion_tokens if needs.generates else 0,
+                 gather_for_generation=gathers_for_generation(needs.gathers_weights, 0, None),
                  checkpointing=run.activation_checkpointing.enabled, micro_batch=triple.micro_batch,
                  grad_accum=triple.grad_accum, reduce_bucket_size=z.reduce_bucket_size, overlap_comm=z.overlap_comm,
                  prefetch_bucket_size=z.prefetch_bucket_size, param_persistence_threshold=z.param_persistence_threshold)
@@ -178,7 +183,10 @@ class MemoryEstimate:
     activations: float
     host: float  # offloaded states per rank
     nvme: float
-    reference: float = 0.0  # frozen models' weights on the device (objective.reference=copy, an objective's own)
+    reference: float = 0.0  # the frozen reference copy's weights on the device (objective.reference=copy)
+    frozen: float = 0.0  # the objective's own frozen models' weights on the device (a reward model, a teacher)
+    kv_cache: float = 0.0  # a generation round's KV cache (objectives that generate)
+    gathered: float = 0.0  # the whole weights gathered on the device for a generation round (ZeRO-3)
 
     @property
     def model_states(self) -> float:
@@ -196,11 +204,19 @@ class MemoryEstimate:
         """Peak bytes on the device: the larger of the end of the forward (all activations) and the
         end of backward / the step (all gradients, buckets, the fp32 step gradient). Backward frees
         activations as it makes gradients, so the two are not added."""
-        always = (self.params + self.reference + self.optimizer + self.live_params
+        always = (self.params + self.reference + self.frozen + self.optimizer + self.live_params
                   + (self.buffers if self.setup.zero_stage == 3 else 0.0))
         forward = self.activations + self.grads_in_forward
         step = self.grads + self.step_transient + (self.buffers if self.setup.zero_stage in (1, 2) else 0.0)
-        return always + max(forward, step)
+        return always + max(forward, step, self.generation)
+
+    @property
+    def generation(self) -> float:
+        """A generation round's own bytes (before the step's forward, freed before it): its KV cache, the weights
+        gathered for it, and ZeRO-3's gradient partition, alive throughout."""
+        if not self.setup.completion_tokens:
+            return 0.0
+        return self.kv_cache + self.gathered + (self.grads if self.setup.zero_stage == 3 else 0.0)
 
     @property
     def host_per_node(self) -> float:
@@ -289,7 +305,43 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
     return MemoryEstimate(setup=setup, params=terms["params"], grads=terms["grads"], optimizer=terms["optimizer"],
                           buffers=buffers, live_params=live, step_transient=transient, activations=acts,
                           host=terms["host"] + offloaded + ref_host + frozen_host, nvme=terms["nvme"],
-                          reference=ref_device + frozen_device)
+                          reference=ref_device, frozen=frozen_device, kv_cache=kv_cache_bytes(shape, setup),
+                          gathered=gathered_bytes(psi - persistent, setup))
+
+
+def gathers_for_generation(setting: bool | str, weight_bytes: float, gpu_mem: float | None) -> bool:
+    """Needs.gathers_weights resolved as a run resolves it (bigtrain.rollout.generate.gathered_weights_fit): auto
+    gathers where the whole weights take at most GATHER_SHARE of a device (the estimate reads the device's memory, the
+    run its free memory at the first round); with no device size given, auto counts the gathered weights (the
+    larger round, and TRL's default)."""
+    if setting != "auto":
+        return bool(setting)
+    if gpu_mem is None:
+        return True
+    from bigtrain.rollout.generate import GATHER_SHARE
+    return weight_bytes <= GATHER_SHARE * gpu_mem
+
+
+def kv_cache_bytes(shape: ModelShape, setup: Setup) -> float:
+    """A generation round's KV cache on one rank: a round answers the rank's whole step at once (micro_batch x
+    grad_accum rows: `OnlineObjective.data_batch` prompts, each num_generations times, in one `generate` call), each
+    row up to data.seq_len tokens (its prompt gets seq_len minus the completions' tokens), every layer keeping a key
+    and a value of kv_heads x head_dim per token in the training precision. transformers' DynamicCache grows by
+    concatenation, so one layer's key is briefly held twice (within 1 / (2 x layers) of this)."""
+    if not setup.completion_tokens:
+        return 0.0
+    rows = setup.micro_batch * setup.grad_accum
+    tokens = shape.seq_len or setup.completion_tokens
+    return float(rows * tokens * shape.kv_per_token * PRECISIONS[setup.precision])
+
+
+def gathered_bytes(partitioned: float, setup: Setup) -> float:
+    """The weights a ZeRO-3 generation round gathers whole on the device (DeepSpeed's unwrap_model_for_generation:
+    every partitioned parameter, beside its partition): `partitioned` parameters (all but the persistent ones, which
+    are whole already) in the training precision; 0 below ZeRO-3 or with the weights left partitioned."""
+    if not (setup.completion_tokens and setup.zero_stage == 3 and setup.gather_for_generation):
+        return 0.0
+    return float(PRECISIONS[setup.precision] * partitioned)
 
 
 def frozen_terms(num_params: float, setup: Setup, persistent: float = 0.0) -> tuple[float, float]:

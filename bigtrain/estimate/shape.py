@@ -84,7 +84,8 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None, meta: torch.n
     assert numel == spec.num_params, f"{spec.family} {spec.size}: counted {numel} parameters, spec {spec.num_params}"
     common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest,
                   linear_dims=linear_dims(meta), tensor_whole_params=tensor_whole_params(meta),
-                  expert_params=expert_params(meta), muon_params=muon_params(meta), mlp_layers=mlp_count(spec))
+                  expert_params=expert_params(meta), muon_params=muon_params(meta), mlp_layers=mlp_count(spec),
+                  kv_per_token=kv_per_token(spec.config))
     import torch
     dtypes = {4: torch.float32, 2: torch.bfloat16}
     sizes = [PRECISIONS[precision]] if precision else sorted(set(PRECISIONS.values()))
@@ -98,6 +99,19 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None, meta: torch.n
     measured = {measured_key(e, t, c): count_activations(spec, dtypes[e], spec.hidden_size if t else 0, c)
                 for e in sizes for t in tilings for c in losses}
     return ModelShape(**common, measured=measured)
+
+
+def kv_per_token(config: Any) -> int:
+    """Values a decoder's KV cache keeps per token of a row, from its transformers config: layers x (key + value) x
+    kv_heads x head_dim (grouped-query attention's kv_heads; head_dim where the config sets it, else hidden / heads).
+    0 for a config without attention layers (a convolutional net)."""
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not layers or not heads:
+        return 0
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return int(layers * 2 * kv_heads * head_dim)
 
 
 def frozen_params(objective: Any, seq_len: int | None) -> int:

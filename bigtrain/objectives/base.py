@@ -80,6 +80,9 @@ class Needs:
     # (micro x accumulation) must hold whole records, read once a step (`Objective.data_batch`)
     samples_per_record: int = 1
     completion_tokens: int = 0  # tokens of data.seq_len its generated completions take (its prompts get the rest)
+    # at ZeRO-3, whether a generation round gathers the whole weights on each device: True, False (partitioned), or
+    # "auto" (where they fit: bigtrain.rollout.generate.gathered_weights_fit); the estimate counts them
+    gathers_weights: bool | str = False
     # why it cannot run with each MODE it refuses; also why a reference kind it does not allow cannot serve it, and
     # (keys "micro_batch", "samples_per_record", "completion_tokens") why those limits hold
     refuses: Mapping[str, str] = field(default_factory=dict)

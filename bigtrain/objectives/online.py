@@ -120,6 +120,7 @@ class OnlineObjective(Objective):
         why = {} if refs else {"copy": NO_REFERENCE, "adapters_off": NO_REFERENCE}
         return Needs(layout="prompts", generates=True, samples_per_record=settings.num_generations,
                      completion_tokens=settings.max_completion_length, references=refs, frozen_models=frozen,
+                     gathers_weights=settings.ds3_gather_for_generation,
                      refuses={**ONLINE_REFUSALS, **why, "samples_per_record":
                               f"each prompt's objective.num_generations={settings.num_generations} completions are "
                               "a group, and every rank generates whole groups"})
