@@ -111,7 +111,8 @@ def main(out: Path) -> dict:
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir)
     seen["frozen_params"], seen["teacher_params"] = setup.frozen_params, sum(p.numel() for p in teacher.parameters())
     seen["policy_params"] = spec.num_params
-    seen["estimated_frozen_bytes"] = estimate(shape_from_spec(spec, "fp32"), setup).reference
+    held = estimate(shape_from_spec(spec, "fp32"), setup)
+    seen["estimated_frozen_bytes"] = held.reference + held.frozen  # the reference copy and the teacher
 
     objective = objectives.build_objective(run.objective)
     seen["reference"], seen["flops_factor"] = objective.reference, objective.flops_factor()

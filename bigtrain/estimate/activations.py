@@ -85,6 +85,7 @@ class ModelShape:
     mlp_layers: int = 0
     expert_params: int = 0  # parameters of a mixture of experts' experts (what expert parallelism spreads)
     muon_params: int = 0  # parameters DeepSpeed's Muon would train (the rest: its Adam half)
+    context: int = 0  # tokens per row the model is built for (data.seq_len), whatever the activations' form
     kv_per_token: int = 0  # values a decoder's KV cache keeps per token of a row: layers x 2 x kv_heads x head_dim
 
     def persistent_params(self, threshold: int, lora_r: int = 0) -> int:

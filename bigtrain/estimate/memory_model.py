@@ -331,7 +331,7 @@ def kv_cache_bytes(shape: ModelShape, setup: Setup) -> float:
     if not setup.completion_tokens:
         return 0.0
     rows = setup.micro_batch * setup.grad_accum
-    tokens = shape.seq_len or setup.completion_tokens
+    tokens = shape.context or shape.seq_len or setup.completion_tokens
     return float(rows * tokens * shape.kv_per_token * PRECISIONS[setup.precision])
 
 

@@ -85,7 +85,7 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None, meta: torch.n
     common = dict(family=spec.family, num_params=numel, param_numels=numels, largest_layer_params=largest,
                   linear_dims=linear_dims(meta), tensor_whole_params=tensor_whole_params(meta),
                   expert_params=expert_params(meta), muon_params=muon_params(meta), mlp_layers=mlp_count(spec),
-                  kv_per_token=kv_per_token(spec.config))
+                  context=spec.seq_len or 0, kv_per_token=kv_per_token(spec.config))
     import torch
     dtypes = {4: torch.float32, 2: torch.bfloat16}
     sizes = [PRECISIONS[precision]] if precision else sorted(set(PRECISIONS.values()))

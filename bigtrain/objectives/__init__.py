@@ -21,8 +21,8 @@ What an objective is (base.py):
   Read by the config rules (bigtrain.config.objective, bigtrain.config.run_config), hence lint; by `bigtrain
   estimate` and the launcher's memory check (rows, the reference, the frozen models, the chunked loss); by the
   builder (bigtrain.train.assemble: dropout, compile and chunked loss, the reference and frozen models) and the job
-  (the data layout, the head, FLOPs). `bigtrain estimate` says of an objective that generates that the generation's
-  memory is not counted yet.
+  (the data layout, the head, FLOPs). `bigtrain estimate` counts an objective that generates by its
+  `completion_tokens` (a round's KV cache) and `gathers_weights` (the whole weights on the device at ZeRO-3).
 - `fine_tuning` (`FineTuning`): the peak learning rate it trains a pretrained model at when the run sets none (TRL's
   trainer's default for it: lm 2e-5 (SFTConfig), dpo/ipo/orpo/simpo/kto 1e-6, reward 1e-4), with LoRA adapters
   (`lora_lr`; default 10x, TRL's PEFT guide), its weight decay (0) and warm-up steps (1). One line, e.g.
