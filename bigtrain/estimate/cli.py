@@ -64,6 +64,7 @@ def run_settings(best: Setup, model_overrides: dict[str, Any], tiled_setting: st
     where = {"seq_len": "data.seq_len", "pretrained": "model.pretrained"}
     sets = [f"{where.get(k, 'model.overrides.' + k)}={v}" for k, v in model_overrides.items()]
     sets += [f"zero.stage={best.zero_stage}", f"precision={best.precision}", f"batch.micro_batch={best.micro_batch}"]
+    sets += [f"batch.grad_accum={best.grad_accum}"] if best.grad_accum > 1 else []
     sets += [f"parallel.{name}={size}" for name, size in (("tensor", best.tensor), ("sequence", best.sequence),
                                                           ("expert", best.expert)) if size > 1]
     if best.offload_optimizer != "none":
@@ -103,7 +104,7 @@ ESTIMATE_FLAGS = {"pretrained": "model.pretrained", "seq_len": "data.seq_len", "
                   "expert": "parallel.expert", "lora_r": "lora.r"}
 # The run-config fields the estimate reads; the rest (zero.*, offload.*, ...) it tabulates for every setup.
 READS = {"model.family", "model.size", "model.overrides", "model.pretrained", "data.seq_len", "data.image_size",
-         "precision", "batch.micro_batch", "parallel.tensor", "parallel.sequence", "parallel.expert", "lora.r",
+         "precision", "batch.micro_batch", "batch.grad_accum", "parallel.tensor", "parallel.sequence", "parallel.expert", "lora.r",
          "objective.kind", "objective.reference", "train.loss_impl"}
 
 
@@ -132,6 +133,7 @@ class Request:
     pretrained: str | None = None  # model.pretrained as given (a Hub name; overrides hold its shape's directory)
     training: str = ""  # the rate, weight decay and schedule the recommended command trains with, and whence
     training_sets: tuple[str, ...] = ()  # the user's own of those, carried into the recommended command
+    grad_accum: int = 1  # batch.grad_accum: micro-batches a step; an objective that generates answers them in one round
 
 
 def request_from_args(args: argparse.Namespace) -> Request:
@@ -175,9 +177,10 @@ def request_from_args(args: argparse.Namespace) -> Request:
     from bigtrain.objectives import resolve_reference
     needs = run.objective.declared
     from bigtrain.objectives import batch_problem
-    problem = batch_problem(run.objective.kind, needs, per_rank=(micro or 1, 1),
+    accum = run.batch.grad_accum or 1
+    problem = batch_problem(run.objective.kind, needs, per_rank=(micro or 1, accum),
                             seq_len=run.data.seq_len if "data.seq_len" in given else None)
-    if problem:  # the estimate's command trains micro-batch x 1 accumulation step: training would refuse it
+    if problem:  # the estimate's command trains micro-batch x accumulation as given: training would refuse it
         raise ValueError(problem)
     return Request(model.family, model.size, overrides, "bf16" if run.precision == "auto" else run.precision,
                    micro or 1, run.parallel.tensor, run.parallel.sequence, run.lora.r, run.parallel.expert,
@@ -187,7 +190,7 @@ def request_from_args(args: argparse.Namespace) -> Request:
                    needs.generates, needs.completion_tokens if needs.generates else 0, needs.gathers_weights,
                    model.pretrained,
                    provenance.describe(run, provenance.provenance(given, frozenset())),
-                   tuple(set_text(f, provenance.value(run, f)) for f in carried))
+                   tuple(set_text(f, provenance.value(run, f)) for f in carried), accum)
 
 
 def set_text(key: str, value: Any) -> str:
@@ -320,7 +323,7 @@ def base_setup(args: argparse.Namespace, req: Request, spec: ModelSpec, shape: M
     offload = shape.mlp_layers > 0 and offload_hidden_states_wanted(_tri_state(args.offload_hidden_states),
                                                                     "accelerator", True, tokens, hidden)
     return Setup(world_size=args.num_gpus * args.num_nodes, gpus_per_node=args.num_gpus, precision=req.precision,
-                 micro_batch=req.micro_batch, tensor=req.tensor, sequence=req.sequence, expert=req.expert,
+                 micro_batch=req.micro_batch, grad_accum=req.grad_accum, tensor=req.tensor, sequence=req.sequence, expert=req.expert,
                  lora_r=req.lora_r, tiled_mlp=tiled and shape.mlp_layers > 0, offload_hidden_states=offload,
                  muon=args.optimizer == "muon", rows_per_sample=req.rows, reference=req.reference,
                  frozen_params=req.frozen_params, chunked_loss=chunked, completion_tokens=req.completion_tokens,

@@ -106,7 +106,14 @@ def test_the_recommended_command_is_one_training_takes(capsys):
 
 
 def test_a_batch_training_refuses_is_one_line(capsys):
+    """micro_batch x grad_accum must hold whole groups (8 completions a prompt): one line, as training says; with
+    the accumulation given, the round (and its KV cache) answers both, and the command keeps it."""
     from bigtrain.cli import main
+    args = ["estimate", "--model", "llama", "--size", "tiny", "--seq-len", "256", "--micro-batch", "2", "--set",
+            "objective.max_completion_length=128", "--set", "objective.kind=grpo", "--set", "objective.rewards=[length]"]
+    assert main([*args, "--set", "batch.grad_accum=4"]) == 0
+    out = capsys.readouterr().out
+    assert "KV cache of a generation round (8 rows" in out and "--set batch.grad_accum=4" in out
     code = main(["estimate", "--model", "llama", "--size", "tiny", "--seq-len", "256", "--set",
                  "objective.max_completion_length=128", "--set",
                  "objective.kind=grpo", "--set", "objective.rewards=[length]"])
