@@ -98,7 +98,7 @@ def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int |
     from bigtrain.estimate.of_run import estimate_run
     if run.model.pretrained:
         return ["memory: not estimated for a pretrained model directory (use `bigtrain estimate`)"], []
-    est, _ = estimate_run(run, world, gpus_per_node, device_name)
+    est, _ = estimate_run(run, world, gpus_per_node, device_name, gpu_mem)
     gib = 2**30
     lines = [f"memory per rank (estimate, {est.setup.label}, {run.precision}, micro-batch {est.setup.micro_batch}): "
              f"{est.device_peak / gib:.2f} GiB on the device (model states {est.model_states / gib:.2f}, "

@@ -83,7 +83,7 @@ def _memory(path: Path, mtime_ns: int, hw: Hardware) -> MemoryEstimate:
     """One estimate per file version: building an 8B model's shape on the meta device takes seconds."""
     from bigtrain.config.load import load_run_config
     from bigtrain.estimate.of_run import estimate_run
-    return estimate_run(load_run_config(path), hw.world_size, hw.gpus_per_node)[0]
+    return estimate_run(load_run_config(path), hw.world_size, hw.gpus_per_node, gpu_mem=hw.gpu_mem)[0]
 
 
 def read_header(path: Path) -> dict[str, str]:

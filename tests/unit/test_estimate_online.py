@@ -17,7 +17,7 @@ from bigtrain.estimate.memory_model import estimate, setup_from_run
 from bigtrain.estimate.shape import frozen_params, shape_from_spec
 from bigtrain.models import build
 
-VOCAB, SEQ, COMPLETION, ROWS = 256, 72, 64, 8
+VOCAB, SEQ, COMPLETION, ROWS = 256, 40, 32, 8
 PAD, EOS = 0, 1
 TOKENIZER = SimpleNamespace(pad_token_id=PAD, eos_token_id=EOS, name_or_path="test")
 # 8 layers: transformers' DynamicCache grows by concatenation, holding one layer's key twice (1/16 of the cache)
@@ -39,7 +39,7 @@ def test_the_kv_cache_term_is_what_a_generation_round_holds():
     spec = build("llama", "tiny", **MODEL)
     setup = setup_from_run(grpo_run(*[f"model.overrides.{k}={v}" for k, v in MODEL.items() if k != "seq_len"]), 1, 1)
     assert setup.completion_tokens == COMPLETION and setup.micro_batch * setup.grad_accum == ROWS
-    shape = shape_from_spec(spec, "fp32")
+    shape = shape_from_spec(spec, "fp32", tiled=False, chunked=False)
     assert shape.kv_per_token == 8 * 2 * 2 * 16  # layers x (K, V) x kv_heads x head_dim
     kv = estimate(shape, setup).kv_cache
     model = spec.build(seed=0).eval()
@@ -67,7 +67,7 @@ def test_gathered_weights_reference_and_reward_model_are_their_parameters(tmp_pa
     reward_params = sum(p.numel() for p in reward.parameters())
     run = grpo_run("zero.stage=3", "zero.param_persistence_threshold=100", "objective.beta=0.04", f"objective.reward_model={tmp_path / 'rm'}")
     spec = build("llama", "tiny", vocab_size=VOCAB, seq_len=SEQ)
-    shape = shape_from_spec(spec, "fp32")
+    shape = shape_from_spec(spec, "fp32", tiled=False, chunked=False)
     setup = setup_from_run(run, 4, 4, frozen_params=frozen_params(run.objective, SEQ))
     held = estimate(shape, setup)
     persistent = shape.persistent_params(setup.param_persistence_threshold)
@@ -119,3 +119,15 @@ def test_a_batch_training_refuses_is_one_line(capsys):
                  "objective.kind=grpo", "--set", "objective.rewards=[length]"])
     err = capsys.readouterr().err
     assert code != 0 and "not a multiple of 8" in err and "Traceback" not in err
+
+
+def test_the_launchers_check_resolves_gathering_by_the_devices_memory():
+    """objective.ds3_gather_for_generation=auto as a run resolves it: the whole weights gathered where they take at
+    most half of a device, left partitioned where they do not; false never gathers."""
+    from bigtrain.estimate.of_run import estimate_run
+    run = grpo_run("zero.stage=3", "zero.param_persistence_threshold=100")
+    weights = 4 * estimate_run(run, 2, 2)[1].num_params  # the model the run builds (its own vocabulary)
+    assert estimate_run(run, 2, 2, gpu_mem=2 * weights + 8)[0].gathered > 0
+    assert estimate_run(run, 2, 2, gpu_mem=2 * weights - 8)[0].gathered == 0
+    off = grpo_run("zero.stage=3", "zero.param_persistence_threshold=100", "objective.ds3_gather_for_generation=false")
+    assert estimate_run(off, 2, 2, gpu_mem=10**12)[0].gathered == 0
