@@ -24,7 +24,7 @@ BUDGETS = {
     "tests/unit/test_lora.py": 21,  # 10.3 at load 7, 3.1 at load 3
     "tests/unit/test_recipes.py": 20,  # 10.1
     "tests/unit/test_estimate.py": 19,  # 8.2-9.4 (meta-device forward passes of GPT-2 XL, every layer, 4 times)
-    "tests/unit/test_estimate_online.py": 45,  # 24.7 at load 5.5 (a 32-token generation round of an 8-layer Llama under LiveBytes)
+    "tests/unit/test_estimate_online.py": 45,  # 24.7 at load 5.5 (a 32-token round, 8-layer Llama, LiveBytes)
     "tests/unit/test_objective_seam.py": 18,  # 8.8
     "tests/unit/test_bench.py": 17,  # 7.8-8.4
     "tests/unit/test_distill.py": 12,  # 6.0
