@@ -53,7 +53,8 @@ def format_table(rows: list[MemoryEstimate], gpu_mem: float, cpu_mem: float | No
     for e in rows:
         extra = e.buffers + e.live_params + e.step_transient
         ok = "yes" if fits(e, gpu_mem, cpu_mem, headroom) else "no"
-        lines.append(f"{e.setup.label:<32}{_gib(e.params + e.reference + e.frozen):>8}{_gib(e.grads):>8}{_gib(e.optimizer):>8}{_gib(extra):>9}"
+        held = e.params + e.reference + e.frozen
+        lines.append(f"{e.setup.label:<32}{_gib(held):>8}{_gib(e.grads):>8}{_gib(e.optimizer):>8}{_gib(extra):>9}"
                      f"{_gib(e.activations):>8}{_gib(e.device_peak):>10}{_gib(e.host_per_node):>10}"
                      f"{_gib(e.nvme * e.setup.gpus_per_node):>11}  {ok}")
     return "\n".join(lines)

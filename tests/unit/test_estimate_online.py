@@ -65,7 +65,8 @@ def test_gathered_weights_reference_and_reward_model_are_their_parameters(tmp_pa
                                                         num_hidden_layers=1, num_attention_heads=2, num_labels=1))
     reward.save_pretrained(tmp_path / "rm")
     reward_params = sum(p.numel() for p in reward.parameters())
-    run = grpo_run("zero.stage=3", "zero.param_persistence_threshold=100", "objective.beta=0.04", f"objective.reward_model={tmp_path / 'rm'}")
+    run = grpo_run("zero.stage=3", "zero.param_persistence_threshold=100", "objective.beta=0.04",
+                   f"objective.reward_model={tmp_path / 'rm'}")
     spec = build("llama", "tiny", vocab_size=VOCAB, seq_len=SEQ)
     shape = shape_from_spec(spec, "fp32", tiled=False, chunked=False)
     setup = setup_from_run(run, 4, 4, frozen_params=frozen_params(run.objective, SEQ))
@@ -89,7 +90,8 @@ def test_the_recommended_command_is_one_training_takes(capsys):
     from tests.unit.test_docs import Command, parsers, problems
     code = main(["estimate", "--model", "llama", "--size", "tiny", "--num-gpus", "2", "--gpu-mem", "8GiB",
                  "--micro-batch", "8", "--seq-len", "256", "--set", "objective.kind=grpo", "--set",
-                 "objective.beta=0.04", "--set", "objective.max_completion_length=128", "--set", "objective.rewards=[accuracy,length]"])
+                 "objective.beta=0.04", "--set", "objective.max_completion_length=128", "--set",
+                 "objective.rewards=[accuracy,length]"])
     out = capsys.readouterr().out
     assert code == 0
     for term in ("reference copy", "frozen models", "KV cache of a generation round", "weights gathered"):
@@ -110,7 +112,8 @@ def test_a_batch_training_refuses_is_one_line(capsys):
     the accumulation given, the round (and its KV cache) answers both, and the command keeps it."""
     from bigtrain.cli import main
     args = ["estimate", "--model", "llama", "--size", "tiny", "--seq-len", "256", "--micro-batch", "2", "--set",
-            "objective.max_completion_length=128", "--set", "objective.kind=grpo", "--set", "objective.rewards=[length]"]
+            "objective.max_completion_length=128", "--set", "objective.kind=grpo", "--set",
+            "objective.rewards=[length]"]
     assert main([*args, "--set", "batch.grad_accum=4"]) == 0
     out = capsys.readouterr().out
     assert "KV cache of a generation round (8 rows" in out and "--set batch.grad_accum=4" in out
