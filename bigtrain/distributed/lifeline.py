@@ -134,8 +134,9 @@ class Lifeline:
             self._restore.append(lambda s=sig, h=old: signal.signal(s, h))
 
     def _python_handler(self, signum: int, frame: object) -> None:
-        """Runs on the main thread when it can; the thread has usually seen the signal already."""
-        self.request(signal.Signals(signum).name, signum)
+        """Replaces Python's KeyboardInterrupt and does nothing more: the watching thread reads every signal from
+        the wakeup fd, so one signal is one request (asked here too, one Ctrl-C read as a second SIGINT and
+        stopped the rank without its checkpoint)."""
 
     def _run(self) -> None:
         while not self._stop.is_set():
