@@ -141,7 +141,8 @@ def commit_of(repo_id: str, revision: str | None, what: str = "model.pretrained"
     ref = Path(_storage(repo_id)) / "refs" / (revision or "main")
     if ref.is_file():
         return ref.read_text().strip()
-    raise ValueError(f"{what}={repo_id!r}{_at(revision)} is not in the local Hugging Face cache "
+    local = f": {mistyped}; as a Hub name it" if (mistyped := _mistyped_directory(repo_id)) else ""
+    raise ValueError(f"{what}={repo_id!r}{_at(revision)}{local} is not in the local Hugging Face cache "
                      f"({constants.HF_HUB_CACHE}) and {reason}: download it once where the Hub is reachable "
                      f"(`hf download {repo_id}`, or a run there) into this cache (HF_HOME / HF_HUB_CACHE), or give a "
                      "local directory")
@@ -259,7 +260,8 @@ def _hub_error_line(err: Exception, repo_id: str, revision: str | None, what: st
                 f"{page}/tree/main for its branches and commits, or drop model.revision for main")
     if isinstance(err, RepositoryNotFoundError):
         token = "" if get_token() is None else " (and your token cannot see it)"
-        return (f"{what}={repo_id!r}: no local directory of that name, and the Hugging Face Hub ({constants.ENDPOINT}) "
+        local = _mistyped_directory(repo_id) or "no local directory of that name"
+        return (f"{what}={repo_id!r}: {local}, and the Hugging Face Hub ({constants.ENDPOINT}) "
                 f"has no model {repo_id!r}{token}: check the spelling (org/name, as on the model's page), or set "
                 "HF_TOKEN for a private model")
     first = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -302,6 +304,19 @@ def _node_lock(repo_id: str) -> Any:
     lock = Path(constants.HF_HUB_CACHE) / ".locks" / "bigtrain" / f"models--{repo_id.replace('/', '--')}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(str(lock))
+
+
+def _mistyped_directory(name: str) -> str | None:
+    """A Hub name whose first part is a local folder (`models/my-lama` beside `models/my-llama`) is most likely a
+    mistyped local directory: say that none is there, and the folder's nearest ones. None for any other name."""
+    import difflib
+    folder = Path(name).parent
+    if not folder.is_dir():
+        return None
+    near = difflib.get_close_matches(Path(name).name, sorted(p.name for p in folder.iterdir() if p.is_dir()), n=3,
+                                     cutoff=0.5)
+    return f"no local directory of that name ({folder}/ holds {', '.join(near)})" if near else \
+        f"no local directory of that name in {folder}/"
 
 
 def _at(revision: str | None) -> str:

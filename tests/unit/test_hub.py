@@ -265,3 +265,33 @@ def test_eval_and_generate_take_a_hub_target(tmp_path):
     rank = build_rank_parser().parse_args(["--local_rank=1", *ranks])  # what a launched rank reads back
     assert (rank.mode, rank.target, rank.revision, rank.do_sample, rank.system, rank.zero3) == \
         ("chat", "org/tiny", "v1", False, "be brief", True)
+
+
+def test_a_mistyped_local_directory_is_named_as_one(tmp_path, monkeypatch, tiny_dir):
+    """`models/my-lama` beside `models/my-llama` has a Hub name's shape: the line says no such local directory is
+    there and names the nearest one, offline, unreachable or answered by the Hub, not only the Hub's cache."""
+    import shutil
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_dir, tmp_path / "models" / "my-llama")
+    hub_env(monkeypatch, tmp_path / "cache", offline=True)
+    lines = {}
+    with pytest.raises(ValueError) as err:
+        hub.resolve_model_dir("models/my-lama")
+    lines["offline"] = str(err.value)
+    hub_env(monkeypatch, tmp_path / "cache")  # nothing listens: no network
+    with pytest.raises(ValueError) as err:
+        hub.resolve_model_dir("models/my-lama")
+    lines["unreachable"] = str(err.value)
+    with FakeHub() as server:
+        hub_env(monkeypatch, tmp_path / "cache", server.endpoint)
+        with pytest.raises(ValueError) as err:
+            hub.resolve_model_dir("models/my-lama")
+        lines["unknown"] = str(err.value)
+        with pytest.raises(ValueError) as err:
+            hub.resolve_model_dir("org/tinny")  # no local folder org/: the Hub's line alone
+        lines["hub_only"] = str(err.value)
+    for key in ("offline", "unreachable", "unknown"):
+        assert naming(lines[key], "models/my-lama", "no local directory", "models/ holds my-llama"), lines[key]
+    assert naming(lines["unknown"], "no model 'models/my-lama'")
+    assert naming(lines["hub_only"], "no local directory of that name", "no model 'org/tinny'")
+    assert all("\n" not in line for line in lines.values()), lines
