@@ -88,9 +88,9 @@ def run_dir_problem(out: Path, ckpt_dir: Path, *, resume: bool, overwrite: bool)
     for folder in run_folders(out, ckpt_dir):
         if problem := held_by_another(folder):
             return problem
-    if resume or overwrite:
-        return None
-    complete = complete_tags(ckpt_dir)
+    complete = complete_tags(ckpt_dir) if not overwrite else []
+    if resume:
+        return None if complete else nothing_to_resume_line(ckpt_dir)
     return earlier_run_line(ckpt_dir, complete) if complete else None
 
 
@@ -102,6 +102,10 @@ def run_folders(out: Path, ckpt_dir: Path) -> list[Path]:
 def complete_tags(ckpt_dir: Path, tags: list[str] | None = None) -> list[str]:
     tags = checkpoint_tags(ckpt_dir) if tags is None else tags
     return [tag for tag in tags if check_complete(ckpt_dir / tag) is None]
+
+
+def nothing_to_resume_line(ckpt_dir: Path) -> str:
+    return f"--resume: no complete checkpoint in {ckpt_dir}; drop --resume to start fresh"
 
 
 def earlier_run_line(ckpt_dir: Path, complete: list[str]) -> str:

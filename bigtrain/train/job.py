@@ -17,7 +17,7 @@ from deepspeed.accelerator import get_accelerator
 
 from bigtrain import models, objectives
 from bigtrain.checkpoint import store as checkpoint
-from bigtrain.checkpoint.claim import claim_run_dir
+from bigtrain.checkpoint.claim import claim_run_dir, nothing_to_resume_line
 from bigtrain.checkpoint.resume import ResumePlan, Shape, check_same_model, plan_resume, restore_rng
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 from bigtrain.config import provenance
@@ -219,7 +219,7 @@ def find_checkpoint(ckpt_dir: Path, world: World) -> tuple[str, CheckpointState]
     """The newest complete, undamaged checkpoint to resume from (a collective: the ranks check its bytes)."""
     found = checkpoint.find_resumable(ckpt_dir, world)
     if found is None:
-        raise ValueError(f"--resume: no complete checkpoint in {ckpt_dir}; drop --resume to start fresh")
+        raise ValueError(nothing_to_resume_line(ckpt_dir))
     return found
 
 

@@ -2,7 +2,8 @@
 before the launcher starts, and bigtrain/run.py before the process group when no launching process did (a direct
 `deepspeed bigtrain/run.py`). Each check is the one the ranks run later, called from both places:
 
-    the output folder   another job in it, an earlier run's checkpoints    checkpoint.claim.run_dir_problem
+    the output folder   another job in it, an earlier run's checkpoints,   checkpoint.claim.run_dir_problem
+                        --resume with none
     the model           a directory of another family, no trainable class  train.inputs.model_modality
     the data            its format, its first records read and rendered    data.peek
     objective x data    the layout the objective reads                     objectives.data_problem (job.py's)

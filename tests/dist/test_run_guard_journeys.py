@@ -84,9 +84,10 @@ def test_a_mistake_seen_on_rank_0_only_is_one_line_and_the_other_ranks_leave_qui
 
 
 def test_through_bigtrain_train_a_mistake_is_one_line_and_the_launcher_does_not_repeat_it(tmp_path):
-    """A run config that does not load stops before any rank starts (its one line and nothing else: the launcher
-    prints its command line first, a rank its log folder); a mistake a rank finds (--resume with nothing to resume)
-    is its one line, without DeepSpeed's launcher line that repeats every argument."""
+    """A run config that does not load, and --resume with nothing to resume (a mistyped --out), stop before any rank
+    starts (their one line and nothing else: the launcher prints its command line first, a rank its log folder); a
+    mistake a rank finds (a global batch the world size does not divide) is its one line, without DeepSpeed's
+    launcher line that repeats every argument."""
     bigtrain = [str(Path(sys.executable).parent / "bigtrain"), "train", "--num-gpus", "2"]
     proc = subprocess.run([*bigtrain, *TINY, "--set", "lora.rank=8", "--out", str(tmp_path / "typo")], cwd=REPO,
                           env=rank_env(), capture_output=True, text=True, timeout=300)
@@ -95,9 +96,15 @@ def test_through_bigtrain_train_a_mistake_is_one_line_and_the_launcher_does_not_
                                                               "dropout, r, targets"], proc.stderr
     proc = subprocess.run([*bigtrain, *TINY, "--steps", "2", "--resume", "--out", str(tmp_path / "nothing")], cwd=REPO,
                           env=rank_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and not (tmp_path / "nothing").exists(), proc.stderr  # no rank made its folder
+    (line,) = proc.stderr.splitlines()
+    assert proc.stdout == "" and naming(line, "--resume", "no complete checkpoint", "drop --resume"), line
+    proc = subprocess.run([*bigtrain, *TINY, "--steps", "2", "--set", "batch.global_batch=3", "--out",
+                           str(tmp_path / "batch")], cwd=REPO, env=rank_env(), capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 2
     (line,) = error_lines(proc.stderr)
-    assert naming(line, "--resume", "no complete checkpoint"), line
+    assert naming(line, "batch.global_batch=3", "not divisible by 2"), line
     for noise in ("sigkill_handler", "return code", "Traceback"):
         assert noise not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 

@@ -103,6 +103,9 @@ def test_pairs_whose_answers_are_all_the_same_are_the_ranks_line_when_the_look_r
 def test_an_output_folder_held_by_a_job_or_holding_a_run_is_found_without_taking_it(tmp_path):
     out = tmp_path / "run"
     assert run_dir_problem(out, out / "checkpoints", resume=False, overwrite=False) is None
+    # --resume with nothing to resume from (a mistyped --out): the ranks' line, before they start
+    assert naming(run_dir_problem(out, out / "checkpoints", resume=True, overwrite=False), "--resume",
+                  "no complete checkpoint", str(out / "checkpoints"), "drop --resume")
     assert not out.exists()  # looked at, not made
     held = RunDirLock()
     assert held.acquire(out) is None  # another job, running
