@@ -297,3 +297,20 @@ def _overlap_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) 
         if end > spans[k][0] and end > start:
             mask[i] = 1
     return mask
+
+
+def turn_end_ids(tokenizer: Any) -> list[int]:
+    """The special token a chat template closes an assistant's turn with (Llama 3's <|eot_id|>, Qwen's <|im_end|>),
+    found by rendering one turn: generation stops there too, whatever the model's eos (`bigtrain generate`, the
+    end-of-run sample, an export's generation_config)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": "A7"}],
+                                             tokenize=False)
+    except Exception:  # noqa: BLE001 -- a template that needs other roles or fields: no extra stop
+        return []
+    after = text.rsplit("A7", 1)[-1]
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    return [ids[0]] if ids and ids[0] in special else []

@@ -121,7 +121,30 @@ def empty_hf_model(spec: ModelSpec, tokenizer: Any = None) -> nn.Module:
     with no_init():  # every weight is overwritten; random init of a large model takes minutes
         model = spec.hf_class(config)
     model.tie_weights()  # skipped with the init; save_pretrained then stores a tied head once
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config = generation_config(spec, config, tokenizer)
     return model
+
+
+def generation_config(spec: ModelSpec, config: Any, tokenizer: Any = None) -> Any:
+    """What transformers' `generate` reads from an export: the pretrained directory's own generation_config.json
+    (an instruct model's stop ids and sampling settings), else one made from the config; and among its stops the
+    token the tokenizer's chat template closes a turn with, so that a chat model's answer ends where its turn does,
+    as `bigtrain generate` ends it (TRL's clone_chat_template sets it so too)."""
+    from transformers import GenerationConfig
+
+    from bigtrain.data.chat import turn_end_ids
+    own = Path(spec.pretrained) / "generation_config.json" if spec.pretrained else None
+    gen = GenerationConfig.from_pretrained(str(own.parent)) if own is not None and own.is_file() else \
+        GenerationConfig.from_model_config(config)
+    eos = gen.eos_token_id
+    stops = [eos] if isinstance(eos, int) else list(eos or [])
+    vocab = getattr(config, "vocab_size", None) or 0
+    added = [i for i in (turn_end_ids(tokenizer) if tokenizer is not None else []) if i < vocab and i not in stops]
+    if added:
+        gen.eos_token_id = [*stops, *added]
+        gen._from_model_config = False  # else generate may rebuild it from config.json, without these stops
+    return gen
 
 
 def no_init() -> contextlib.AbstractContextManager:

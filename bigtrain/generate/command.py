@@ -17,7 +17,8 @@ from typing import Any
 from bigtrain.atomic import write_atomic
 from bigtrain.distributed.world import World
 from bigtrain.generate.prompts import read_prompts, shown
-from bigtrain.generate.sampling import generate, prompt_ids, sampling_from_args, turn_end_ids, uses_template
+from bigtrain.data.chat import turn_end_ids
+from bigtrain.generate.sampling import generate, prompt_ids, sampling_from_args, uses_template
 
 CHAT_HELP = "/reset clears the conversation, /system TEXT sets a system message, /exit or Ctrl-D ends"
 

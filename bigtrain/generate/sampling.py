@@ -108,22 +108,6 @@ def prompt_ids(tokenizer: Any, messages: list[dict] | str, template: bool) -> li
     return tokenizer(text)["input_ids"]
 
 
-def turn_end_ids(tokenizer: Any) -> list[int]:
-    """The special token a chat template closes an assistant's turn with (Llama 3's <|eot_id|>, Qwen's <|im_end|>),
-    found by rendering one turn: generation stops there too, whatever the model's eos."""
-    if not getattr(tokenizer, "chat_template", None):
-        return []
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": "A7"}],
-                                             tokenize=False)
-    except Exception:  # noqa: BLE001 -- a template that needs other roles or fields: no extra stop
-        return []
-    after = text.rsplit("A7", 1)[-1]
-    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
-    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
-    return [ids[0]] if ids and ids[0] in special else []
-
-
 def generate(model: Any, tokenizer: Any, ids: list[int], sampling: Sampling, config: Any, synced: bool = False,
              streamer: Any = None) -> list[int]:
     """The new token ids `model.generate` gives after `ids`. `synced`: every rank of a ZeRO-3 model calls this

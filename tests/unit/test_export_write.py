@@ -77,3 +77,39 @@ def test_a_tokenizer_without_a_pad_gets_the_models_so_a_users_batch_pads_as_trai
     assert tok.pad_token == "<|eot_id|>" and tok(["a", "the cat"], padding=True)["input_ids"][0][-1] == eot
     pad_like_the_model(tok, LlamaConfig(vocab_size=len(tok), pad_token_id=0))
     assert tok.pad_token_id == eot  # its own pad stays
+
+
+def test_an_export_keeps_the_models_generation_config_and_stops_where_a_chat_turn_ends(tmp_path: Path) -> None:
+    """transformers' `generate` on an export reads its generation_config.json: the pretrained directory's own (an
+    instruct model's stop ids and sampling settings; the export wrote one made from config.json instead), with the
+    token the chat template closes a turn with among its stops (the end-of-text alone let an exported chat model's
+    answer run on into made-up turns), as `bigtrain generate` stops. Without a template nothing is added."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from bigtrain.export.write import empty_hf_model
+    from bigtrain.models import build
+    from local_chat import make_chat_tokenizer
+    from local_hf import decoder_config
+
+    tok = make_chat_tokenizer(tmp_path / "tok")
+    eot, eos = tok.convert_tokens_to_ids("<|eot_id|>"), tok.eos_token_id
+    assert eot != eos
+    config = decoder_config("llama", len(tok))
+    config.eos_token_id = eos
+    instruct = {"eos_token_id": [eos, 5], "do_sample": True, "temperature": 0.7, "top_p": 0.8,
+                "repetition_penalty": 1.05}
+    for name, own in (("plain", None), ("instruct", instruct)):
+        directory = tmp_path / name
+        AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+        if own is not None:
+            GenerationConfig(**own).save_pretrained(directory)
+        spec = build("hf", "custom", pretrained=str(directory))
+        gen = empty_hf_model(spec, tok).generation_config
+        stops = [eos] if own is None else [eos, 5]
+        assert sorted(gen.eos_token_id) == sorted([*stops, eot]), gen
+        if own is not None:
+            assert (gen.do_sample, gen.temperature, gen.top_p, gen.repetition_penalty) == (True, 0.7, 0.8, 1.05)
+        without_template = make_chat_tokenizer(tmp_path / "plain_tok")
+        without_template.chat_template = None
+        kept = empty_hf_model(spec, without_template).generation_config.eos_token_id
+        assert (kept if isinstance(kept, list) else [kept]) == stops
