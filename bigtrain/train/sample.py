@@ -41,13 +41,26 @@ def generate_sample(model: torch.nn.Module, tokenizer: Any, max_new_tokens: int,
     generator_state = torch.get_rng_state()
     torch.manual_seed(0)
     padding = range(len(tokenizer), model.config.vocab_size)  # rows of a padded vocabulary (vocab_multiple)
+    stops = answer_stops(model, tokenizer) if prompt_ids else None
     try:
         out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=True, top_k=40,
-                             suppress_tokens=list(padding) or None, synced_gpus=synced,
+                             suppress_tokens=list(padding) or None, synced_gpus=synced, eos_token_id=stops,
                              pad_token_id=tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0)
     finally:
         torch.set_rng_state(generator_state)
     return tokenizer.decode(out[0], skip_special_tokens=not prompt_ids)
+
+
+def answer_stops(model: torch.nn.Module, tokenizer: Any) -> list[int] | None:
+    """Where a held-out prompt's answer ends: the model's end-of-text ids and the token its chat template closes a
+    turn with (one turn, as `bigtrain generate` answers); None: the model's own."""
+    from bigtrain.data.chat import turn_end_ids
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    stops = [eos] if isinstance(eos, int) else list(eos or [])
+    stops += [i for i in turn_end_ids(tokenizer) if i not in stops and i < model.config.vocab_size]
+    return stops or None
 
 
 def print_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World,

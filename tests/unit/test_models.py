@@ -288,6 +288,32 @@ def test_gpt2_vocab_multiple_pads_the_output_layer_and_samples_skip_the_padding(
         build("gpt2", "tiny", vocab_multiple=0)
 
 
+def test_a_chat_runs_sample_answers_one_turn(tmp_path: pathlib.Path):
+    """The end-of-run sample of a chat run continues a held-out prompt up to its answer: it stops at the token the
+    chat template closes a turn with (Qwen's <|im_end|>, Llama 3's <|eot_id|>), not only at the end-of-text, as
+    `bigtrain generate` does (it went on into made-up turns)."""
+    from transformers import AutoModelForCausalLM
+
+    from bigtrain.train.sample import generate_sample
+    from local_chat import make_chat_tokenizer
+    from local_hf import decoder_config
+    tok = make_chat_tokenizer(tmp_path)
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    assert eot != tok.eos_token_id
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(decoder_config("llama", len(tok))).eval()
+    head = torch.nn.Linear(model.config.hidden_size, len(tok))  # every next token: the end of the turn
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(-1000.0)
+        head.bias[eot] = 1000.0
+    model.lm_head = head
+    prompt = tok.apply_chat_template([{"role": "user", "content": "the cat"}], add_generation_prompt=True,
+                                     return_dict=False)
+    text = generate_sample(model, tok, max_new_tokens=8, device="cpu", prompt_ids=list(prompt))
+    assert text == tok.decode(prompt) + "<|eot_id|>", text
+
+
 @pytest.mark.parametrize("case", [0, 2, 3, 4, 5, 6])  # gpt2, encoder (+ mask), llama (untied, tied), resnet
 def test_every_build_path_starts_from_the_same_weights(case):
     """The plain module and the pipeline layers draw the same weights from the same seed (a module's
