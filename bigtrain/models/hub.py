@@ -141,7 +141,7 @@ def commit_of(repo_id: str, revision: str | None, what: str = "model.pretrained"
     ref = Path(_storage(repo_id)) / "refs" / (revision or "main")
     if ref.is_file():
         return ref.read_text().strip()
-    local = f": {mistyped}; as a Hub name it" if (mistyped := _mistyped_directory(repo_id)) else ""
+    local = f": {mistyped}; as a Hub name it" if (mistyped := mistyped_directory(repo_id)) else ""
     raise ValueError(f"{what}={repo_id!r}{_at(revision)}{local} is not in the local Hugging Face cache "
                      f"({constants.HF_HUB_CACHE}) and {reason}: download it once where the Hub is reachable "
                      f"(`hf download {repo_id}`, or a run there) into this cache (HF_HOME / HF_HUB_CACHE), or give a "
@@ -260,7 +260,7 @@ def _hub_error_line(err: Exception, repo_id: str, revision: str | None, what: st
                 f"{page}/tree/main for its branches and commits, or drop model.revision for main")
     if isinstance(err, RepositoryNotFoundError):
         token = "" if get_token() is None else " (and your token cannot see it)"
-        local = _mistyped_directory(repo_id) or "no local directory of that name"
+        local = mistyped_directory(repo_id) or "no local directory of that name"
         return (f"{what}={repo_id!r}: {local}, and the Hugging Face Hub ({constants.ENDPOINT}) "
                 f"has no model {repo_id!r}{token}: check the spelling (org/name, as on the model's page), or set "
                 "HF_TOKEN for a private model")
@@ -306,7 +306,7 @@ def _node_lock(repo_id: str) -> Any:
     return FileLock(str(lock))
 
 
-def _mistyped_directory(name: str) -> str | None:
+def mistyped_directory(name: str) -> str | None:
     """A Hub name whose first part is a local folder (`models/my-lama` beside `models/my-llama`) is most likely a
     mistyped local directory: say that none is there, and the folder's nearest ones. None for any other name."""
     import difflib

@@ -10,7 +10,8 @@ before the launcher starts, and bigtrain/run.py before the process group when no
     evaluation tasks    names, the local task folder, the layout           eval.during_training.check_tasks
 
 What needs the ranks stays with them: the DeepSpeed config at the world size, the checkpoint's bytes on --resume, a
-hub source, a tokenizer still to be trained, a task's data.
+hub source (but a Hub-shaped model name under a local folder, a mistyped directory most likely, is looked up in the
+cache or on the Hub here: `models.hub.commit_of`, no download), a tokenizer still to be trained, a task's data.
 """
 from __future__ import annotations
 
@@ -29,11 +30,15 @@ def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False) 
     problem = run_dir_problem(out, Path(run.checkpoint.dir or out / "checkpoints"), resume=resume, overwrite=overwrite)
     if problem:
         raise ValueError(problem)
-    from bigtrain.models.hub import is_hub_name
+    from bigtrain.models.hub import commit_of, is_hub_name, mistyped_directory
     from bigtrain.models.names import MODALITY, canonical
     from bigtrain.train.inputs import model_modality
     model = run.model
     on_hub = bool(model.pretrained) and (is_hub_name(model.pretrained) or model.revision is not None)
+    if on_hub and is_hub_name(model.pretrained) and mistyped_directory(model.pretrained):
+        # a Hub-shaped name under a local folder (exported/sfft beside exported/sft): most likely a typo, which the
+        # ranks would find after the launcher's start; ask the cache or the Hub now (no download), as they would
+        commit_of(model.pretrained, model.revision)
     if model.pretrained and not on_hub:  # a directory here: checked against --model (its family's own check)
         modality = model_modality(model)
     else:  # none, or a Hub name the ranks download (hf's data is then its config's: left to them)

@@ -227,3 +227,25 @@ def test_a_hub_model_is_left_to_the_ranks_that_download_it(files, tmp_path, monk
     with pytest.raises(ValueError) as err:
         check_run(run)
     assert naming(str(err.value), "broken.jsonl line 4", "has no 'messages'")
+
+
+def test_a_mistyped_local_model_directory_is_found_before_the_launcher(files, tmp_path, monkeypatch):
+    """`exported/sfft` beside `exported/sft` has a Hub name's shape, so the ranks took it for one and said so after
+    the launcher's start (73 s under load, 194 s once): a Hub-shaped name under a local folder is looked up (cache or
+    Hub, no download) before; the line names the folder's nearest directory."""
+    from huggingface_hub import constants
+    from local_chat import conversations
+
+    from bigtrain.config.load import load_run_config
+    from bigtrain.train.precheck import check_run
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+    (tmp_path / "exported" / "sft").mkdir(parents=True)
+    chats = write_jsonl(tmp_path / "chats.jsonl", conversations(20))
+    run = load_run_config(None, ["model.family=hf", "model.pretrained=exported/sfft", f"data.source={chats}",
+                                 f"train.out_dir={tmp_path / 'run'}"])
+    with pytest.raises(ValueError) as err:
+        check_run(run)
+    assert naming(str(err.value), "exported/sfft", "no local directory", "exported/ holds sft"), err.value
+    assert not (tmp_path / "run").exists()
