@@ -24,6 +24,7 @@ a NaN or something that is not a number: each is one ValueError line naming the 
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -86,26 +87,87 @@ def load_rewards(specs: list[str], weights: list[float] | None = None, *, max_co
 
 def load_function(spec: str) -> RewardFn:
     """`path/to/file.py:function` or `package.module:function` -> the function; one line when it cannot be had."""
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name.isidentifier():
-        raise ValueError(f"objective.rewards {spec!r}: give path/to/file.py:function, package.module:function, a "
-                         "reward model directory, or a built-in (accuracy, format, length)")
+    where, name = _split(spec)
     module = _import_file(spec, Path(where).expanduser()) if where.endswith(".py") else _import_module(spec, where)
     fn = getattr(module, name, None)
     if fn is None:
         found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
                        and getattr(v, "__module__", None) == module.__name__)
-        raise ValueError(f"objective.rewards {spec!r}: {where} has no {name!r} (its functions: "
-                         f"{', '.join(found) or 'none'})")
+        raise _no_such_name(spec, where, name, found)
     if not callable(fn):
         raise ValueError(f"objective.rewards {spec!r}: {name!r} in {where} is a {type(fn).__name__}, not a function")
     return fn
 
 
-def _import_file(spec: str, path: Path) -> Any:
+def check_function_file(spec: str) -> None:
+    """Before any rank starts (bigtrain.train.precheck): a function spec's shape and, for a file, that it exists,
+    parses and defines the name at its top level, read without importing it (a reward file may load a model when
+    imported). The ranks' own lines. Left to the ranks: a module spec, a file that makes its names at run time (a
+    star import, a module __getattr__, globals()), what importing it raises."""
+    where, name = _split(spec)
+    if not where.endswith(".py"):
+        return
+    path = Path(where).expanduser()
+    _check_is_file(spec, path)
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError) as e:  # ValueError: null bytes
+        raise ValueError(f"objective.rewards {spec!r}: {path} does not import: {_describe(e)}") from None
+    names, functions = _top_level_names(tree.body)
+    dynamic = any(isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)
+                  or isinstance(node, ast.Name) and node.id in ("globals", "exec", "setattr", "vars")
+                  for node in ast.walk(tree)) or "__getattr__" in names
+    if name not in names and not dynamic:
+        raise _no_such_name(spec, where, name, sorted(f for f in functions if not f.startswith("_")))
+
+
+def _top_level_names(body: list[ast.stmt]) -> tuple[set[str], set[str]]:
+    """The names a module's statements bind (into if / try / with / for blocks, not into functions or classes),
+    and which of them are functions."""
+    names, functions = set(), set()
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(stmt.name)
+            if not isinstance(stmt, ast.ClassDef):
+                functions.add(stmt.name)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in stmt.names)
+        elif isinstance(stmt, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            blocks = [getattr(stmt, b, []) for b in ("body", "orelse", "finalbody")]
+            blocks += [h.body for h in getattr(stmt, "handlers", [])]
+            heads = [stmt.target] if isinstance(stmt, ast.For) else \
+                [i.optional_vars for i in stmt.items if i.optional_vars] if isinstance(stmt, ast.With) else []
+            names.update(n.id for head in heads for n in ast.walk(head) if isinstance(n, ast.Name))
+            for block in blocks:
+                inner, inner_functions = _top_level_names(block)
+                names |= inner
+                functions |= inner_functions
+        else:
+            names.update(n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+    return names, functions
+
+
+def _split(spec: str) -> tuple[str, str]:
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise ValueError(f"objective.rewards {spec!r}: give path/to/file.py:function, package.module:function, a "
+                         "reward model directory, or a built-in (accuracy, format, length)")
+    return where, name
+
+
+def _no_such_name(spec: str, where: str, name: str, found: list[str]) -> ValueError:
+    return ValueError(f"objective.rewards {spec!r}: {where} has no {name!r} (its functions: "
+                      f"{', '.join(found) or 'none'})")
+
+
+def _check_is_file(spec: str, path: Path) -> None:
     if not path.is_file():
         raise ValueError(f"objective.rewards {spec!r}: no such file {path} (a path is relative to the directory "
                          "the job starts in)")
+
+
+def _import_file(spec: str, path: Path) -> Any:
+    _check_is_file(spec, path)
     module_name = f"bigtrain_reward_{abs(hash(str(path.resolve())))}"
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(loader_spec)

@@ -7,6 +7,7 @@ before the launcher starts, and bigtrain/run.py before the process group when no
     the model           a directory of another family, no trainable class  train.inputs.model_modality
     the data            its format, its first records read and rendered    data.peek
     objective x data    the layout the objective reads                     objectives.data_problem (job.py's)
+    reward functions    a file's existence, syntax, the name in it         rollout.rewards.check_function_file
     evaluation tasks    names, the local task folder, the layout           eval.during_training.check_tasks
 
 What needs the ranks stays with them: the DeepSpeed config at the world size, the checkpoint's bytes on --resume, a
@@ -46,8 +47,20 @@ def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False) 
     if modality == "text":
         check_text_data(run, tokenizer_here=not is_hub_name(run.data.tokenizer)
                         and (run.data.tokenizer is not None or not on_hub))
+    check_reward_functions(run)
     from bigtrain.eval.during_training import check_tasks
     check_tasks(run)
+
+
+def check_reward_functions(run: RunConfig) -> None:
+    """An online objective's reward functions given as files: each file there, parsing, defining the name (read,
+    not imported: `rollout.rewards.check_function_file`)."""
+    settings = run.objective.settings
+    from bigtrain.rollout.builtin_rewards import builtin
+    from bigtrain.rollout.rewards import check_function_file
+    for spec in getattr(settings, "rewards", None) or []:
+        if builtin(spec, settings.max_completion_length) is None and not Path(spec).expanduser().is_dir():
+            check_function_file(spec)
 
 
 def check_text_data(run: RunConfig, tokenizer_here: bool = True) -> None:

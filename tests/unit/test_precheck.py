@@ -249,3 +249,43 @@ def test_a_mistyped_local_model_directory_is_found_before_the_launcher(files, tm
         check_run(run)
     assert naming(str(err.value), "exported/sfft", "no local directory", "exported/ holds sft"), err.value
     assert not (tmp_path / "run").exists()
+
+
+def test_reward_files_are_read_before_the_launcher_without_being_imported(tmp_path, monkeypatch):
+    """objective.rewards=rewards.py:exactt (or reward.py:exact) was the ranks' line after the launcher's start
+    (154-222 s under load): the file, its syntax and the name are checked here, from its text: a file whose import
+    would fail (or load a model) is not run, and names made at run time are left to the ranks."""
+    from bigtrain.config.load import load_run_config
+    from bigtrain.train.precheck import check_run
+    monkeypatch.chdir(tmp_path)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"say {i}", "answer": str(i)} for i in range(10)])
+    (tmp_path / "rewards.py").write_text(
+        "import missing_package_that_would_fail_on_import\n"
+        "def exact(completions, answer, **kwargs):\n    return [1.0] * len(completions)\n"
+        "def _helper():\n    pass\n"
+        "if True:\n    def starts_right(completions, **kwargs):\n        return [0.0] * len(completions)\n"
+        "try:\n    import re as regex\nexcept ImportError:\n    regex = None\n"
+        "scaled = lambda completions, **kwargs: [0.5] * len(completions)\n")
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "star.py").write_text("from rewards import *\n")
+
+    def line(*rewards: str) -> str | None:
+        run = load_run_config(None, ["objective.kind=grpo", "objective.rewards=[" + ",".join(f'"{r}"' for r in rewards) + "]",
+                                     "objective.max_completion_length=4", "data.seq_len=16", "model.family=llama",
+                                     "model.size=tiny", "data.tokenizer=byte", f"data.source={prompts}",
+                                     f"train.out_dir={tmp_path / 'run'}"])
+        try:
+            check_run(run)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    assert naming(line("rewards.py:exactt"), "'rewards.py:exactt'", "has no 'exactt'", "exact, starts_right")
+    assert "_helper" not in line("rewards.py:exactt")
+    assert naming(line("accuracy", "reward.py:exact"), "no such file reward.py")
+    assert naming(line("broken.py:f"), "broken.py does not import", "SyntaxError", "line 1")
+    assert naming(line("rewards.py"), "give path/to/file.py:function")
+    for fine in ("rewards.py:exact", "rewards.py:starts_right", "rewards.py:scaled", "rewards.py:regex",
+                 "star.py:exact", "some_package.module:fn", "accuracy", "length=4,2"):
+        assert line(fine) is None, fine
+    assert not (tmp_path / "run").exists()
