@@ -1,6 +1,6 @@
 """What ALST's levers buy (issues 31 and 39), on this machine's CPU ranks, with the Llama shape of
 scripts/bench_parallel.py (4 layers x 256, MLP 704, vocabulary 512, fp32, ZeRO-1, micro-batch 1), activation
-checkpointing on, tiled MLP and not, at parallel.sequence 1, 2, 4:
+checkpointing on, tiled MLP and chunked loss ("tiled") and neither, at parallel.sequence 1, 2, 4:
 
 1. per_token: what one more token costs a rank: the slope between two lengths of the rank's peak of live tensor
    bytes (the tensors alive before step 2, model states and buffers, plus step 2's peak counted tensor by tensor:
@@ -12,7 +12,7 @@ Memory, not time, is the measure: the 2 cores are shared with other work, which 
 seconds are printed as noisy. `--code DIR` runs the jobs with another checkout's bigtrain (to measure an older
 commit in the same run: copy bigtrain/estimate/live_bytes.py and token_profile.py into it first).
 
-    .venv/bin/python scripts/bench_alst.py --out docs/bench_alst.json [--cap-mib 520] [--only per_token|seq]
+    .venv/bin/python scripts/bench_alst.py --out docs/bench_alst.json [--cap-mib 480] [--only per_token|seq]
 
 Results are written after every case, so an interrupted run keeps what it measured.
 """
@@ -31,8 +31,12 @@ SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
 import bench_parallel  # noqa: E402  (the shape every ALST measurement uses)
 
-LEVERS = {True: ["--set", "activation_checkpointing.enabled=true", "--set", "activation_checkpointing.tiled_mlp=true"],
-          False: ["--set", "activation_checkpointing.enabled=true", "--set", "activation_checkpointing.tiled_mlp=false"]}
+# "tiled" is every lever ALST pulls on a rank that a CPU can show: the tiled MLP and the chunked loss (which `auto`
+# leaves off on a CPU); "not" is checkpointing alone.
+LEVERS = {True: ["--set", "activation_checkpointing.enabled=true", "--set", "activation_checkpointing.tiled_mlp=true",
+                 "--set", "train.loss_impl=chunked"],
+          False: ["--set", "activation_checkpointing.enabled=true", "--set", "activation_checkpointing.tiled_mlp=false",
+                  "--set", "train.loss_impl=plain"]}
 
 
 def job_args(sequence: int, tiled: bool, length: int) -> list[str]:
@@ -119,7 +123,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="docs/bench_alst.json")
     p.add_argument("--only", choices=["per_token", "seq"])
-    p.add_argument("--cap-mib", type=float, default=520.0, help="the rank's peak of live tensor bytes a length "
+    p.add_argument("--cap-mib", type=float, default=480.0, help="the rank's peak of live tensor bytes a length "
                                                                  "must stay under (seq)")
     p.add_argument("--lengths", default="4096,8192")
     p.add_argument("--sequences", default="1,2,4")

@@ -32,11 +32,13 @@ BUDGETS = {
     # 145.7: 9 launches through the deepspeed launcher, as the bench runs jobs; + ~25 for the GRPO dry job (issue 38:
     # the GPU dry-run test alone 103 CPU s with it, 2026-11-28 at load 10-15)
     "tests/dist/test_bench_runs.py": 340,
+    "tests/unit/test_token_profile.py": 110,  # 53.4 (a profiled engine step at two lengths, 15 meta-device estimates)
     "tests/dist/test_eval_runs.py": 220,  # 109
     "tests/dist/test_online_rl.py": 90,  # 42.8 (GRPO, RLOO and distillation: two launches, the jobs shared)
     "tests/dist/test_levers.py": 210,  # 104 (158 before its checkpoints and exports were sized to its tests)
     "tests/dist/test_run_guard_journeys.py": 210,  # 101
     "tests/dist/test_equivalence.py": 200,  # 99 (122 before equiv_runs froze the garbage collector's survivors)
+    "tests/dist/test_tensor_sequence.py": 250,  # 124.7: one 4-rank launch of 10 jobs (wall 394 s at load 15-20)
     "tests/dist/test_parallel_modes.py": 180,  # 88 (190 before: 4 launches, 6 export commands)
     "tests/dist/test_multinode.py": 160,  # 76
     "tests/dist/test_runner.py": 140,  # 70

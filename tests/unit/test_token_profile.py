@@ -83,6 +83,22 @@ def test_the_profile_meets_the_aims_it_is_held_to():
     assert slope[4, "ckpt+tiled"] <= 0.30 * slope[1, "ckpt+tiled"]
 
 
+def test_the_bench_measures_the_profiles_bytes_and_meets_the_aims():
+    """scripts/bench_alst.py's run (docs/bench_alst.json, checkpointing on, tiled = tiled MLP + chunked loss): its
+    per-token slopes are the profile's checkpointed rows (the same count, through the same jobs), and its longest
+    sequences under one cap grow >= 1.9x per doubling of SP, tiled."""
+    bench = json.loads((DOCS / "bench_alst.json").read_text())
+    profile = {(r["sequence"], r["setup"]): r["bytes_per_token"] for r in PROFILE["rows"]}
+    slopes = {(r["sequence"], r["tiled"]): r["bytes_per_token"] for r in bench["per_token"]}
+    assert set(slopes) == {(sp, tiled) for sp in (1, 2, 4) for tiled in (False, True)}
+    for (sp, tiled), measured in slopes.items():
+        assert measured == pytest.approx(profile[sp, "ckpt+tiled+chunked" if tiled else "ckpt"], rel=0.01)
+    assert slopes[2, True] <= 0.55 * slopes[1, True] and slopes[4, True] <= 0.30 * slopes[1, True]
+    longest = {(r["sequence"], r["tiled"]): r["longest_seq_len"] for r in bench["seq"]}
+    assert all(p["fits"] == (p["peak_bytes_per_rank"] <= bench["cap_bytes"]) for r in bench["seq"] for p in r["probes"])
+    assert longest[2, True] >= 1.9 * longest[1, True] and longest[4, True] >= 1.9 * longest[2, True]
+
+
 def linear_loss_peak(kind: str, seq: int, hidden: int, vocab: int, dtype: torch.dtype, rows: int) -> tuple[int, float]:
     """(peak bytes, loss) of one loss and its backward from last hidden states made in the step."""
     from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledFusedLogitsLoss
