@@ -27,12 +27,12 @@ BUDGETS = {
     "tests/unit/test_estimate_online.py": 45,  # 24.7 at load 5.5 (a 32-token round, 8-layer Llama, LiveBytes)
     "tests/unit/test_objective_seam.py": 18,  # 8.8
     "tests/unit/test_bench.py": 17,  # 7.8-8.4
+    "tests/unit/test_token_profile.py": 110,  # 53.4 (a profiled engine step at two lengths, 15 meta-device estimates)
     "tests/unit/test_distill.py": 12,  # 6.0
     "tests/unit/test_bench_online.py": 8,  # 0.29 (the GPU plan built, a page section written from saved results)
     # 145.7: 9 launches through the deepspeed launcher, as the bench runs jobs; + ~25 for the GRPO dry job (issue 38:
     # the GPU dry-run test alone 103 CPU s with it, 2026-11-28 at load 10-15)
     "tests/dist/test_bench_runs.py": 340,
-    "tests/unit/test_token_profile.py": 110,  # 53.4 (a profiled engine step at two lengths, 15 meta-device estimates)
     "tests/dist/test_eval_runs.py": 220,  # 109
     "tests/dist/test_online_rl.py": 90,  # 42.8 (GRPO, RLOO and distillation: two launches, the jobs shared)
     "tests/dist/test_levers.py": 210,  # 104 (158 before its checkpoints and exports were sized to its tests)
