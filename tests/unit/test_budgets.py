@@ -33,7 +33,8 @@ def test_a_file_over_its_line_is_named_with_both_figures():
     assert "tests/budgets.py" in line
     assert over_budget({"tests/unit/test_new.py": DEFAULT["tests/unit/"] + 1}) != []  # a new file: its tier's line
     assert over_budget({"tests/unit/test_new.py": DEFAULT["tests/unit/"] + 1}, scale=2) == []
-    many = {f"tests/unit/test_{i}.py": DEFAULT["tests/unit/"] - 1 for i in range(int(TIERS["tests/unit/"] // (DEFAULT["tests/unit/"] - 1)) + 2)}  # each within its line
+    files = int(TIERS["tests/unit/"] // (DEFAULT["tests/unit/"] - 1)) + 2  # together past the tier's line
+    many = {f"tests/unit/test_{i}.py": DEFAULT["tests/unit/"] - 1 for i in range(files)}  # each within its line
     (line,) = over_budget(many)
     assert line.startswith("tests/unit/: ") and f"over the tier's budget of {TIERS['tests/unit/']:.0f}" in line
 
