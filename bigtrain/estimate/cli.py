@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bigtrain.config.flags import FAMILY_HELP, add_run_config_args, shorthand_sets
-from bigtrain.estimate.memory_model import (PRECISIONS, MemoryEstimate, ModelShape, Setup, all_setups, estimate, fits,
-                                            gathers_for_generation, parse_memory, recommend)
+from bigtrain.estimate.memory_model import (PRECISIONS, MemoryEstimate, ModelShape, Setup, estimate,
+                                            gathers_for_generation, parse_memory)
+from bigtrain.estimate.recommend import all_setups, fits, recommend
 from bigtrain.estimate.shape import meta_module, shape_from_spec
 
 if TYPE_CHECKING:  # torch is imported where it is used: `bigtrain estimate --help` starts without it

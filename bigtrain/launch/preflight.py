@@ -94,7 +94,7 @@ def memory_report(run: RunConfig, world: int, gpus_per_node: int, gpu_mem: int |
                   headroom: float = 0.1, device_name: str = "cuda") -> tuple[list[str], list[str]]:
     """(lines, problems): the estimated peak per rank on `device_name` ranks, and a problem if it does not
     fit `gpu_mem`."""
-    from bigtrain.estimate.memory_model import fits
+    from bigtrain.estimate.recommend import fits
     from bigtrain.estimate.of_run import estimate_run
     if run.model.pretrained:
         return ["memory: not estimated for a pretrained model directory (use `bigtrain estimate`)"], []

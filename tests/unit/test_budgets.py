@@ -64,5 +64,5 @@ def test_a_file_past_its_budget_fails_the_session_and_one_within_it_passes(pytes
     monkeypatch.setenv("BIGTRAIN_TEST_BUDGET_SCALE", "100")
     run = pytester.runpytest(*args)
     assert run.ret == pytest.ExitCode.OK, run.stdout.str()
-    run.stdout.fnmatch_lines([f"*test files' CPU seconds against their budgets*unit/test_burn.py 1/"
+    run.stdout.fnmatch_lines([f"*test files' CPU seconds against their budgets*unit/test_burn.py */"
                               f"{100 * DEFAULT['tests/unit/']:.0f}*"])

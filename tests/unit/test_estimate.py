@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from bigtrain.estimate.activations import transformer_activations
-from bigtrain.estimate.memory_model import (ModelShape, Setup, all_setups, estimate, fits, model_state_terms, parse_memory,
-                               recommend, setup_from_run, speed_rank)
+from bigtrain.estimate.memory_model import ModelShape, Setup, estimate, model_state_terms, parse_memory, setup_from_run
+from bigtrain.estimate.recommend import all_setups, fits, recommend, speed_rank
 from bigtrain.estimate.counting import measure_activations
 from bigtrain.estimate.shape import shape_from_spec
 from bigtrain.models import build

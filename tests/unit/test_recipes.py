@@ -16,7 +16,7 @@ import pytest
 from launch import BIN, REPO
 from messages import naming
 
-from bigtrain.estimate.memory_model import fits
+from bigtrain.estimate.recommend import fits
 from bigtrain.recipes.catalog import HEADER_KEYS, Hardware, recipe, recipes
 
 ALL = recipes()
