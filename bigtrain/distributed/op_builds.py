@@ -26,8 +26,10 @@ OFFLOAD_OPS = {"adam": "cpu_adam", "adamw": "cpu_adam", "adagrad": "cpu_adagrad"
 
 def environment_key(prefix: str | None = None) -> str:
     """What one environment's builds are kept under: Python, torch and DeepSpeed versions (readable) and a hash of
-    the environment's sys.prefix (two venvs of the same versions still build apart: their sources differ)."""
-    prefix = os.path.realpath(sys.prefix if prefix is None else prefix)
+    the environment's sys.prefix (two venvs of the same versions still build apart: their sources differ). The
+    prefix as the interpreter sees it, symbolic links unresolved: a ninja file names DeepSpeed's sources by that
+    path, so one environment reached by two paths (a linked .venv) would otherwise rebuild at every alternation."""
+    prefix = os.path.abspath(sys.prefix if prefix is None else prefix)
     found = []
     for dist in ("torch", "deepspeed"):
         try:
@@ -105,7 +107,7 @@ def _deepspeed_dir() -> str | None:
     import importlib.util
     spec = importlib.util.find_spec("deepspeed")
     locations = list(spec.submodule_search_locations or []) if spec else []
-    return os.path.realpath(locations[0]) if locations else None
+    return os.path.abspath(locations[0]) if locations else None
 
 
 def _sources_in(ninja: Path) -> str | None:
@@ -114,5 +116,5 @@ def _sources_in(ninja: Path) -> str | None:
     for word in ninja.read_text(errors="replace").split():
         if marker in word:
             head = word.split(marker)[0].removeprefix("-I")
-            return os.path.realpath(head + f"{os.sep}deepspeed")
+            return os.path.abspath(head + f"{os.sep}deepspeed")  # as ninja compares it: links unresolved
     return None

@@ -35,7 +35,7 @@ def built(root: Path, sources: str, op: str = "deepspeed_shm_comm") -> Path:
 
 def our_site_packages() -> str:
     import deepspeed
-    return str(Path(deepspeed.__file__).resolve().parents[1])
+    return str(Path(os.path.abspath(deepspeed.__file__)).parents[1])  # as the interpreter reached it
 
 
 def test_two_environments_build_in_two_folders_and_one_in_one():
@@ -48,6 +48,18 @@ def test_two_environments_build_in_two_folders_and_one_in_one():
     from importlib.metadata import version
     assert f"torch{version('torch')}" in a.name and f"deepspeed{version('deepspeed')}" in a.name
     assert environment_key() == environment_ops_dir().name
+
+
+def test_one_environment_reached_through_a_link_builds_apart(tmp_path):
+    """A clone whose .venv links to another's: ninja compares the sources' paths as written, so the link's builds
+    and the target's must not share a folder (they rebuilt each other's ops at every alternation)."""
+    target = tmp_path / "main" / ".venv"
+    target.mkdir(parents=True)
+    link = tmp_path / "clone" / ".venv"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    assert environment_key(str(link)) != environment_key(str(target))
+    assert environment_key(str(tmp_path / "main" / "x" / ".." / ".venv")) == environment_key(str(target))
 
 
 def test_a_users_folder_is_kept_and_otherwise_the_environments_is_set():
