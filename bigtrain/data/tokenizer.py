@@ -3,8 +3,11 @@
 The trained BPE is saved as a Hugging Face tokenizer directory (beside the checkpoints),
 so `AutoTokenizer.from_pretrained(dir)` loads it for the exported model, and a resumed
 run reuses it instead of training a new one. Training is deterministic for a given
-corpus order and vocab_size. Multi-rank pattern: the writer rank calls
-`ensure_tokenizer`, all ranks meet at a barrier, then every rank calls `load_tokenizer`.
+corpus order and vocab_size, so a trained BPE is also kept in a machine-wide cache keyed by
+the text it was trained on (`trained_cache`): the next run on the same corpus (a new --out, a
+sweep, the next job of a test) copies it instead of training for seconds to minutes again.
+Multi-rank pattern: the writer rank calls `ensure_tokenizer`, all ranks meet at a barrier,
+then every rank calls `load_tokenizer`.
 """
 from __future__ import annotations
 
@@ -52,10 +55,15 @@ def ensure_tokenizer(directory: Path, texts: Callable[[], Iterable[str]], vocab_
     if directory.exists() and any(directory.iterdir()):
         raise ValueError(f"tokenizer directory {directory} exists and holds other files but no tokenizer; "
                          "point it at an empty or new directory")
-    tokenizer = train_bpe(texts(), vocab_size)
+    cached = trained_cache(texts, vocab_size)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
-    tokenizer.save_pretrained(str(tmp))
+    if cached is not None and has_tokenizer(cached):
+        shutil.copytree(cached, tmp)
+    else:
+        train_bpe(texts(), vocab_size).save_pretrained(str(tmp))
+        if cached is not None:
+            _keep(tmp, cached)
     try:
         os.replace(tmp, directory)  # atomic; succeeds over an empty directory
     except OSError:
@@ -63,6 +71,44 @@ def ensure_tokenizer(directory: Path, texts: Callable[[], Iterable[str]], vocab_
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # another writer won the race with the same result
     return directory
+
+
+def cache_root() -> Path | None:
+    """bigtrain's machine-wide cache: BIGTRAIN_CACHE, else $XDG_CACHE_HOME/bigtrain, else ~/.cache/bigtrain;
+    BIGTRAIN_CACHE=off keeps nothing there."""
+    chosen = os.environ.get("BIGTRAIN_CACHE")
+    if chosen == "off":
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bigtrain"
+
+
+def trained_cache(texts: Callable[[], Iterable[str]], vocab_size: int) -> Path | None:
+    """Where the BPE of `vocab_size` trained on exactly these texts is kept (None: no cache). The key is a hash of
+    every text in order, the vocabulary size and the tokenizers version, so another corpus, a corpus edited since,
+    or another trainer never reads it; hashing reads the text once more (about 1 s per 500 MB)."""
+    root = cache_root()
+    if root is None:
+        return None
+    import tokenizers
+    digest = hashlib.sha256(f"byte-level-bpe min_frequency=2 {EOS} {vocab_size} {tokenizers.__version__}".encode())
+    for text in texts():
+        digest.update(len(text).to_bytes(8, "little"))
+        digest.update(text.encode("utf-8", "surrogatepass"))
+    return root / "tokenizers" / digest.hexdigest()[:32]
+
+
+def _keep(trained: Path, cached: Path) -> None:
+    """Copy a trained tokenizer into the cache, whole or not at all; a cache that cannot be written (a read-only
+    or full home) costs the next run a training, nothing more."""
+    tmp = cached.parent / f".{cached.name}.tmp-{os.getpid()}"
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(trained, tmp)
+        os.replace(tmp, cached)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_tokenizer(name_or_dir: str | Path) -> PreTrainedTokenizerBase:

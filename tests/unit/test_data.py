@@ -16,7 +16,7 @@ from bigtrain.data import sources, text
 from bigtrain.data.builtin import builtin_classification, builtin_documents
 from bigtrain.data.images import MEAN, STD
 from bigtrain.data.sources import load_texts, parse_source
-from bigtrain.data.tokenizer import EOS, train_bpe
+from bigtrain.data.tokenizer import EOS, has_tokenizer, train_bpe
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. " * 8 + "A second sentence about foxes and dogs.\n",
@@ -112,9 +112,43 @@ def test_hub_source_offline_fails_fast_with_a_clear_message(monkeypatch, tmp_pat
 
 # --- tokenizer -------------------------------------------------------------------------------
 
-def test_bpe_is_deterministic_reloads_identically_and_loads_with_autotokenizer(tmp_path, small_tokenizer):
+def test_a_trained_bpe_is_kept_per_corpus_and_copied_by_the_next_run(tmp_path, monkeypatch):
+    """The next run on the same text copies the BPE the last one trained (the same file, byte for byte, as a
+    training gives), another corpus or vocabulary trains its own, and a cache that cannot be written costs only
+    the time."""
+    import bigtrain.data.tokenizer as tokenizer_module
+    monkeypatch.setenv("BIGTRAIN_CACHE", str(tmp_path / "cache"))
+    first = ensure_tokenizer(tmp_path / "run1" / "tokenizer", lambda: CORPUS, vocab_size=320)
+    trained = list((tmp_path / "cache" / "tokenizers").iterdir())
+    assert len(trained) == 1 and has_tokenizer(trained[0])
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again although the cache holds this corpus's BPE")
+    monkeypatch.setattr(tokenizer_module, "train_bpe", no_training)
+    second = ensure_tokenizer(tmp_path / "run2" / "tokenizer", lambda: CORPUS, vocab_size=320)
+    assert (second / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
+    monkeypatch.undo()
+
+    monkeypatch.setenv("BIGTRAIN_CACHE", "off")
+    fresh = ensure_tokenizer(tmp_path / "run3" / "tokenizer", lambda: CORPUS, vocab_size=320)
+    assert (fresh / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
+
+    monkeypatch.setenv("BIGTRAIN_CACHE", str(tmp_path / "cache"))
+    ensure_tokenizer(tmp_path / "run4" / "tokenizer", lambda: CORPUS[:2], vocab_size=320)  # another corpus
+    ensure_tokenizer(tmp_path / "run5" / "tokenizer", lambda: CORPUS, vocab_size=300)  # another vocabulary
+    assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 3
+
+    (tmp_path / "readonly").write_text("a file where the cache's folder would be")
+    monkeypatch.setenv("BIGTRAIN_CACHE", str(tmp_path / "readonly"))
+    kept = ensure_tokenizer(tmp_path / "run6" / "tokenizer", lambda: CORPUS, vocab_size=320)
+    assert (kept / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
+
+
+def test_bpe_is_deterministic_reloads_identically_and_loads_with_autotokenizer(tmp_path, small_tokenizer,
+                                                                              monkeypatch):
     from transformers import AutoTokenizer
 
+    monkeypatch.setenv("BIGTRAIN_CACHE", "off")  # trained again here, not copied
     second = ensure_tokenizer(tmp_path / "again", lambda: CORPUS, vocab_size=320)
     assert small_tokenizer.backend_tokenizer.to_str() == load_tokenizer(second).backend_tokenizer.to_str()
     auto = AutoTokenizer.from_pretrained(str(second))
