@@ -53,7 +53,8 @@ def test_a_file_past_its_budget_fails_the_session_and_one_within_it_passes(pytes
     pytester.mkpydir("tests")
     pytester.mkpydir("tests/unit")
     (pytester.path / "tests" / "unit" / "test_burn.py").write_text(BURN)
-    args = ["-p", "no:cacheprovider", "--import-mode=importlib"]  # its "tests" package is not the repository's (PYTHONPATH=repo)
+    # by path: with the repository on PYTHONPATH, its own tests package would shadow this one's
+    args = ["-p", "no:cacheprovider", "--import-mode=importlib"]
 
     monkeypatch.setenv("BIGTRAIN_TEST_BUDGET_SCALE", "0.01")
     run = pytester.runpytest(*args, "-n", "2")
