@@ -40,7 +40,7 @@ BUDGETS = {
     "tests/dist/test_online_rl.py": 90,  # 42.8 (GRPO, RLOO and distillation: two launches, the jobs shared)
     "tests/dist/test_levers.py": 290,  # 144 in a session; alone 104 (158 before its checkpoints and exports were sized to its tests)
     "tests/dist/test_run_guard_journeys.py": 390,  # 193 in a session; alone 101
-    "tests/dist/test_equivalence.py": 360,  # 180 in a session; alone 99 (122 before equiv_runs froze the garbage collector's survivors)
+    "tests/dist/test_equivalence.py": 150,  # 75 alone, every model in one launch (91 in a session as three launches)
     "tests/dist/test_tensor_sequence.py": 250,  # 124.7: one 4-rank launch of 10 jobs (wall 394 s at load 15-20)
     "tests/dist/test_parallel_modes.py": 180,  # 88 (190 before: 4 launches, 6 export commands)
     "tests/dist/test_multinode.py": 160,  # 76

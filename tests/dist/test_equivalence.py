@@ -4,8 +4,9 @@ GPT-2, a Llama decoder (grouped-query attention, SwiGLU, rotary) and ResNet. Eve
 from the weights the seed gives (`bigtrain.models.init`): nothing is patched or copied between
 runs, so the first step's loss is the same too.
 
-2 ranks, fp32, same seed and data, 10 steps, global batch 8. One launch per model runs every
-mode in turn (tests/dist_scripts/equiv_runs.py), since start-up dominates on 2 cores.
+2 ranks, fp32, same seed and data, 10 steps, global batch 8. One launch runs every mode of every
+model in turn (tests/dist_scripts/equiv_runs.py), since start-up dominates on 2 cores; the
+pipelines go last (DeepSpeed keeps a pipeline's grid for the rest of the process).
 
 Why the per-step data is the same in every mode: the sampler deals one global order, rank r
 of W taking positions r, r+W, ...; a step consumes micro x accum x W consecutive positions.
@@ -66,17 +67,23 @@ def probe(root: Path, name: str, rank: int = 0) -> dict:
     return json.loads((root / name / f"probe_rank{rank}.json").read_text())
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "resnet"])
-def runs(request, tmp_path_factory) -> tuple[str, Path]:
-    """(model, ROOT): one launch ran every mode of MODES for this model under ROOT/<mode>."""
-    model = request.param
-    root = tmp_path_factory.mktemp(f"equiv_{model}")
-    jobs = []
-    for name, sets in MODES.items():
-        args = [*COMMON, *MODEL_ARGS[model]] + [a for s in sets for a in ("--set", s)]
-        jobs.append({"name": name, "args": args})
-    launch_jobs(root, jobs)
-    return model, root
+@pytest.fixture(scope="module")
+def all_runs(tmp_path_factory) -> Path:
+    """ROOT: one launch ran every mode of MODES for every model under ROOT/<model>/<mode>, the pipelines last."""
+    root = tmp_path_factory.mktemp("equiv")
+    jobs, pipelines = [], []
+    for model, model_args in MODEL_ARGS.items():
+        for name, sets in MODES.items():
+            args = [*COMMON, *model_args] + [a for s in sets for a in ("--set", s)]
+            (pipelines if name == "pipeline" else jobs).append({"name": f"{model}/{name}", "args": args})
+    launch_jobs(root, jobs + pipelines)
+    return root
+
+
+@pytest.fixture(params=list(MODEL_ARGS))
+def runs(request, all_runs) -> tuple[str, Path]:
+    """(model, ROOT): every mode of MODES for this model ran under ROOT/<mode>."""
+    return request.param, all_runs / request.param
 
 
 @pytest.mark.parametrize("mode", ["zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"])
