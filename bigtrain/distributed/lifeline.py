@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 DEFAULT_GRACE_S = 50.0
 AGENTS = ("deepspeed.launcher.launch", "torch.distributed.run", "torchrun")  # a rank's direct parent
@@ -71,6 +71,9 @@ class Lifeline:
         self._reader: socket.socket | None = None
         self._restore: list = []
         self.ancestors: list[Ancestor] = []
+        # Called before a signal's stop is announced: the peer watch ends the rank there, naming a dead peer, when
+        # the signal is the launcher ending the survivors of a rank it saw die (its poll can beat the watch's).
+        self.before_stop: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, name="bigtrain-lifeline", daemon=True)
 
     @classmethod
@@ -114,6 +117,8 @@ class Lifeline:
             if signum == signal.SIGINT and self._signum == signal.SIGINT:
                 self._end(f"second SIGINT during {self.phase}: stopping now", 130)
             return
+        if signum and self.before_stop is not None:
+            self.before_stop()
         self.requested, self.reason, self._signum = True, reason, signum
         self._requested_at = time.monotonic()
         if self.rank == 0 or not signum:

@@ -62,6 +62,14 @@ class PeerWatch:
         traceback.print_exception(err)
         self._end(f"{me} failed: {short(err)}", post=f"{me} failed ({short(err)})")
 
+    def end_if_a_peer_is_lost(self) -> None:
+        """End this rank with the line naming a dead peer, if one is (before a signal's stop is announced)."""
+        watching = self._thread.is_alive() and not self.stop.watching_over.is_set()
+        lost = self.lost_peers() if watching else []
+        if lost:
+            self._end(f"{gone(lost)}; {self.peers[self.world.rank]} stops too",
+                      post=f"{gone(lost)}, seen by rank {self.world.rank}")
+
     def lost_peers(self) -> list[Peer]:
         """Peers on this host whose process is gone without having said it leaves."""
         return [p for p in self.local if not peer_alive(p) and self.store.said_left(p.rank) is not True]

@@ -43,6 +43,7 @@ class JobProcess:
         peers, store = gather_peers(world), PeerStore.of(world)
         stop = JobStop(world, peers, store)  # a stop on purpose: one line from rank 0, whichever rank saw it
         watch = PeerWatch.start(world, peers, store, stop)  # a dead peer ends this rank with a line naming it
+        lifeline.before_stop = watch.end_if_a_peer_is_lost
         if world.is_main and world.size > 1:
             import logging
             logging.getLogger("bigtrain").info("%s", watch.describe())
