@@ -20,7 +20,7 @@ from bigtrain.config.flags import FAMILY_HELP, FlagParser, add_run_config_args
 # so the module must not import torch/DeepSpeed at its top; tests/unit/test_cli.py checks).
 VERBS = [
     "bigtrain.launch.train:add_train_parser",
-    "bigtrain.estimate.cli:add_estimate_parser",
+    "bigtrain.estimate.arguments:add_estimate_parser",
     "bigtrain.export.cli:add_export_parser",
     "bigtrain.launch.eval:add_eval_parser",
     "bigtrain.launch.generate:add_generate_parser",

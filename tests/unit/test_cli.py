@@ -63,7 +63,7 @@ def test_the_model_flags_help_names_every_family():
     import argparse
 
     from bigtrain.config.flags import build_run_parser
-    from bigtrain.estimate.cli import add_estimate_parser
+    from bigtrain.estimate.arguments import add_estimate_parser
     from bigtrain.models.registry import families
     verbs = argparse.ArgumentParser().add_subparsers()
     add_estimate_parser(verbs)

@@ -143,7 +143,7 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
     import argparse
     import sys
 
-    from bigtrain.estimate.cli import add_estimate_parser
+    from bigtrain.estimate.arguments import add_estimate_parser
     parser = argparse.ArgumentParser(prog="bigtrain")
     add_estimate_parser(parser.add_subparsers(dest="command", required=True))
     parsed = parser.parse_args(["estimate", *args])
