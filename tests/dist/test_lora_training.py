@@ -3,11 +3,11 @@ of LoRA on one process; only the adapters have optimizer states; the base weight
 a stop and resume continues the uninterrupted curve; the merged export and the adapter export give the trained
 model's logits.
 
-Three launches share the work: one process for the references (a Llama and a GPT-2 directory made here, fine-tuned
-with lora.r=8 at global batch 8: micro 4 x accumulation 2, and the Llama with a chat template on packed chats),
-2 ranks (micro 4 x dp 2) for ZeRO 0-3, ZeRO-3 with CPU offload, activation checkpointing, sequence parallelism,
-GPT-2, chats, the stop and its resume, and a full fine-tune for the model-state bytes; then one process resumes the
-stopped run (another world size: a universal checkpoint). A large learning rate moves the adapters far from their
+Two launches share the work: 2 ranks (micro 4 x dp 2) for ZeRO 0-3, ZeRO-3 with CPU offload, activation
+checkpointing, sequence parallelism, GPT-2, chats, the stop and its resume, and a full fine-tune for the model-state
+bytes; then one process for the references (a Llama and a GPT-2 directory made here, fine-tuned with lora.r=8 at
+global batch 8: micro 4 x accumulation 2, and the Llama with a chat template on packed chats) and the stopped run's
+resume on another world size (a universal checkpoint). A large learning rate moves the adapters far from their
 start in 4 steps, so an export that dropped or mis-merged them could not pass.
 """
 from __future__ import annotations
@@ -68,8 +68,6 @@ def runs(tmp_path_factory) -> Path:
     def job(name: str, base: str, *extra: str, **more: object) -> dict:
         return {"name": name, "args": [*base_args(dirs, base), *extra], **more}
 
-    launch_jobs(root, [job("ref_llama", "llama", *LORA), job("ref_gpt2", "gpt2", *LORA),
-                       job("ref_chat", "chat", *LORA, *CHAT)], num_ranks=1, name="refs")
     two = [job(name, base, *LORA, *extra) for name, (base, extra) in TWO_RANK.items()]
     two += [job("stop", "llama", *LORA, "--set", "zero.stage=3", "--stop-after", "2"),
             job("resumed", "llama", *LORA, "--set", "zero.stage=3", "--resume", copy_from="stop"),
@@ -77,7 +75,9 @@ def runs(tmp_path_factory) -> Path:
             job("other_lora", "llama", "--set", "lora.r=4", "--set", "zero.stage=3", "--resume", copy_from="stop",
                 expect_error=True)]
     launch_jobs(root, two, num_ranks=2, name="two")
-    launch_jobs(root, [job("resumed_on_one", "llama", *LORA, "--set", "zero.stage=3", "--resume", copy_from="stop")],
+    launch_jobs(root, [job("ref_llama", "llama", *LORA), job("ref_gpt2", "gpt2", *LORA),
+                       job("ref_chat", "chat", *LORA, *CHAT),
+                       job("resumed_on_one", "llama", *LORA, "--set", "zero.stage=3", "--resume", copy_from="stop")],
                 num_ranks=1, name="one")
     return root
 
