@@ -14,6 +14,9 @@ import pytest
 from launch import REPO, rank_env
 
 HANG_S = 540
+# The dry run's cases: GPT-2 small's bigtrain and nanoGPT rows at ZeRO-1 (not the Llama 1B efficiency row, whose
+# name ends alike: its Llama trains in the longest-sequence rungs here), a lever, a rung of each ladder, GRPO.
+DRY_CASES = r"small \(dry\) z1 (bigtrain|nanogpt)$|overflow check|64 tokens$|grpo .* partitioned$"
 
 
 @pytest.mark.slow
@@ -51,7 +54,7 @@ def test_gpu_dry_run_trains_the_nanogpt_loop_a_lever_the_longest_sequence_ladder
     online case's other half, gathered, differs by that one setting) on a tiny Llama, so that they do not fail on a
     GPU lease for a silly reason."""
     proc = subprocess.run([sys.executable, "-m", "bigtrain.bench", "--gpu", "--dry-run", "--workdir", str(tmp_path),
-                           "--only", "z1 (bigtrain|nanogpt)$|overflow check|64 tokens$|grpo .* partitioned$"],
+                           "--only", DRY_CASES],
                           cwd=REPO, env={**rank_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                           timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -73,6 +76,7 @@ def test_gpu_dry_run_trains_the_nanogpt_loop_a_lever_the_longest_sequence_ladder
     assert ran["model"]["num_params"] == 138048  # with its own vocabulary, 500 rows (the prompts' BPE at most 320)
     assert "### Online RL: GRPO's generation at ZeRO-3" in (tmp_path / "benchmarks.md").read_text()
     rows = {(r["runner"], r["setting"]): r for r in report["rows"] if r["group"] not in ("longest", "online")}
+    assert len(rows) == len(report["rows"]) - 3 and {r["workload"] for r in rows.values()} == {"gpt2-small (dry)"}
     assert set(rows) == {("bigtrain", "bigtrain's defaults"), ("nanogpt", "bigtrain's defaults"),
                          ("bigtrain", "overflow check on")}
     assert all(r["ok"] and r["tokens_per_s"] > 0 and math.isfinite(r["final_loss"]) for r in rows.values())
