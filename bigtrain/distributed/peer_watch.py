@@ -67,8 +67,7 @@ class PeerWatch:
         watching = self._thread.is_alive() and not self.stop.watching_over.is_set()
         lost = self.lost_peers() if watching else []
         if lost:
-            self._end(f"{gone(lost)}; {self.peers[self.world.rank]} stops too",
-                      post=f"{gone(lost)}, seen by rank {self.world.rank}")
+            self._end_for(lost)
 
     def lost_peers(self) -> list[Peer]:
         """Peers on this host whose process is gone without having said it leaves."""
@@ -85,8 +84,7 @@ class PeerWatch:
                 return
             lost = self.lost_peers() if lost else lost  # a peer just leaving has said so by now
             if lost:
-                self._end(f"{gone(lost)}; {self.peers[self.world.rank]} stops too",
-                          post=f"{gone(lost)}, seen by rank {self.world.rank}")
+                self._end_for(lost)
             posted = self._posted()
             if posted:
                 self._end(f"{self.peers[self.world.rank]} stops: {posted}", post=None)
@@ -126,6 +124,10 @@ class PeerWatch:
         helper.start()
         helper.join(seconds)
         return found[0]
+
+    def _end_for(self, lost: list[Peer]) -> NoReturn:
+        self._end(f"{gone(lost)}; {self.peers[self.world.rank]} stops too",
+                  post=f"{gone(lost)}, seen by rank {self.world.rank}")
 
     def _end(self, line: str, post: str | None) -> NoReturn:
         """Post the finding for the other hosts, print one line, exit 1 without gloo's teardown."""
