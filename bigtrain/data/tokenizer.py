@@ -21,6 +21,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 EOS = "<|endoftext|>"  # GPT-2's document separator; also bos/unk/pad of the trained BPE
 MIN_VOCAB = 257  # 256 byte symbols + EOS
+MIN_FREQUENCY = 2  # a pair seen once is not merged
 
 
 def has_tokenizer(directory: Path) -> bool:
@@ -37,7 +38,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerBase:
         raise ValueError(f"data.vocab_size={vocab_size}: a byte-level BPE needs at least {MIN_VOCAB} "
                          "(256 bytes + end of text); use e.g. 4096")
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS],
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=MIN_FREQUENCY, special_tokens=[EOS],
                             show_progress=False)
     return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token=EOS, bos_token=EOS,
                                    unk_token=EOS, pad_token=EOS)
@@ -92,7 +93,8 @@ def trained_cache(texts: Callable[[], Iterable[str]], vocab_size: int) -> Path |
     if root is None:
         return None
     import tokenizers
-    digest = hashlib.sha256(f"byte-level-bpe min_frequency=2 {EOS} {vocab_size} {tokenizers.__version__}".encode())
+    trainer = f"byte-level-bpe min_frequency={MIN_FREQUENCY} {EOS} {vocab_size} {tokenizers.__version__}"
+    digest = hashlib.sha256(trainer.encode())
     for text in texts():
         digest.update(len(text).to_bytes(8, "little"))
         digest.update(text.encode("utf-8", "surrogatepass"))
