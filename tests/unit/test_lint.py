@@ -400,3 +400,41 @@ def test_batch_lines_say_what_the_set_values_did(tmp_path, capsys):
     code, _, err = run_cli(tmp_path, capsys, GOOD, "--world-size", "2", "--set", "batch.global_batch=8",
                            "--set", "batch.micro_batch=2", "--set", "batch.grad_accum=3")
     assert code == 2 and naming(err, "--set batch.global_batch=8", "micro 2 x accum 3") and "JSON" not in err, err
+
+
+def test_lint_in_one_thread_leaves_every_other_threads_optimizers_whole(monkeypatch):
+    """Tune's trials lint their configs in threads beside a Ray Train job's driver: a scheduler check held half
+    way in one thread must not change how another thread's real optimizer is built (a patched base class once
+    left AdamW without its step hooks, and the next engine's first step failed)."""
+    import threading
+
+    import torch
+
+    from bigtrain.ds.lint import optim, schema
+    inside, release = threading.Event(), threading.Event()
+
+    class HeldScheduler:
+        def __init__(self, optimizer, **params):
+            assert optimizer.param_groups
+            inside.set()
+            release.wait(30)
+
+    monkeypatch.setattr(schema, "scheduler_class", lambda name: HeldScheduler)
+    init = torch.optim.Optimizer.__init__
+    torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))])  # AdamW's step now runs the instance's step hooks
+    found: list = []
+    checker = threading.Thread(target=lambda: found.append(optim.scheduler_problems({"scheduler": {"type": "X"}})))
+    checker.start()
+    try:
+        assert inside.wait(30)
+        param = torch.nn.Parameter(torch.ones(2))
+        adam = torch.optim.AdamW([param], lr=0.1)
+        param.grad = torch.ones(2)
+        adam.step()  # the step hooks and state of a whole optimizer
+        assert param.detach().tolist() != [1.0, 1.0]
+    finally:
+        release.set()
+        checker.join(30)
+    assert found == [[]] and torch.optim.Optimizer.__init__ is init
+    assert optim.optimizer_problems({"optimizer": {"type": "Adagrad", "params": {"lr": -1.0}}},
+                                    CPU_NO_FP16) != []  # the probe still runs torch's own argument checks

@@ -7,9 +7,9 @@ whose kernels may need a GPU to load. Each check returns `Problem`s, one line ea
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import difflib
+import functools
 import inspect
 from typing import Any
 
@@ -130,8 +130,8 @@ def _params_problems(cls: Any, lowered: str, params: dict) -> list[Problem]:
     dummy = [torch.nn.Parameter(torch.zeros(1))]
     try:
         if inspect.isclass(cls) and cls.__module__.startswith("torch."):
-            with _light_optimizer_base():
-                cls(dummy, **given)
+            probe = light_probe(cls)
+            probe(dummy, **given)
         else:
             inspect.signature(cls.__init__).bind(None, dummy, **given)
     except TypeError as err:
@@ -147,25 +147,32 @@ def _params_problems(cls: Any, lowered: str, params: dict) -> list[Problem]:
     return []
 
 
-@contextlib.contextmanager
-def _light_optimizer_base():
-    """`torch.optim.Optimizer.__init__` without its first-call import of torch._dynamo (seconds).
+def light_probe(cls: type) -> type:
+    """`cls` with `torch.optim.Optimizer.__init__` skipped (its first call imports torch._dynamo: seconds).
 
-    A torch optimizer checks its arguments in its own `__init__` before calling the base class,
-    and DeepSpeed's schedulers need only `param_groups`; lint builds both just for those checks.
+    A torch optimizer checks its arguments in its own `__init__` before calling the base class, and
+    DeepSpeed's schedulers need only `param_groups`; lint builds both just for those checks. The light base
+    sits between `cls` and `Optimizer` in the probe's MRO, so nothing shared is patched: lint may run in
+    several threads at once (Tune's trials beside a Ray Train job) while other threads build real optimizers.
     """
+    return _light_probe(cls, _light_base())
+
+
+@functools.cache
+def _light_base() -> type:
     import torch
-    original = torch.optim.Optimizer.__init__
 
-    def light(self, params, defaults):
-        self.defaults, self.state = defaults, collections.defaultdict(dict)
-        self.param_groups = [dict(defaults, params=list(params))]
+    class LightOptimizerBase(torch.optim.Optimizer):
+        def __init__(self, params, defaults):  # noqa: D107 -- what lint's checks read, nothing more
+            self.defaults, self.state = defaults, collections.defaultdict(dict)
+            self.param_groups = [dict(defaults, params=list(params))]
 
-    torch.optim.Optimizer.__init__ = light
-    try:
-        yield
-    finally:
-        torch.optim.Optimizer.__init__ = original
+    return LightOptimizerBase
+
+
+@functools.cache
+def _light_probe(cls: type, base: type) -> type:
+    return type(f"Lint{cls.__name__}", (cls, base), {"__module__": cls.__module__})
 
 
 # Parameter names other tools use for an optimizer/scheduler argument -> DeepSpeed's name.
@@ -205,9 +212,8 @@ def scheduler_problems(config: dict) -> list[Problem]:
         given["total_num_steps"] = max(warmup, 1000) if is_int(warmup) else 1000
     given = {k: v for k, v in given.items() if v != "auto"}
     try:
-        with _light_optimizer_base():
-            optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-            cls(optimizer, **copy.deepcopy(given))
+        optimizer = light_probe(torch.optim.SGD)([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+        cls(optimizer, **copy.deepcopy(given))
     except TypeError as err:
         accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "optimizer")]
         bad = [k for k in given if k not in accepted]
