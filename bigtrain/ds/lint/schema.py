@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +142,11 @@ class _FixedWorld(_OneWorld):
         return self.dp
 
 
+# Held while DeepSpeed's config module is patched: two threads linting at once (Tune's trials) would otherwise
+# restore each other's patch and leave it in place for good.
+_PATCHING = threading.RLock()
+
+
 def parser_refusal(config: dict, dp: int) -> str | None:
     """DeepSpeed's DeepSpeedConfig on `config` at data-parallel size `dp`: its first complaint, or None."""
     from unittest import mock
@@ -149,7 +155,7 @@ def parser_refusal(config: dict, dp: int) -> str | None:
     try:
         # With no process group DeepSpeedConfig falls back to world size 1 before it asks the mpu;
         # answering rank 0 makes it take the data-parallel size from the stand-in.
-        with mock.patch.object(ds_config.dist, "get_rank", return_value=0):
+        with _PATCHING, mock.patch.object(ds_config.dist, "get_rank", return_value=0):
             ds_config.DeepSpeedConfig(config, mpu=_FixedWorld(dp))
     except BaseException as err:  # noqa: BLE001 - DeepSpeed asserts, raises ValueError/ValidationError
         return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
@@ -171,19 +177,20 @@ def probe(path: tuple[str, ...] = ()) -> Probe:
             node[path[-1]] = dict(body)
         log: dict = {}
         built: list = []
-        original = DeepSpeedConfigModel.__init__
 
         def spy(self, strict=False, **data):
             built.append((type(self), data))
             return original(self, strict=strict, **data)
 
-        DeepSpeedConfigModel.__init__ = spy
-        try:
-            ds_config.DeepSpeedConfig(_wrap(config, (), log), mpu=_OneWorld())
-        except BaseException:  # noqa: BLE001 - the reads before the failure are what we want
-            pass
-        finally:
-            DeepSpeedConfigModel.__init__ = original
+        with _PATCHING:
+            original = DeepSpeedConfigModel.__init__
+            DeepSpeedConfigModel.__init__ = spy
+            try:
+                ds_config.DeepSpeedConfig(_wrap(config, (), log), mpu=_OneWorld())
+            except BaseException:  # noqa: BLE001 - the reads before the failure are what we want
+                pass
+            finally:
+                DeepSpeedConfigModel.__init__ = original
         found = log.get(path, Probe())
         for key, default in found.reads.items():
             if key != SENTINEL and result.reads.get(key, NO_DEFAULT) is NO_DEFAULT:
