@@ -1,5 +1,5 @@
-"""The runner through the real launcher: learning, SIGTERM, launch modes (exact resume: test_reshape_resume,
-test_multinode, test_ray)."""
+"""The runner through the real launchers: learning (through torchrun, the launch the torchrun journey checks),
+SIGTERM through DeepSpeed's launcher, launch modes (exact resume: test_reshape_resume, test_multinode, test_ray)."""
 import json
 import math
 import os
@@ -9,8 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from launch import REPO, TINY, deepspeed_cmd, free_port, rank_env, run_train, summary
+import pytest
+
+from launch import REPO, TINY, deepspeed_cmd, free_port, rank_env, run_train, summary, torchrun_cmd
 from messages import naming
+
+TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
 def write_corpus(path: Path) -> Path:
@@ -23,11 +27,23 @@ def write_corpus(path: Path) -> Path:
     return path
 
 
-def test_training_on_a_local_text_file_lowers_validation_loss(tmp_path):
-    corpus = write_corpus(tmp_path / "corpus.txt")
-    out = tmp_path / "run"
-    run_train(out, ["--data", str(corpus), "--steps", "40", "--set", "train.eval_interval=10",
-                    "--set", "optimizer.lr=3e-3", "--set", "schedule.warmup_steps=5"])
+@pytest.fixture(scope="module")
+def torchrun_on_local_text(tmp_path_factory) -> Path:
+    """`torchrun --nproc_per_node 2 bigtrain/run.py`, as a user starts it, training 40 steps on a local text file:
+    one launch for the torchrun journey and the learning one (each launch costs ~15 CPU s before its first step)."""
+    root = tmp_path_factory.mktemp("local_text")
+    corpus, out = write_corpus(root / "corpus.txt"), root / "run"
+    proc = subprocess.run([str(TORCHRUN), "--nproc_per_node", "2", "--master_port", str(free_port()), "bigtrain/run.py",
+                           "--out", str(out), *TINY, "--data", str(corpus), "--steps", "40",
+                           "--set", "train.eval_interval=10", "--set", "optimizer.lr=3e-3",
+                           "--set", "schedule.warmup_steps=5"],
+                          cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def test_training_on_a_local_text_file_lowers_validation_loss(torchrun_on_local_text):
+    out = torchrun_on_local_text
     s = summary(out)
     vals = [v for _, v in s["val_losses"]]
     assert [step for step, _ in s["val_losses"]] == [10, 20, 30, 40]
@@ -63,24 +79,25 @@ def test_sigterm_mid_run_leaves_a_checkpoint_that_resumes(tmp_path):
     assert saved["stopped_by"] == "SIGTERM" and 5 <= saved["steps"] < 400, log[-3000:]
     tag = out / "checkpoints" / f"step_{saved['steps']:06d}"
     assert (tag / "bigtrain.json").is_file(), log[-3000:]
-    run_train(out, ["--steps", str(saved["steps"] + 3), "--resume", "--set", "train.eval_interval=0"])
+    # The resume is about the checkpoint, not the launcher: torchrun, ~5 s cheaper than DeepSpeed's.
+    resume = subprocess.run(torchrun_cmd(REPO / "bigtrain" / "run.py", ["--out", str(out), *TINY, "--steps",
+                                                                         str(saved["steps"] + 3), "--resume", "--set",
+                                                                         "train.eval_interval=0"]),
+                            cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=300)
+    assert resume.returncode == 0, resume.stdout[-3000:] + resume.stderr[-3000:]
     resumed = summary(out)
     assert resumed["steps"] == saved["steps"] + 3 and resumed["stopped_by"] == ""
     assert resumed["losses"][:saved["steps"]] == saved["losses"]
 
 
-def test_plain_python_and_torchrun(tmp_path):
+def test_plain_python_and_torchrun(tmp_path, torchrun_on_local_text):
     env = rank_env()
     one = subprocess.run([sys.executable, "bigtrain/run.py", "--out", str(tmp_path / "one"), *TINY, "--steps", "3"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
     assert summary(tmp_path / "one")["world_size"] == 1
-    torchrun = Path(sys.executable).parent / "torchrun"
-    two = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--master_port", str(free_port()), "bigtrain/run.py",
-                          "--out", str(tmp_path / "two"), *TINY, "--steps", "3"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
-    assert summary(tmp_path / "two")["world_size"] == 2
+    # torchrun: the fixture's launch (exit 0 asserted there) ran 2 ranks
+    assert summary(torchrun_on_local_text)["world_size"] == 2
 
 
 def test_bad_config_fails_fast_with_one_line(tmp_path):
