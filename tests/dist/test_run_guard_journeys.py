@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -121,6 +122,9 @@ def test_one_folder_one_run(tmp_path):
         while len(list((out / "checkpoints").glob("step_*/bigtrain.json"))) < 2:
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-3000:]
             time.sleep(0.5)
+        # Paused, the first job still holds the folder (a live process, its lock) without training on one of the two
+        # cores all the while the second starts (~5 CPU s); the kill below ends it as it would a running one.
+        os.kill(first.pid, signal.SIGSTOP)
         second = python_run(out, "--steps", "4")
         lines = error_lines(second.stderr)  # one line: the folder, that it is busy, and by which process where
         assert second.returncode == 2 and len(lines) == 1, second.stderr[-3000:]
