@@ -72,6 +72,14 @@ def pytest_itemcollected(item):
         item.add_marker(pytest.mark.dist)
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Files in the order of their budgets, the largest first (a file's tests keep theirs): xdist's loadfile gives a
+    free worker the next file in this order, so the long files start first and the unit tier's many short ones fill
+    the end, instead of one long file running alone while the other worker idles."""
+    from budgets import budget_of
+    items.sort(key=lambda item: -budget_of(item.nodeid.split("::", 1)[0]))
+
+
 def pytest_runtest_setup(item):
     if tier(item) is None:
         pytest.fail(f"{item.nodeid}: a test module belongs in tests/unit/ (no launcher) or tests/dist/ (real "
