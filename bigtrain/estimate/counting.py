@@ -145,11 +145,11 @@ def mlp_count(spec: ModelSpec) -> int:
 def _step_module(spec: ModelSpec, dtype: torch.dtype, device: str, tile: int, layers: int | None = None
                  ) -> torch.nn.Module:
     """The module a measurement runs: on `device`, in `dtype`, training, with ALST's tiled MLP as the engine
-    applies it (`tile` tokens; 0: none); with `layers` decoder layers (meta only)."""
+    applies it (`tile` tokens; 0: none; the lean RMSNorms with it); with `layers` decoder layers (meta only)."""
     module = (meta_module(spec, layers) if device == "meta" else spec.build()).to(dtype).train()
     if tile:
-        from bigtrain.parallel.tiling import apply_tiled_mlp
-        apply_tiled_mlp(module, tile)
+        from bigtrain.parallel.tiling import apply_tiles
+        apply_tiles(module, tile)
     return module
 
 

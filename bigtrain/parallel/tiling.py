@@ -9,6 +9,9 @@ name `...MLP` (LlamaMLP, Qwen2MLP, MistralMLP, GPT2MLP, ...), whose forward take
 experts (`...SparseMoeBlock`) are not MLPs here. A tile is `hidden_size` tokens, ALST's choice. Every rank of a run
 computes the same number of tiles (bigtrain's rows are data.seq_len tokens, a sequence-parallel rank's slice the same
 length on every rank), which ZeRO-3's per-tile parameter gathers need.
+
+With the MLP tiled, the RMSNorms go lean too (parallel/rms_norm.py: ALST's fused RMSNorm, done as a function that
+keeps only its input and makes no sequence-long fp32 temporary), over the same tiles.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import torch
 from torch import nn
 
 from bigtrain.config.rules import tiled_mlp_wanted
+from bigtrain.parallel.rms_norm import apply_lean_rms_norm
+
 
 def mlp_modules(model: nn.Module) -> list[nn.Module]:
     """The position-wise MLP blocks of `model` (outermost only)."""
@@ -59,16 +64,26 @@ def apply_tiled_mlp(model: nn.Module, tile: int) -> int:
     return len(modules)
 
 
+def apply_tiles(model: nn.Module, tile: int) -> tuple[int, int]:
+    """ALST's levers on one rank over tiles of `tile` tokens: every MLP tiled, and where there are MLPs, every
+    Llama-style RMSNorm lean; returns (MLPs, RMSNorms). The engine (`apply_tiling`) and the estimate's count
+    (bigtrain.estimate.counting) apply them alike."""
+    count = apply_tiled_mlp(model, tile)
+    return count, apply_lean_rms_norm(model, tile) if count else 0
+
+
 def apply_tiling(model: nn.Module, spec: Any, setting: bool | str, sequence: int = 1) -> int:
-    """`activation_checkpointing.tiled_mlp` for this job: the MLPs tiled (0 when off or when the model has none)."""
+    """`activation_checkpointing.tiled_mlp` for this job: the MLPs tiled (0 when off or when the model has none), and
+    the Llama-style RMSNorms made lean over the same tiles."""
     hidden = spec.hidden_size
     tokens = spec.seq_len // sequence if spec.seq_len else None
     if not tiled_mlp_wanted(setting, tokens, hidden) or not hidden:
         return 0
-    count = apply_tiled_mlp(model, hidden)
+    count, norms = apply_tiles(model, hidden)
     if count and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
         logging.getLogger("bigtrain").info("tiled MLP (activation_checkpointing.tiled_mlp=%s): %d MLPs over tiles of "
-                                           "%d tokens (DeepSpeed's TiledMLP)", setting, count, hidden)
+                                           "%d tokens (DeepSpeed's TiledMLP), %d RMSNorms lean", setting, count,
+                                           hidden, norms)
     if count == 0 and setting is True:
         raise ValueError(f"activation_checkpointing.tiled_mlp=true: {spec.family} has no MLP blocks to tile (modules "
                          "named ...MLP); set it to auto or false")
