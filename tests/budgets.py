@@ -30,6 +30,7 @@ BUDGETS = {
     "tests/unit/test_estimate_online.py": 45,  # 24.7 at load 5.5 (a 32-token round, 8-layer Llama, LiveBytes)
     "tests/unit/test_objective_seam.py": 125,  # 61 in a session; alone 8.8
     "tests/unit/test_bench.py": 17,  # 7.8-8.4
+    "tests/unit/test_lean_rms_norm.py": 15,  # 7.2 alone (2026-11-28, load 3: 16 norm and tiny-Llama checks)
     "tests/unit/test_token_profile.py": 160,  #  75 under -n 2 with its ALST bench check; 53.4 (a profiled engine step at two lengths, 15 meta-device estimates)
     "tests/unit/test_distill.py": 12,  # 6.0
     "tests/unit/test_bench_online.py": 8,  # 0.29 (the GPU plan built, a page section written from saved results)

@@ -221,7 +221,8 @@ class ActivationCheckpointConfig:
     cpu_checkpointing: bool = doc(False, "Move checkpointed activations to CPU (needs partition_activations).")
     tiled_mlp: Literal["auto"] | bool = doc(
         "auto", "ALST's tiled MLP (DeepSpeed's TiledMLP): each MLP computed over tiles of hidden_size tokens and "
-        "recomputed tile by tile in backward, so a layer keeps its MLP input only; the same result. auto = on when "
+        "recomputed tile by tile in backward, so a layer keeps its MLP input only; with it, Llama-style RMSNorms go "
+        "lean (keep only their input, no sequence-long fp32 temporary in backward); the same result. auto = on when "
         "a rank's tokens per sample (data.seq_len / parallel.sequence) reach 4 x the hidden size; false = off. "
         "Independent of activation_checkpointing.enabled; plain modules only (no pipeline).")
     offload_hidden_states: Literal["auto"] | bool = doc(
