@@ -127,6 +127,11 @@ def main() -> None:
                                                                  "must stay under (seq)")
     p.add_argument("--lengths", default="4096,8192")
     p.add_argument("--sequences", default="1,2,4")
+    p.add_argument("--levers", choices=["both", "tiled", "untiled"], default="both",
+                   help="which cases to run (a change to the tiled levers alone: re-measure --levers tiled and "
+                        "--merge into the file the untiled cases came from)")
+    p.add_argument("--merge", help="a previous result file: its cases not run now are kept, under its own run's "
+                                   "fields (recorded in 'merged_from')")
     p.add_argument("--code", default=str(SCRIPTS.parent), help="the checkout whose bigtrain the jobs run")
     args = p.parse_args()
     code = Path(args.code).resolve()
@@ -138,7 +143,7 @@ def main() -> None:
     out = Path(args.out)
     lengths = [int(n) for n in args.lengths.split(",")]
     for sequence in (int(s) for s in args.sequences.split(",")):
-        for tiled in (False, True):
+        for tiled in {"both": (False, True), "tiled": (True,), "untiled": (False,)}[args.levers]:
             start = 1024 * sequence
             if args.only in (None, "per_token"):
                 measured = launch({"kind": "per_token", "sequence": sequence, "tiled": tiled, "lengths": lengths},
@@ -158,7 +163,19 @@ def main() -> None:
                 print(f"sp{sequence} tiled={tiled}: longest {row['longest_seq_len']}", flush=True)
             out.write_text(json.dumps(results, indent=1))
     results["finished"] = time.strftime("%F %T")
+    if args.merge:
+        results = merged(json.loads(Path(args.merge).read_text()), results)
     out.write_text(json.dumps(results, indent=1))
+
+
+def merged(old: dict, new: dict) -> dict:
+    """`new`, plus `old`'s cases that `new` did not run; `old`'s run fields kept under 'merged_from'."""
+    ran = {(r["sequence"], r["tiled"]) for kind in ("per_token", "seq") for r in new[kind]}
+    for kind in ("per_token", "seq"):
+        kept = [r for r in old[kind] if (r["sequence"], r["tiled"]) not in ran]
+        new[kind] = sorted(kept + new[kind], key=lambda r: (r["sequence"], r["tiled"]))
+    new["merged_from"] = {k: v for k, v in old.items() if k not in ("per_token", "seq", "merged_from")}
+    return new
 
 
 if __name__ == "__main__":

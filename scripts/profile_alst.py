@@ -174,6 +174,8 @@ def main() -> None:
     p.add_argument("--sequences", default="1,2,4")
     p.add_argument("--setups", default=",".join(SETUPS))
     p.add_argument("--set", action="append", default=[], help="another run-config override for every job")
+    p.add_argument("--merge", help="a previous profile: its rows not measured now are kept, under its own run's "
+                                   "fields (recorded in 'merged_from')")
     args = p.parse_args()
     extra = [a for s in args.set for a in ("--set", s)]
     started = time.strftime("%F %T")
@@ -181,6 +183,13 @@ def main() -> None:
                      args.setups.split(","), extra)
     result.update(machine=os.uname().nodename, cores=os.cpu_count(), started=started,
                   finished=time.strftime("%F %T"), command=" ".join(["scripts/profile_alst.py", *sys.argv[1:]]))
+    if args.merge:
+        old = json.loads(Path(args.merge).read_text())
+        ran = {(r["sequence"], r["setup"]) for r in result["rows"]}
+        order = {name: i for i, name in enumerate(SETUPS)}
+        result["rows"] = sorted([r for r in old["rows"] if (r["sequence"], r["setup"]) not in ran] + result["rows"],
+                                key=lambda r: (r["sequence"], order.get(r["setup"], len(order))))
+        result["merged_from"] = {k: v for k, v in old.items() if k not in ("rows", "merged_from")}
     Path(args.out).write_text(json.dumps(result, indent=1))
 
 
