@@ -77,16 +77,18 @@ def test_the_estimate_counts_what_a_rank_holds_per_token(row):
 
 def test_the_profile_meets_the_aims_it_is_held_to():
     """Issue 39's aims on the profile (activation checkpointing on, tiled): per global token SP2 <= 0.55x and SP4
-    <= 0.3x of one rank's slope."""
+    <= 0.3x of one rank's slope; on one rank the tiled MLP and the chunked loss (with the lean RMSNorm they bring)
+    <= 0.5x of the untiled slope."""
     slope = {(r["sequence"], r["setup"]): r["bytes_per_token"] for r in PROFILE["rows"]}
+    assert slope[1, "ckpt+tiled+chunked"] <= 0.5 * slope[1, "ckpt"]
     assert slope[2, "ckpt+tiled"] <= 0.55 * slope[1, "ckpt+tiled"]
     assert slope[4, "ckpt+tiled"] <= 0.30 * slope[1, "ckpt+tiled"]
 
 
 def test_the_bench_measures_the_profiles_bytes_and_meets_the_aims():
     """scripts/bench_alst.py's run (docs/bench_alst.json, checkpointing on, tiled = tiled MLP + chunked loss): its
-    per-token slopes are the profile's checkpointed rows (the same count, through the same jobs), and its longest
-    sequences under one cap grow >= 1.9x per doubling of SP, tiled."""
+    per-token slopes are the profile's checkpointed rows (the same count, through the same jobs), tiled on one rank
+    <= 0.5x of untiled, and its longest sequences under one cap grow >= 1.9x per doubling of SP, tiled."""
     bench = json.loads((DOCS / "bench_alst.json").read_text())
     profile = {(r["sequence"], r["setup"]): r["bytes_per_token"] for r in PROFILE["rows"]}
     slopes = {(r["sequence"], r["tiled"]): r["bytes_per_token"] for r in bench["per_token"]}
@@ -94,6 +96,7 @@ def test_the_bench_measures_the_profiles_bytes_and_meets_the_aims():
     for (sp, tiled), measured in slopes.items():
         assert measured == pytest.approx(profile[sp, "ckpt+tiled+chunked" if tiled else "ckpt"], rel=0.01)
     assert slopes[2, True] <= 0.55 * slopes[1, True] and slopes[4, True] <= 0.30 * slopes[1, True]
+    assert slopes[1, True] <= 0.5 * slopes[1, False]
     longest = {(r["sequence"], r["tiled"]): r["longest_seq_len"] for r in bench["seq"]}
     assert all(p["fits"] == (p["peak_bytes_per_rank"] <= bench["cap_bytes"]) for r in bench["seq"] for p in r["probes"])
     assert longest[2, True] >= 1.9 * longest[1, True] and longest[4, True] >= 1.9 * longest[2, True]
