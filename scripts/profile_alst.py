@@ -120,12 +120,15 @@ WHAT = {("layers.*", "add"): "block output (the residual stream; kept: the next 
         ("layers.*.mlp.gate_proj", "mm"): "MLP gate", ("layers.*.mlp.up_proj", "mm"): "MLP up",
         ("layers.*.mlp.act_fn", "silu"): "MLP SiLU(gate)", ("layers.*.mlp", "mul"): "MLP SiLU(gate) * up",
         ("layers.*.mlp", "zeros_like"): "TiledMLP's input gradient", ("rotary_emb", "mul"): "RoPE cos, sin",
-        ("(outside modules)", "_log_softmax"): "log-probabilities"}
+        ("(outside modules)", "_log_softmax"): "log-probabilities",
+        ("layers.*.input_layernorm", "empty"): "lean RMSNorm's output", ("layers.*.post_attention_layernorm", "empty"):
+        "lean RMSNorm's output"}
 # What a row made in backward and alive at the peak is
 IN_BACKWARD = {("layers.*.mlp", "mul"): "gradients of SiLU(gate) and of up", ("layers.*.mlp", "mm"): "gradient of the "
                "MLP product", ("model", "add"): "gradient of the residual stream", ("layers.*", "add"): "gradient of "
                "the residual stream", ("layers.*.mlp", "zeros_like"): "TiledMLP's input gradient",
                ("layers.*.post_attention_layernorm", "mul"): "RMSNorm's backward",
+               ("model", "empty_like"): "lean RMSNorm's input gradient",
                ("layers.*.post_attention_layernorm", "add"): "RMSNorm's backward",
                ("layers.*.post_attention_layernorm", "div"): "RMSNorm's backward",
                ("layers.*.post_attention_layernorm", "pow"): "RMSNorm's backward"}

@@ -51,12 +51,25 @@ class ActivationCount:
     # the backward has freed some of what the forward saved
     transient: float = 0.0
     transient_checkpointed: float | None = None  # None: as without checkpointing
+    # the same from the first parameter gradient on, when ZeRO 1-2's gradient bucket exists beside them (counted
+    # models only; None: not known apart, the peak above stands for the whole backward)
+    transient_after: float | None = None
+    transient_checkpointed_after: float | None = None
 
     def total(self, micro_batch: int, checkpointing: bool) -> float:
         """Peak activation bytes of one rank for `micro_batch` samples."""
         kept = self.block_inputs + self.largest_block if checkpointing else self.blocks
         extra = self.transient if not checkpointing or self.transient_checkpointed is None \
             else self.transient_checkpointed
+        return micro_batch * (self.outside + kept + extra)
+
+    def total_after_first_gradient(self, micro_batch: int, checkpointing: bool) -> float | None:
+        """Peak activation bytes of one rank from the first parameter gradient on; None where not counted apart."""
+        if self.transient_after is None:
+            return None
+        kept = self.block_inputs + self.largest_block if checkpointing else self.blocks
+        extra = self.transient_after if not checkpointing or self.transient_checkpointed_after is None \
+            else self.transient_checkpointed_after
         return micro_batch * (self.outside + kept + extra)
 
 

@@ -220,8 +220,9 @@ def run_estimate(args: argparse.Namespace) -> int:
           + objective_line(req))
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
     print_notes(base, shape)
-    print("GiB. GPU/rank = params + optim + the larger of acts (end of forward) and grads + buffers (end of "
-          "backward); buffers: gradient buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"
+    print("GiB. GPU/rank = params + optim + the largest of acts (end of forward), the backward's own peak beside the "
+          "gradient buckets (from its first gradient on) and grads + buffers (end of backward); buffers: gradient "
+          "buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"
           f"fits: GPU/rank <= {100 * (1 - args.headroom):.0f}% of --gpu-mem"
           + (" and CPU/node of --cpu-mem" if cpu_mem else ""))
     best = recommend(rows, gpu_mem, cpu_mem, args.headroom)

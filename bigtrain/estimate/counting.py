@@ -1,6 +1,6 @@
 """One sample's activations counted on the meta device (no memory, no weights): what a forward saves for backward,
 by block (`measure_activations`), and the peak of a whole forward and backward, every tensor counted while it lives
-(`measure_peak`, with `bigtrain.estimate.live_bytes`: the accounting scripts/profile_alst.py measures real training
+(`measure_peaks`, with `bigtrain.estimate.live_bytes`: the accounting scripts/profile_alst.py measures real training
 steps with), with the levers training applies (ALST's tiled MLP, the chunked loss, checkpointing). `count_activations`
 joins them into the memory model's `ActivationCount` (`bigtrain.estimate.shape` builds the shape from it).
 """
@@ -223,27 +223,35 @@ def _measuring(device: str) -> Iterator[None]:
         yield
 
 
-def measure_peak(spec: ModelSpec, dtype: torch.dtype, device: str = "meta", tile: int = 0, chunked: bool = False,
-                 checkpointing: bool = False, layers: int | None = None) -> int:
-    """The peak bytes of one sample's forward and backward on `device`, every tensor the step makes counted while
-    it lives (`bigtrain.estimate.live_bytes.LiveBytes`, as scripts/profile_alst.py counts real training steps);
-    with every block checkpointed as the engine does (`_reentrant_checkpoint`); with `layers` decoder layers.
-    Parameter gradients are freed as they are made, as DeepSpeed's engine moves them into its buckets (counted with
-    the model states)."""
+def measure_peaks(spec: ModelSpec, dtype: torch.dtype, device: str = "meta", tile: int = 0, chunked: bool = False,
+                  checkpointing: bool = False, layers: int | None = None) -> tuple[int, int]:
+    """(the peak bytes of one sample's forward and backward on `device` before the first parameter gradient, the
+    peak from it on), every tensor the step makes counted while it lives (`bigtrain.estimate.live_bytes.LiveBytes`,
+    as scripts/profile_alst.py counts real training steps); with every block checkpointed as the engine does
+    (`_reentrant_checkpoint`); with `layers` decoder layers. The two differ in what sits beside them: ZeRO 1-2 make
+    their gradient bucket at the first gradient, so a loss's backward over the vocabulary, before it, can peak
+    higher without being the step's peak. Parameter gradients are freed as they are made, as DeepSpeed's engine
+    moves them into its buckets (counted with the model states)."""
     import torch
 
-    from bigtrain.estimate.live_bytes import LiveBytes
+    from bigtrain.estimate.live_bytes import LiveBytes, peaks_around
     module = _step_module(spec, dtype, device, tile, layers)
     if checkpointing:
         for parent, name in spec.checkpoint_blocks(module) if spec.checkpoint_blocks else []:
             getattr(parent, name).forward = _reentrant_checkpoint(getattr(parent, name).forward)
-    hooks = [p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
-             for p in module.parameters() if p.requires_grad]
+    first_grad: list[int] = []
+
+    def made(p: torch.nn.Parameter) -> None:
+        if not first_grad:
+            first_grad.append(len(watch.events))
+        p.grad = None
+
+    hooks = [p.register_post_accumulate_grad_hook(made) for p in module.parameters() if p.requires_grad]
     with _measuring(device), LiveBytes() as watch:
         _loss(spec, module, device, dtype, chunked).backward()
     for hook in hooks:
         hook.remove()
-    return watch.snapshot().peak
+    return peaks_around(watch.events, first_grad[0] if first_grad else len(watch.events))
 
 
 def _reentrant_checkpoint(forward: Any) -> Any:
@@ -268,13 +276,14 @@ COUNTED_UP_TO = 8192
 
 def count_activations(spec: ModelSpec, dtype: torch.dtype, tile: int = 0, chunked: bool = False) -> ActivationCount:
     """One sample's activations on the meta device: what the forward saves, by block (`measure_activations`), and
-    what the peak of the step holds beyond it, without and with checkpointing (`measure_peak`)."""
+    what the peak of the step holds beyond it, without and with checkpointing (`measure_peaks`)."""
     length = spec.seq_len or 0
     if spec.modality != "text" or length <= COUNTED_UP_TO:
         return _count_at(spec, dtype, tile, chunked)
     points = (COUNTED_UP_TO // 4, COUNTED_UP_TO // 2, COUNTED_UP_TO)
     counts = [_count_at(replace(spec, seq_len=n), dtype, tile, chunked) for n in points]
-    fields = ("outside", "blocks", "largest_block", "block_inputs", "transient", "transient_checkpointed")
+    fields = ("outside", "blocks", "largest_block", "block_inputs", "transient", "transient_checkpointed",
+              "transient_after", "transient_checkpointed_after")
     return ActivationCount(**{f: _parabola(points, [getattr(c, f) for c in counts], length) for f in fields})
 
 
@@ -298,11 +307,12 @@ def _count_at(spec: ModelSpec, dtype: torch.dtype, tile: int, chunked: bool) -> 
         smaller = measure_activations(spec, dtype, tile=tile, chunked=chunked, layers=2)
         if (smaller.outside, smaller.largest_block) == (count.outside, count.largest_block):
             probe, layers = smaller, 2
-    plain = measure_peak(spec, dtype, tile=tile, chunked=chunked, layers=layers)
-    kept = measure_peak(spec, dtype, tile=tile, chunked=chunked, checkpointing=spec.checkpoint_blocks is not None,
-                        layers=layers)
-    return replace(count, transient=plain - probe.outside - probe.blocks,
-                   transient_checkpointed=kept - probe.outside - probe.block_inputs - probe.largest_block)
+    plain = measure_peaks(spec, dtype, tile=tile, chunked=chunked, layers=layers)
+    kept = measure_peaks(spec, dtype, tile=tile, chunked=chunked, checkpointing=spec.checkpoint_blocks is not None,
+                         layers=layers)
+    saved, saved_kept = probe.outside + probe.blocks, probe.outside + probe.block_inputs + probe.largest_block
+    return replace(count, transient=plain[0] - saved, transient_checkpointed=kept[0] - saved_kept,
+                   transient_after=plain[1] - saved, transient_checkpointed_after=kept[1] - saved_kept)
 
 
 def _alike_blocks(spec: ModelSpec, count: ActivationCount) -> bool:

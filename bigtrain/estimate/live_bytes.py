@@ -183,6 +183,18 @@ class LiveBytes(TorchDispatchMode):
         return Snapshot(peak, dict(by_label))
 
 
+def peaks_around(events: list[tuple[int, int]], index: int) -> tuple[int, int]:
+    """(the peak of the live bytes over `events` before `index`, the peak from `index` on)."""
+    live, before, after = 0, 0, 0
+    for i, (_, delta) in enumerate(events):
+        live += delta
+        if i < index:
+            before = max(before, live)
+        else:
+            after = max(after, live)
+    return before, after
+
+
 def alive_storages(device: str = "cpu") -> list[torch.UntypedStorage]:
     """Every tensor storage alive now on `device`, once each."""
     import gc

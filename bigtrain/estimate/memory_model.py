@@ -187,6 +187,8 @@ class MemoryEstimate:
     frozen: float = 0.0  # the objective's own frozen models' weights on the device (a reward model, a teacher)
     kv_cache: float = 0.0  # a generation round's KV cache (objectives that generate)
     gathered: float = 0.0  # the whole weights gathered on the device for a generation round (ZeRO-3)
+    # activations from the first parameter gradient on (a counted model's; None: `activations` covers the backward)
+    activations_after_first_gradient: float | None = None
 
     @property
     def model_states(self) -> float:
@@ -201,14 +203,24 @@ class MemoryEstimate:
 
     @property
     def device_peak(self) -> float:
-        """Peak bytes on the device: the larger of the end of the forward (all activations) and the
-        end of backward / the step (all gradients, buckets, the fp32 step gradient). Backward frees
-        activations as it makes gradients, so the two are not added."""
+        """Peak bytes on the device: the largest of the end of the forward (all activations), the backward from its
+        first parameter gradient on (`backward`, where counted apart) and the end of backward / the step (all
+        gradients, buckets, the fp32 step gradient). Backward frees activations as it makes gradients, so the
+        first and the last are not added."""
         always = (self.params + self.reference + self.frozen + self.optimizer + self.live_params
                   + (self.buffers if self.setup.zero_stage == 3 else 0.0))
         forward = self.activations + self.grads_in_forward
         step = self.grads + self.step_transient + (self.buffers if self.setup.zero_stage in (1, 2) else 0.0)
-        return always + max(forward, step, self.generation)
+        return always + max(forward, step, self.generation, self.backward)
+
+    @property
+    def backward(self) -> float:
+        """The backward from its first parameter gradient on, where counted apart: what the activations hold then,
+        beside ZeRO 1-2's gradient bucket (made at that gradient) or ZeRO-3's gradient partition."""
+        if self.activations_after_first_gradient is None:
+            return 0.0
+        beside = self.buffers if self.setup.zero_stage in (1, 2) else self.grads_in_forward
+        return self.activations_after_first_gradient + beside
 
     @property
     def generation(self) -> float:
@@ -297,13 +309,17 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
         offloaded = rows * count.block_inputs * (1 - 1 / layers)
         count = replace(count, block_inputs=count.block_inputs / layers)
     acts = count.total(rows, setup.checkpointing)
+    after = count.total_after_first_gradient(rows, setup.checkpointing)
     if setup.chunked_loss and shape.vocab:  # each sequence rank's loss is over its slice: rows x seq / u tokens
         tokens = rows * max(shape.seq_len // setup.sequence, 1)
-        acts += chunked_loss_bytes(shape, p, tokens) + chunked_loss_margin(shape, tokens)
+        loss_bytes = chunked_loss_bytes(shape, p, tokens) + chunked_loss_margin(shape, tokens)
+        acts += loss_bytes
+        after = None if after is None else after + loss_bytes
     ref_device, ref_host = frozen_terms(shape.num_params if setup.reference == "copy" else 0, setup, persistent)
     frozen_device, frozen_host = frozen_terms(setup.frozen_params, setup)
     return MemoryEstimate(setup=setup, params=terms["params"], grads=terms["grads"], optimizer=terms["optimizer"],
                           buffers=buffers, live_params=live, step_transient=transient, activations=acts,
+                          activations_after_first_gradient=after,
                           host=terms["host"] + offloaded + ref_host + frozen_host, nvme=terms["nvme"],
                           reference=ref_device, frozen=frozen_device, kv_cache=kv_cache_bytes(shape, setup),
                           gathered=gathered_bytes(psi - persistent, setup))
@@ -364,7 +380,11 @@ def split_activations(count: ActivationCount, setup: Setup) -> ActivationCount:
     """One rank's share of a sample's activations under tensor and sequence parallelism (see the module doc)."""
     block_share = (10 + 24 / setup.tensor) / 34  # Korthikanti: 10sbh replicated, 24sbh split per layer
     u = setup.sequence
-    kept = count.transient_checkpointed
+    def share(value: float | None) -> float | None:
+        return None if value is None else value / u
+
     return ActivationCount(outside=count.outside / u, blocks=count.blocks * block_share / u,
                            largest_block=count.largest_block * block_share / u, block_inputs=count.block_inputs / u,
-                           transient=count.transient / u, transient_checkpointed=None if kept is None else kept / u)
+                           transient=count.transient / u, transient_checkpointed=share(count.transient_checkpointed),
+                           transient_after=share(count.transient_after),
+                           transient_checkpointed_after=share(count.transient_checkpointed_after))

@@ -62,7 +62,7 @@ def test_a_world_that_does_not_split_is_refused():
 
 def test_estimate_recommends_sequence_parallelism_when_activations_do_not_fit(capsys):
     from bigtrain.cli import main
-    long = ["estimate", "--model", "llama", "--size", "1b", "--seq-len", "131072", "--gpu-mem", "6"]
+    long = ["estimate", "--model", "llama", "--size", "1b", "--seq-len", "131072", "--gpu-mem", "5"]
     assert main(long) == 1
     err = capsys.readouterr().err
     assert "activations, not model states" in err and "--set parallel.sequence=2" in err

@@ -60,16 +60,18 @@ def estimated_per_token(sequence: int, setup: str, lengths: list[int]) -> float:
                               tiled="tiled" in setup, chunked="chunked" in setup) for n in lengths]
     kind = Setup(world_size=sequence, sequence=sequence, precision="fp32", zero_stage=1, tiled_mlp="tiled" in setup,
                  checkpointing="ckpt" in setup, chunked_loss="chunked" in setup)
-    short, long = (estimate(shape, kind).activations for shape in shapes)
+    short, long = (estimate(shape, kind).device_peak for shape in shapes)  # what else a rank holds: the same
     return (long - short) / (lengths[-1] - lengths[0])
 
 
 @pytest.mark.parametrize("row", PROFILE["rows"], ids=lambda r: f"sp{r['sequence']}-{r['setup']}")
 def test_the_estimate_counts_what_a_rank_holds_per_token(row):
-    """`bigtrain estimate`'s activations per token (a forward and backward of one sample counted on the meta device
+    """`bigtrain estimate`'s device peak per token (a forward and backward of one sample counted on the meta device
     with the same accounting) against the profile of real training steps on CPU ranks (scripts/profile_alst.py,
     docs/alst_profile.json): within 10% at parallel.sequence 1, 2 and 4, tiled and not, with and without
-    checkpointing and the chunked loss."""
+    checkpointing and the chunked loss. The peak's slope, not the activations' alone: which moment of the step
+    peaks depends on what sits beside it (ZeRO-1's gradient bucket is made at the first gradient, after the loss's
+    backward over the vocabulary)."""
     estimated = estimated_per_token(row["sequence"], row["setup"], row["lengths"])
     measured = row["bytes_per_token"]
     assert estimated == pytest.approx(measured, rel=0.10), (estimated, measured)
