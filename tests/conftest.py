@@ -61,6 +61,10 @@ def _guarded_popen_init(self, args, *rest, **kwargs):
 
 
 def pytest_configure(config):
+    # xdist's loadfile otherwise reorders files by their number of tests, which put the two-test, four-minute
+    # test_bench_runs last in every run, alone on one worker; keep the order pytest_collection_modifyitems gives
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     subprocess.Popen.__init__ = _guarded_popen_init
     from bigtrain.distributed.op_builds import use_environment_ops_dir
     use_environment_ops_dir()  # DeepSpeed's ops built in this process (one_rank_group) go where the ranks' go
