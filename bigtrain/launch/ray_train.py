@@ -51,11 +51,15 @@ def connect(address: str | None, num_cpus: int, object_store_mb: int = 256) -> b
     # Ray's own loggers at ERROR in every process of this job: without a dashboard (the state API), Ray
     # Train's placement-group cleaner would warn every second that it cannot query the controller.
     quiet = {"logging_level": logging.WARNING, "logging_config": ray.LoggingConfig(log_level="ERROR")}
+    ours = logging.getLogger("bigtrain")
+    level = ours.getEffectiveLevel()
     if address:
         ray.init(address=address, **quiet)
     else:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                  object_store_memory=object_store_mb * 2**20, **quiet)
+    if ours.level == logging.NOTSET:  # Ray's config also sets this process's root logger to ERROR: bigtrain's
+        ours.setLevel(level)          # warnings on the driver (and a caller's own lines through it) stay
     return True
 
 

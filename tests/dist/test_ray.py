@@ -132,6 +132,13 @@ def max_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b))
 
 
+def test_the_driver_keeps_bigtrain_warnings(ray_cluster):
+    """Ray's logging config sets the driver's root logger to ERROR; bigtrain's own lines on the driver keep their
+    level (they once went silent there, and every later test in that process lost them)."""
+    import logging
+    assert logging.getLogger("bigtrain").isEnabledFor(logging.WARNING)
+
+
 def test_ray_train_workers_match_a_launchers_run(ray_run, launcher_losses):
     from bigtrain.checkpoint.store import check_complete
     from bigtrain.launch.ray_train import read_pointer
