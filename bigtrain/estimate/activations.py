@@ -58,18 +58,18 @@ class ActivationCount:
 
     def total(self, micro_batch: int, checkpointing: bool) -> float:
         """Peak activation bytes of one rank for `micro_batch` samples."""
-        kept = self.block_inputs + self.largest_block if checkpointing else self.blocks
-        extra = self.transient if not checkpointing or self.transient_checkpointed is None \
-            else self.transient_checkpointed
-        return micro_batch * (self.outside + kept + extra)
+        return self._with(micro_batch, checkpointing, self.transient, self.transient_checkpointed)
 
     def total_after_first_gradient(self, micro_batch: int, checkpointing: bool) -> float | None:
         """Peak activation bytes of one rank from the first parameter gradient on; None where not counted apart."""
         if self.transient_after is None:
             return None
+        return self._with(micro_batch, checkpointing, self.transient_after, self.transient_checkpointed_after)
+
+    def _with(self, micro_batch: int, checkpointing: bool, transient: float, transient_checkpointed: float | None
+              ) -> float:
         kept = self.block_inputs + self.largest_block if checkpointing else self.blocks
-        extra = self.transient_after if not checkpointing or self.transient_checkpointed_after is None \
-            else self.transient_checkpointed_after
+        extra = transient if not checkpointing or transient_checkpointed is None else transient_checkpointed
         return micro_batch * (self.outside + kept + extra)
 
 
