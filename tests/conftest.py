@@ -17,11 +17,19 @@ Adam for optimizer offload. A build takes 1-3 minutes of a fresh machine; done i
 run started meanwhile print a warning line and wait (the lines a test counts then counted one too many). Done here,
 no launched rank builds an op.
 """
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# torch.compile off for the suite and every process it starts, except where compiling is the subject
+# (tests/dist/test_compile_training.py sets it to 0): DeepSpeed's Muon decorates its Newton-Schulz with
+# torch.compile, so each rank that builds a ZeRO engine imported inductor (~1.4 CPU s) and each Muon job compiled
+# C++ kernels for the CPU (26 CPU s in a process with an empty inductor cache, as CI's is) for the same losses to
+# the bit; test_levers.py fell from 118 to 72 CPU s. bigtrain's own `train.compile` never compiles on a CPU unless asked.
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 TESTS = Path(__file__).resolve().parent
 UNIT, DIST = TESTS / "unit", TESTS / "dist"

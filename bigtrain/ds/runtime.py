@@ -52,9 +52,13 @@ def resolve_compile(setting: bool | str, device_name: str, pipeline_stages: int,
     """`train.compile` -> "off" | "torch" | "deepcompile" for this job; a combination that cannot run is a
     ValueError naming the fix."""
     if setting == "auto":  # ZeRO-3: DeepSpeed's per-module hooks split the graph at every layer (see below)
-        return "torch" if device_name != "cpu" and pipeline_stages == 1 and zero_stage != 3 else "off"
+        wanted = device_name != "cpu" and pipeline_stages == 1 and zero_stage != 3
+        return "torch" if wanted and not dynamo_disabled() else "off"
     if setting is False:
         return "off"
+    if dynamo_disabled():  # torch.compile would return the model as it is: a run that says "compiled" and is not
+        raise ValueError(f"train.compile={_text(setting)} but TORCHDYNAMO_DISABLE=1 in this environment turns "
+                         "torch.compile off; unset TORCHDYNAMO_DISABLE, or set train.compile=false")
     if pipeline_stages > 1:
         raise ValueError(f"train.compile={_text(setting)} with pipeline.stages={pipeline_stages}: bigtrain compiles "
                          "plain modules only; set train.compile=false (or auto)")
@@ -70,6 +74,12 @@ def resolve_compile(setting: bool | str, device_name: str, pipeline_stages: int,
         raise ValueError(f"train.compile={_text(setting)} on a CPU needs a C++ compiler (inductor builds C++ kernels) "
                          "and none is on PATH: install g++ (scripts/setup.sh does), or set train.compile=false")
     return "torch"
+
+
+def dynamo_disabled() -> bool:
+    """Whether torch's TORCHDYNAMO_DISABLE=1 is set: every torch.compile in the process is then a no-op."""
+    import os
+    return os.environ.get("TORCHDYNAMO_DISABLE", "") == "1"
 
 
 def cpp_compiler() -> str | None:

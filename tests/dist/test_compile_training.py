@@ -26,7 +26,7 @@ def test_compiled_model_and_chunked_loss_train_the_same_losses_as_eager_at_zero1
             for stage in (1, 3)
             for mode, extra in (("eager", ["--set", "train.compile=false", "--set", "train.loss_impl=plain"]),
                                 ("compiled", ["--set", "train.compile=true", "--set", "train.loss_impl=chunked"]))]
-    log = launch_jobs(tmp_path, jobs, timeout=900, TORCHINDUCTOR_COMPILE_THREADS="1")
+    log = launch_jobs(tmp_path, jobs, timeout=900, TORCHINDUCTOR_COMPILE_THREADS="1", TORCHDYNAMO_DISABLE="0")
     compiled = [line for line in log.splitlines() if naming(line, "compiled", "model", "loss", "inductor")]
     assert len(compiled) == 2, log[-3000:]  # one line per compiled job: what was compiled, by which backend
     for stage in (1, 3):

@@ -19,6 +19,7 @@ from bigtrain.ds.lint import DeviceCaps
 from bigtrain.ds.resolve import resolve
 from bigtrain.ds.runtime import resolve_compile
 from bigtrain.train import autobatch, fast_path
+from messages import naming
 
 TOL = 1e-5
 
@@ -91,6 +92,7 @@ def test_chunked_loss_on_gpt2_equals_the_module_loss_with_padded_vocabulary():
 
 
 def test_fast_path_defaults_follow_the_device_and_refuse_what_cannot_run(monkeypatch):
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)  # tests/conftest.py sets it for the suite
     assert resolve_compile("auto", "cuda", 1, 1) == "torch"
     assert resolve_compile("auto", "cpu", 1, 1) == "off"
     assert resolve_compile("auto", "cuda", 2, 1) == "off"  # pipelines stay eager
@@ -107,6 +109,13 @@ def test_fast_path_defaults_follow_the_device_and_refuse_what_cannot_run(monkeyp
     with pytest.raises(ValueError, match="train.compile=true on a CPU needs a C\\+\\+ compiler"):
         resolve_compile(True, "cpu", 1, 1)
     monkeypatch.delenv("CXX")
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")  # torch.compile is a no-op: auto stays eager, an ask is refused
+    assert resolve_compile("auto", "cuda", 1, 1) == "off"
+    for setting in (True, "deepcompile"):
+        with pytest.raises(ValueError) as refused:
+            resolve_compile(setting, "cuda", 1, 1)
+        assert naming(str(refused.value), "TORCHDYNAMO_DISABLE=1", "train.compile=false")
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE")
     fake_gpu = DeviceCaps("cuda", fp16=True, bf16=True)
     run = load_run_config(None, ["train.compile=deepcompile", "zero.stage=1", "precision=bf16"])
     assert resolve(run, None, 1, fake_gpu).ds_config["compile"] == {"deepcompile": True}  # resolve writes it
