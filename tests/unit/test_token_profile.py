@@ -3,6 +3,7 @@ model's per-token terms come from the same count and agree with the profile of r
 chunked loss holds less than DeepSpeed's `TiledFusedLogitsLoss` on the same shapes."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 
 from bigtrain.estimate.live_bytes import LiveBytes, allocator_peak
 from bigtrain.estimate.memory_model import Setup, estimate
-from bigtrain.estimate.shape import shape_from_spec
+from bigtrain.estimate.shape import ModelShape, shape_from_spec
 from bigtrain.models import build
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -55,9 +56,16 @@ def test_the_tiles_leave_no_mlp_intermediate_at_the_peak():
     assert held.get((True, True), 0) == 0  # the tiled MLP keeps only its input, made outside it
 
 
+@functools.cache
+def shape_at(length: int, positions: int, tiled: bool, chunked: bool) -> ModelShape:
+    """The memory model's view of the profiled Llama at one length: the same for every SP and checkpointing setting
+    (those enter through `Setup`), so the fifteen rows count six shapes, not thirty (~5 s each with the tiles)."""
+    return shape_from_spec(build("llama", "custom", **LLAMA, seq_len=length, n_positions=positions), "fp32",
+                           tiled=tiled, chunked=chunked)
+
+
 def estimated_per_token(sequence: int, setup: str, lengths: list[int]) -> float:
-    shapes = [shape_from_spec(build("llama", "custom", **LLAMA, seq_len=n, n_positions=max(lengths)), "fp32",
-                              tiled="tiled" in setup, chunked="chunked" in setup) for n in lengths]
+    shapes = [shape_at(n, max(lengths), "tiled" in setup, "chunked" in setup) for n in lengths]
     kind = Setup(world_size=sequence, sequence=sequence, precision="fp32", zero_stage=1, tiled_mlp="tiled" in setup,
                  checkpointing="ckpt" in setup, chunked_loss="chunked" in setup)
     short, long = (estimate(shape, kind).device_peak for shape in shapes)  # what else a rank holds: the same
