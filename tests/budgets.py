@@ -31,7 +31,7 @@ BUDGETS = {
     "tests/unit/test_objective_seam.py": 125,  # 61 in a session; alone 8.8
     "tests/unit/test_bench.py": 17,  # 7.8-8.4
     "tests/unit/test_lean_rms_norm.py": 15,  # 7.2 alone (2026-11-28, load 3: 16 norm and tiny-Llama checks)
-    "tests/unit/test_token_profile.py": 160,  #  75 under -n 2 with its ALST bench check; 53.4 (a profiled engine step at two lengths, 15 meta-device estimates)
+    "tests/unit/test_token_profile.py": 45,  # 19.7 alone (2026-11-29: the 15 rows share their 6 meta-device shapes; 55 before)
     "tests/unit/test_distill.py": 12,  # 6.0
     "tests/unit/test_bench_online.py": 8,  # 0.29 (the GPU plan built, a page section written from saved results)
     # 160 alone (181 before the dry run's Llama 1B efficiency row left its --only, 2026-11-28 at load 1-1.5): 11 launches
@@ -40,7 +40,7 @@ BUDGETS = {
     "tests/dist/test_bench_runs.py": 320,
     "tests/dist/test_eval_runs.py": 230,  # 103 and 118 in two runs alone at load 1-3 (2026-11-28)
     "tests/dist/test_online_rl.py": 90,  # 42.8 (GRPO, RLOO and distillation: two launches, the jobs shared)
-    "tests/dist/test_levers.py": 290,  # 144 in a session; alone 104 (158 before its checkpoints and exports were sized to its tests)
+    "tests/dist/test_levers.py": 150,  # 72 in a session, 2026-11-29 (118 alone before torch.compile left the suite: Muon's C++ kernels)
     "tests/dist/test_run_guard_journeys.py": 390,  # 193 in a session; alone 101
     "tests/dist/test_equivalence.py": 150,  # 75 alone, every model in one launch (91 in a session as three launches)
     "tests/dist/test_tensor_sequence.py": 250,  # 124.7: one 4-rank launch of 10 jobs (wall 394 s at load 15-20)
