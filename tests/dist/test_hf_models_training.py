@@ -15,6 +15,7 @@ import torch
 
 from launch import REPO, launch_jobs
 from local_hf import DECODERS, SEQ, make_hf_dirs
+from messages import naming
 
 STEPS = 6
 COMMON = ["--set", "precision=fp32", "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0",
@@ -42,6 +43,10 @@ def runs(hf_dirs, tmp_path_factory) -> tuple[Path, str]:
                      "logits": True})
         jobs.append({"name": f"{arch}_resumed", "args": [*COMMON, *model, "--steps", str(STEPS), "--resume"],
                      "resume_from": arch})
+    # ALST's tiled MLP, which makes the directory's RMSNorms lean (their backward recomputed over tiles)
+    jobs.append({"name": "llama_tiled", "args": [*COMMON, "--model", "hf", "--set",
+                                                 f"model.pretrained={hf_dirs['llama']}", *data, "--steps", str(STEPS),
+                                                 "--set", "activation_checkpointing.tiled_mlp=true"], "logits": True})
     # tensor parallel at ZeRO-3 from a directory with weights: transformers loads them inside bigtrain's zero.Init
     jobs.append({"name": "llama_tp2", "args": [*COMMON, "--model", "hf", "--set", f"model.pretrained={hf_dirs['llama']}",
                                                *data, "--steps", str(STEPS), "--set", "parallel.tensor=2"]})
@@ -95,6 +100,23 @@ def test_export_reloads_with_the_trained_models_logits(runs, arch, tmp_path):
     print(f"{arch} export: max |logit difference| to the trained ZeRO-3 engine {diff:.1e}")
     assert diff <= 1e-5
     assert len(AutoTokenizer.from_pretrained(tmp_path / "hf")) == config["vocab_size"]
+
+
+def test_the_tiled_mlp_and_lean_norms_train_and_export_like_the_plain_model(runs, tmp_path):
+    """The Llama directory with the tiled MLP at ZeRO-3: its RMSNorms go lean, the run's losses are the plain run's,
+    and its export, reloaded by transformers' own class (plain norms), gives the logits the lean engine gave."""
+    from transformers import AutoModelForCausalLM
+
+    from bigtrain.export import export_checkpoint
+    root, log = runs
+    assert naming(log, "tiled MLP", "2 MLPs", "5 RMSNorms lean"), log[-3000:]
+    tiled, plain = summary(root, "llama_tiled"), summary(root, "llama")
+    assert max(abs(a - b) / b for a, b in zip(tiled["losses"], plain["losses"])) <= 1e-5, (tiled, plain)
+    assert export_checkpoint(root / "llama_tiled", tmp_path / "hf").max_logit_diff == 0.0
+    trained = torch.load(root / "llama_tiled" / "logits.pt")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    with torch.no_grad():
+        assert (model(trained["input_ids"]).logits - trained["logits"]).abs().max().item() <= 1e-5
 
 
 def test_a_directory_with_weights_trains_tensor_parallel_at_zero3_like_data_parallel(runs):
