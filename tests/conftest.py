@@ -27,7 +27,7 @@ import pytest
 # torch.compile off for the suite and every process it starts, except where compiling is the subject
 # (tests/dist/test_compile_training.py sets it to 0): DeepSpeed's Muon decorates its Newton-Schulz with
 # torch.compile, so each rank that builds a ZeRO engine imported inductor (~1.4 CPU s) and each Muon job compiled
-# C++ kernels for the CPU (26 CPU s in a process with an empty inductor cache, as CI's is) for the same losses to
+# C++ kernels for the CPU (31.6 CPU s in a process with an empty inductor cache, as CI's is) for the same losses to
 # the bit; test_levers.py fell from 118 to 72 CPU s. bigtrain's own `train.compile` never compiles on a CPU unless asked.
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
