@@ -25,12 +25,31 @@ def model_modality(model: ModelConfig) -> str:
 
 
 def default_tokenizer(data: DataConfig, model: ModelConfig) -> str | None:
-    """data.tokenizer, else the pretrained directory's own tokenizer (when it has one)."""
+    """data.tokenizer, else the pretrained directory's own tokenizer (when it has one). Weights without a tokenizer
+    are refused unless the data brings its own: a tokenizer trained here would feed them ids they never saw."""
     from bigtrain.models.hf_dir import has_tokenizer
+    from bigtrain.models.names import has_weights
 
-    if data.tokenizer is None and model.pretrained and has_tokenizer(model.pretrained):
+    if data.tokenizer is not None or not model.pretrained or not Path(model.pretrained).is_dir():
+        return data.tokenizer
+    if has_tokenizer(model.pretrained):
         return str(Path(model.pretrained).resolve())
-    return data.tokenizer
+    if has_weights(model.pretrained) and not _data_brings_tokenizer(data.source):
+        raise ValueError(f"model.pretrained={model.pretrained!r} holds weights but no tokenizer (no tokenizer.json "
+                         "or tokenizer_config.json there), and one trained here would give ids those weights never "
+                         "saw: name the tokenizer they were trained with, --set data.tokenizer=DIR_OR_HUB_NAME, or "
+                         "copy its files into that directory")
+    return None
+
+
+def _data_brings_tokenizer(source: str) -> bool:
+    """Whether the data decides the token ids itself: prepared corpora (each has its tokenizer), random ids."""
+    from bigtrain.data.mixture import parse_mixture
+    from bigtrain.data.prepare.store import is_prepared
+    if source == "synthetic":
+        return True
+    parts = parse_mixture(source)
+    return all(is_prepared(path) for path, _ in parts) if parts else is_prepared(source)
 
 
 class TrainingData:

@@ -289,3 +289,25 @@ def test_reward_files_are_read_before_the_launcher_without_being_imported(tmp_pa
                  "star.py:exact", "some_package.module:fn", "accuracy", "length=4,2"):
         assert line(fine) is None, fine
     assert not (tmp_path / "run").exists()
+
+
+def test_weights_without_a_tokenizer_are_refused_before_a_bpe_is_trained_for_them(files, tmp_path):
+    """A model folder copied without its tokenizer files got a BPE trained on the corpus and fine-tuned on ids its
+    weights never saw, exit 0: now one line naming the folder and data.tokenizer, before the launcher; a folder of
+    config alone (random weights) still trains its own."""
+    from transformers import LlamaConfig
+
+    from bigtrain.config.load import load_run_config
+    from bigtrain.train.precheck import check_run
+    model = tmp_path / "copied"
+    LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=2, vocab_size=300).save_pretrained(model)
+    text = tmp_path / "corpus.txt"
+    text.write_text("some text to train a tokenizer on\n" * 50)
+    flags = ["model.family=hf", f"model.pretrained={model}", f"data.source={text}", f"train.out_dir={tmp_path / 'r'}"]
+    check_run(load_run_config(None, flags))  # config alone: random weights, a BPE of its own is right
+    (model / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError) as err:
+        check_run(load_run_config(None, flags))
+    assert naming(str(err.value), str(model), "no tokenizer", "data.tokenizer="), err.value
+    assert not (tmp_path / "r").exists()
