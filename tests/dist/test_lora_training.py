@@ -209,3 +209,15 @@ def _consolidated(run: Path, consolidate, build) -> dict[str, torch.Tensor]:
     spec = build(mb["family"], mb["size"], **mb["overrides"])
     found = consolidate(run / "checkpoints" / "step_000004", spec, 1)
     return {n: t.contiguous() for n, t in found.tensors.items()}
+
+
+@pytest.mark.parametrize("extra", [["--adapter", "--force"], ["--force"]], ids=["adapter", "merged"])
+def test_an_export_onto_the_base_it_reads_is_refused_and_the_base_is_kept(runs, extra):
+    """--force replaces a folder; the run's own base model directory is one the user saved (and the adapter export
+    loads on it), so an --out that is that directory is one line, and its files stay."""
+    base = dirs_of(runs)["llama"]
+    before = sorted(p.name for p in base.iterdir())
+    code, _, err = _export(runs / "z3", base, *extra, check=False)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert naming(err, "--out", "base model", str(base.resolve()), "choose another directory")
+    assert sorted(p.name for p in base.iterdir()) == before
