@@ -76,6 +76,7 @@ def _model_directory(directory: Path, tokenizer: str | None) -> Target:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from bigtrain.export.write import load_tokenizer
+    tok = load_tokenizer(tokenizer or str(directory))  # before the weights: a directory without one fails at once
     if (directory / "adapter_config.json").is_file() and not (directory / "config.json").is_file():
         from bigtrain.export.lora import load_adapter
         model = load_adapter(directory).merge_and_unload(safe_merge=True)
@@ -86,7 +87,6 @@ def _model_directory(directory: Path, tokenizer: str | None) -> Target:
         # dtype "auto": the dtype the directory's config names, as lm-eval's `--model hf` loads it
         model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True, dtype="auto")
         what = f"model directory {directory}"
-    tok = load_tokenizer(tokenizer or str(directory))
     return Target(model.eval(), tok, what, directory / "eval_results.json")
 
 

@@ -190,6 +190,11 @@ def load_tokenizer(source: str) -> Any:
     """The tokenizer at `source` (a local directory, or a hub name); ValueError if it cannot be loaded."""
     from transformers import AutoTokenizer
 
+    from bigtrain.models.hf_dir import has_tokenizer
+    path = Path(source).expanduser()
+    if path.is_dir() and not has_tokenizer(path):  # transformers would load an empty tokenizer from it
+        raise ValueError(f"{path} holds no tokenizer (no tokenizer.json or tokenizer_config.json); pass "
+                         "--tokenizer DIR, the tokenizer the model was trained with")
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:

@@ -113,3 +113,12 @@ def test_an_export_keeps_the_models_generation_config_and_stops_where_a_chat_tur
         without_template.chat_template = None
         kept = empty_hf_model(spec, without_template).generation_config.eos_token_id
         assert (kept if isinstance(kept, list) else [kept]) == stops
+
+
+def test_a_model_directory_without_a_tokenizer_is_one_line_naming_the_flag(tmp_path: Path) -> None:
+    """transformers 5 loads an empty tokenizer from a directory with none, and generation then fails deep inside;
+    eval and generate load through this, so they stop with the fix instead."""
+    from bigtrain.export.write import load_tokenizer
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no tokenizer.*--tokenizer DIR"):
+        load_tokenizer(str(tmp_path))
