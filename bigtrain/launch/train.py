@@ -165,7 +165,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     for console in consoles:
         console.join(timeout=10)  # the launcher's last lines; a rank left holding a pipe does not hold us
-    return code
+    # a launcher ended by the signal passed on: the shell's 128 + N (143 after SIGTERM), which a scheduler reads as
+    # "stopped, resumable"; sys.exit(-15) would say 241
+    return 128 - code if code < 0 else code
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:

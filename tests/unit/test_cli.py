@@ -299,6 +299,26 @@ def test_bigtrain_train_on_one_machine_takes_a_free_port(monkeypatch):
         sock.bind(("127.0.0.1", chosen))  # it was free
 
 
+@pytest.mark.parametrize("ended_by, code", [(-15, 143), (-2, 130), (0, 0), (1, 1)])
+def test_bigtrain_train_exits_as_the_shell_would_when_its_launcher_ends_by_a_signal(monkeypatch, ended_by, code):
+    """A SIGTERM passed on to the launcher's session saves and stops the ranks, and ends the launcher by that signal:
+    `bigtrain train` then exited 241 (sys.exit(-15)); a scheduler expects 128 + 15."""
+    from bigtrain import cli
+    from bigtrain.launch import train
+
+    class Launched:
+        def __init__(self, cmd, **kwargs):
+            pass
+
+        def wait(self):
+            return ended_by
+
+    monkeypatch.setattr(train.subprocess, "Popen", Launched)
+    args = cli.build_parser().parse_known_args(["train", "--num-gpus", "2", "--verbose"])[0]
+    args.run_args = ["--size", "tiny"]
+    assert train.cmd_train(args) == code
+
+
 @pytest.mark.parametrize("typo, meant", [("--num_gpu", "--num-gpus"), ("--gpus", "--num-gpus"), ("--stepz", "--steps")])
 def test_bigtrain_train_names_the_flag_a_typo_meant_before_any_rank_starts(monkeypatch, capsys, typo, meant):
     from bigtrain import cli
