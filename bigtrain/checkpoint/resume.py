@@ -45,6 +45,16 @@ def check_same_model(tag_dir: Path, state: CheckpointState, wanted: ModelBuild) 
                          "--overwrite to delete this run's checkpoints)")
 
 
+def check_same_objective(tag_dir: Path, run_config: dict | None, kind: str) -> None:
+    """ValueError (one line) when the job trains another objective than the checkpoint's: its optimizer state and
+    step count belong to that loss, and the curve would change meaning without a word."""
+    saved = ((run_config or {}).get("objective") or {}).get("kind")
+    if saved is not None and saved != kind:
+        raise ValueError(f"--resume: {tag_dir} trained objective.kind={saved}, this job asks for {kind}: resume "
+                         f"with --set objective.kind={saved}, or start a {kind} run from its weights (bigtrain export, "
+                         "then model.pretrained=EXPORT) with another --out")
+
+
 def model_differences(saved: ModelBuild, wanted: ModelBuild) -> list[str]:
     """`what saved -> wanted` for each setting that differs: family, size, then every setting the two builds
     resolve to (the named size's settings under the overrides, compared as JSON, as the marker holds them)."""

@@ -18,7 +18,8 @@ from deepspeed.accelerator import get_accelerator
 from bigtrain import models, objectives
 from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.claim import claim_run_dir, nothing_to_resume_line
-from bigtrain.checkpoint.resume import ResumePlan, Shape, check_same_model, plan_resume, restore_rng
+from bigtrain.checkpoint.resume import (ResumePlan, Shape, check_same_model, check_same_objective, plan_resume,
+                                        restore_rng)
 from bigtrain.checkpoint.state import CheckpointState, ModelBuild
 from bigtrain.config import provenance
 from bigtrain.config.load import to_dict
@@ -99,7 +100,10 @@ def resolve_job(run: RunConfig, world: World, ds_config_path: str | None, source
     run, auto_micro = autobatch.defer_auto(run)
     found = find_checkpoint(ckpt_dir, world) if ckpt_dir else None
     kept: tuple[str, ...] = ()
-    if found:
+    if found:  # what needs no data first: a mismatch is refused before the corpus is tokenized
+        tag_dir = ckpt_dir / found[0]
+        check_same_lora(tag_dir, found[1].run_config, run.lora)
+        check_same_objective(tag_dir, found[1].run_config, run.objective.kind)
         run, kept = provenance.keep_recorded(run, found[1].run_config, sources)
     config = JobConfig(run, ds_config_path, world, sources, found, auto_micro, kept=kept)
     resolved = config.resolve()
@@ -136,7 +140,6 @@ def describe_model(config: JobConfig, data: TrainingData, ckpt_dir: Path, here: 
     if config.found:
         tag, state = config.found
         check_same_model(ckpt_dir / tag, state, model_build)
-        check_same_lora(ckpt_dir / tag, state.run_config, run.lora)
     return model_build
 
 

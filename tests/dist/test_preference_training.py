@@ -23,6 +23,7 @@ import torch
 from launch import launch_jobs, summary
 from local_chat import preference_pairs, write_jsonl
 from local_lora import make_chat_base
+from messages import naming
 
 STEPS = 4
 COMMON = ["--set", "precision=fp32", "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0",
@@ -61,7 +62,9 @@ def runs(tmp_path_factory) -> Path:
             job("resumed", *DPO, "--set", "zero.stage=3", "--resume", copy_from="stop"),
             job("pre_stop", *DPO, *PRECOMPUTED, "--set", "zero.stage=3", "--stop-after", "2"),
             job("pre_resumed", *DPO, *PRECOMPUTED, "--set", "zero.stage=3", "--resume", copy_from="pre_stop"),
-            job("orpo_on_chats", "--set", "objective.kind=orpo", expect_error=True, data="chats")]
+            job("orpo_on_chats", "--set", "objective.kind=orpo", expect_error=True, data="chats"),
+            job("simpo_resumed", "--set", "objective.kind=simpo", "--set", "zero.stage=3", "--resume",
+                copy_from="stop", expect_error=True)]
     for j in two:  # the chat records, not pairs: a preference objective refuses them
         if j.pop("data", None):
             j["args"][j["args"].index(str(data))] = str(root / "bases" / "chats.jsonl")
@@ -185,3 +188,10 @@ def test_the_frozen_copys_memory_is_what_the_estimate_counts(runs, name, stage):
     print(f"reference copy at ZeRO-{stage} on 2 ranks: measured {measured} B per rank, estimated {estimated:.0f} B")
     assert measured == pytest.approx(estimated, rel=0.01)
     assert summary(runs / "lora_off").get("reference_state_bytes_per_rank") is None  # adapters off: no copy
+
+
+def test_a_resume_under_another_objective_is_one_line(runs):
+    """--resume of the DPO run with objective.kind=simpo trained on from DPO's optimizer state and step count under
+    the new loss, exit 0: now one line naming both kinds and the fix."""
+    error = (runs / "simpo_resumed" / "error.txt").read_text()
+    assert "\n" not in error and naming(error, "--resume", "objective.kind=dpo", "simpo"), error
