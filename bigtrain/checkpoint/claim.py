@@ -22,6 +22,7 @@ import torch
 
 from bigtrain.checkpoint.store import check_complete, checkpoint_tags
 from bigtrain.distributed.world import World
+from bigtrain.writable import unwritable
 
 log = logging.getLogger("bigtrain")
 LOCK_NAME = ".bigtrain.lock"
@@ -38,10 +39,12 @@ class RunDirLock:
         self._fds: list[int] = []
 
     def acquire(self, folder: Path) -> str | None:
-        """Lock `folder`; None, or a line naming the job that holds it."""
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Lock `folder`; None, or a line naming the job that holds it (or why the folder cannot be had)."""
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:  # found before the launcher (`unwritable`); a mount gone read-only since lands here
+            return f"cannot write the run folder {folder} ({err.strerror}); give the run a folder you can write"
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -86,12 +89,25 @@ def run_dir_problem(out: Path, ckpt_dir: Path, *, resume: bool, overwrite: bool)
     if resume and overwrite:
         return BOTH_FLAGS
     for folder in run_folders(out, ckpt_dir):
-        if problem := held_by_another(folder):
+        flag = "--out" if folder == out else "checkpoint.dir"
+        if problem := unwritable(folder, flag) or held_by_another(folder):
             return problem
+    if line := model_folder_line(out):
+        return line
     complete = complete_tags(ckpt_dir) if not overwrite else []
     if resume:
         return None if complete else nothing_to_resume_line(ckpt_dir)
     return earlier_run_line(ckpt_dir, complete) if complete else None
+
+
+def model_folder_line(out: Path) -> str | None:
+    """A model directory (an export, a save_pretrained) is no run folder: a run written into it would sit beside
+    those weights, and `bigtrain generate OUT` would serve the old model."""
+    from bigtrain.models.names import has_weights
+    if (out / "config.json").is_file() and has_weights(out):
+        return (f"--out {out} holds a model (config.json and its weights), not a run: give the run a folder of its "
+                "own")
+    return None
 
 
 def run_folders(out: Path, ckpt_dir: Path) -> list[Path]:

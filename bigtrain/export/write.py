@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from bigtrain.models import ModelSpec
+from bigtrain.writable import unwritable
 
 RECIPE = "bigtrain_model.json"
 WEIGHTS = "model.safetensors"
@@ -38,6 +39,8 @@ def check_out_dir(out: Path, force: bool, protected: Path, inputs: Mapping[str, 
                              "choose another directory")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory")
+    if problem := unwritable(out.parent, "--out", named=out):  # the export is staged beside `out`, then renamed
+        raise ValueError(problem)
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"--out {out} is not empty; choose a new directory or pass --force to replace it")
 

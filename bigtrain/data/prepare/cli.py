@@ -64,9 +64,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from bigtrain.data.chat import read_chat_template
     from bigtrain.data.formats import FIELDS
     from bigtrain.data.sources import detect_format
+    from bigtrain.writable import unwritable
 
-    src = text_source(args.data, args.split, args.revision, args.streaming)
     out = Path(args.out)
+    if problem := unwritable(out, "--out"):
+        raise ValueError(problem)
+    src = text_source(args.data, args.split, args.revision, args.streaming)
     fmt = detect_format(src, args.format)
     if fmt != "text":  # a BPE trained here learns from the records' strings
         args.text_field = tuple(FIELDS[fmt])
