@@ -53,13 +53,17 @@ def process_alive(pid: int, started: float) -> bool:
         return False
 
 
+def stop_grace_s() -> float:
+    """How long a rank may take to save and exit after a stop request (BIGTRAIN_STOP_GRACE_S, default 50 s)."""
+    return float(os.environ.get("BIGTRAIN_STOP_GRACE_S", DEFAULT_GRACE_S))
+
+
 class Lifeline:
     """One per rank, for the whole job: `requested`/`reason` for the loop, `bound` for steps that must end."""
 
     def __init__(self, rank: int, grace_s: float | None = None, interval: float = 0.5):
         self.rank = rank
-        self.grace_s = grace_s if grace_s is not None else float(os.environ.get("BIGTRAIN_STOP_GRACE_S",
-                                                                                DEFAULT_GRACE_S))
+        self.grace_s = grace_s if grace_s is not None else stop_grace_s()
         self.interval = interval
         self.requested = False
         self.reason = ""  # "SIGTERM", "SIGINT", "the launcher ... is gone"

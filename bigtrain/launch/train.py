@@ -21,6 +21,7 @@ from pathlib import Path
 from bigtrain.distributed.rendezvous import free_port
 from bigtrain.launch.console import copy_filtered
 from bigtrain.launch.hosts import default_num_ranks, ranks_here
+from bigtrain.launch.signals import pass_signal, wait_for_session
 
 RUN_MODULE = "bigtrain.run"
 # glibc malloc for CPU ranks: never mmap/munmap large blocks, never trim the heap (docs/benchmarks.md).
@@ -146,28 +147,38 @@ def cmd_train(args: argparse.Namespace) -> int:
         from bigtrain.train.precheck import CHECKED_ENV
         env[CHECKED_ENV] = "1"  # the ranks need not look again before their process group
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-    # DeepSpeed's single-node runner dies on SIGTERM without telling its ranks; run it in a
-    # session of its own and pass SIGTERM/SIGINT to the whole session, so every rank saves.
+    # a session of its own, whose ranks get SIGTERM/SIGINT from us (`bigtrain.launch.signals`), so every rank saves
     piped = None if args.verbose else subprocess.PIPE
     child = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=piped, stderr=piped)
     consoles = [] if args.verbose else [copy_filtered(child.stdout, sys.stdout),
                                         copy_filtered(child.stderr, sys.stderr)]
 
+    forwarded: list[int] = []
+
     def forward(signum: int, frame: object) -> None:
-        os.killpg(child.pid, signum)
+        forwarded.append(signum)
+        pass_signal(child.pid, signum)
 
     # restored after the launch: a caller in the same process (a notebook, a test) keeps its own handlers
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         code = child.wait()
+        wait_for_session(child.pid)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     for console in consoles:
         console.join(timeout=10)  # the launcher's last lines; a rank left holding a pipe does not hold us
-    # a launcher ended by the signal passed on: the shell's 128 + N (143 after SIGTERM), which a scheduler reads as
-    # "stopped, resumable"; sys.exit(-15) would say 241
-    return 128 - code if code < 0 else code
+    return exit_code(code, forwarded)
+
+
+def exit_code(launcher: int, forwarded: list[int]) -> int:
+    """The shell's 128 + N for a job stopped by signal N (143 after SIGTERM, which a scheduler reads as stopped and
+    resumable), whether the ranks saved and ended cleanly or the launcher died of it (sys.exit(-15) would say 241);
+    else the launcher's own code."""
+    if launcher < 0:
+        return 128 - launcher
+    return 128 + forwarded[0] if forwarded and launcher == 0 else launcher
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:

@@ -175,3 +175,30 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_last_checkpoint_stays(tmp
         assert naming(line, "last complete checkpoint", str(ckpt / kept), "kept"), line
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_a_sigterm_to_bigtrain_train_saves_and_it_returns_only_after_its_ranks(tmp_path):
+    """What slurm's scancel or a container stop does: SIGTERM to `bigtrain train`. The ranks save and stop; it
+    returned while they still ran (a --resume at its return raced them) and exited 241; now the launcher is not
+    signalled (it would SIGKILL a long save after 30 s), it returns after the last rank, and exits 143."""
+    import psutil
+    out = tmp_path / "run"
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "bigtrain"), "train", "--num-gpus", "2", *TINY,
+                             "--steps", "400", "--set", "logging.interval=1", "--set", "train.eval_interval=0",
+                             "--out", str(out)], cwd=REPO, env=rank_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.time() + 180
+    for line in proc.stdout:  # training is under way
+        lines.append(line)
+        if line.startswith("step 3/400") or time.time() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=180)
+    log = "".join(lines) + rest
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+    assert proc.returncode == 128 + signal.SIGTERM and not left, (proc.returncode, left, log[-3000:])
+    saved = strict_json(out / "summary.json")
+    assert saved["stopped_by"] == "SIGTERM" and 3 <= saved["steps"] < 400, log[-3000:]
+    assert store.check_complete(out / "checkpoints" / f"step_{saved['steps']:06d}") is None
+    assert "Traceback" not in log and "sigkill_handler" not in log, log[-3000:]
