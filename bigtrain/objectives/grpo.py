@@ -60,6 +60,10 @@ class RewardSettings(GenerationSettings):
         super().__post_init__()
         from bigtrain.objectives.base import check_positive
         check_positive(self, "num_iterations", "epsilon")
+        if self.num_generations < 2:  # TRL refuses it too: one completion per prompt has no group to compare with
+            raise ValueError(f"objective.num_generations={self.num_generations}: grpo and rloo score each completion "
+                             "against the others of its prompt, so every advantage would be 0 and nothing would "
+                             "train; give 2 or more (TRL's default is 8)")
         if self.epsilon_high is not None and not self.epsilon_high > 0:
             raise ValueError(f"objective.epsilon_high={self.epsilon_high}: must be > 0 (or null: epsilon)")
         if not self.beta >= 0:

@@ -25,18 +25,22 @@ a NaN or something that is not a number: each is one ValueError line naming the 
 from __future__ import annotations
 
 import ast
+import asyncio
 import importlib
 import importlib.util
 import inspect
 import json
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 RewardFn = Callable[..., list]
 RESERVED = ("prompt", "completion", "completion_ids")  # record columns TRL does not pass on
@@ -217,12 +221,18 @@ def score(functions: list[RewardFunction], prompts: list, completions: list, com
 
 def _call(f: RewardFunction, kwargs: dict, records: list[dict], prompts: list, completions: list) -> list:
     n = len(completions)
+    if missing := _missing_columns(f.fn, kwargs):
+        raise ValueError(f"reward function {f.name!r} ({f.spec}) asks for {', '.join(map(repr, missing))}, which "
+                         f"neither the records nor bigtrain give: it gets {', '.join(sorted(kwargs))}; rename the "
+                         "parameter, give it a default, or add the column to the data")
     try:
-        values = f.fn(**_accepted(f.fn, kwargs))
-    except Exception as e:  # noqa: BLE001 -- the user's code: name the function and the first record it fails on
+        values = _invoke(f.fn, kwargs)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's code: name the function and where it fails
         raise ValueError(f"reward function {f.name!r} ({f.spec}) raised {_describe(e)} on "
                          f"{_culprit(f, kwargs, n, records, prompts, completions)}") from None
     try:
+        if isinstance(values, (str, bytes, Mapping, set)):  # iterable, but not one value per completion in order
+            raise TypeError  # (a dict would give its keys)
         values = list(values)
     except TypeError:
         raise ValueError(f"reward function {f.name!r} ({f.spec}) returned {type(values).__name__}: return a list "
@@ -237,12 +247,40 @@ def _call(f: RewardFunction, kwargs: dict, records: list[dict], prompts: list, c
             raise ValueError(f"reward function {f.name!r} ({f.spec}) returned {type(v).__name__} {v!r:.40} for "
                              f"{_record_line(i, records, prompts, completions)}: return a number, or None to skip "
                              "the completion")
-        if not math.isfinite(float(v)):
-            raise ValueError(f"reward function {f.name!r} ({f.spec}) returned {float(v)} for "
-                             f"{_record_line(i, records, prompts, completions)}: return a finite number, or None to "
-                             "skip the completion")
-        values[i] = float(v)
+        number = _as_float(v)
+        if not math.isfinite(number) or abs(number) > FLOAT32_MAX:  # scores are float32: 1e39 would be inf there
+            raise ValueError(f"reward function {f.name!r} ({f.spec}) returned {v!r:.40} for "
+                             f"{_record_line(i, records, prompts, completions)}: return a finite number within "
+                             "float32's range (|r| <= 3.4e38), or None to skip the completion")
+        values[i] = number
     return values
+
+
+def _as_float(v: Any) -> float:
+    try:
+        return float(v)
+    except OverflowError:  # an int beyond any float
+        return math.inf
+
+
+def _invoke(fn: Callable, kwargs: dict) -> Any:
+    """fn's result on the keywords it takes; an async def reward's awaited, as TRL runs them."""
+    values = fn(**_accepted(fn, kwargs))
+    return asyncio.run(_awaited(values)) if inspect.isawaitable(values) else values
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _missing_columns(fn: Callable, kwargs: dict) -> list[str]:
+    """The parameters `fn` requires by name that no column or argument fills (a typo of a column: 'answers')."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is inspect.Parameter.empty and p.name not in kwargs
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
 
 
 def _is_scalar(v: Any) -> bool:
@@ -268,8 +306,8 @@ def _culprit(f: RewardFunction, kwargs: dict, n: int, records: list[dict], promp
     for i in range(n):
         one = {k: (v[i:i + 1] if isinstance(v, list) and len(v) == n else v) for k, v in kwargs.items()}
         try:
-            f.fn(**_accepted(f.fn, one))
-        except Exception:  # noqa: BLE001
+            _invoke(f.fn, one)
+        except (Exception, SystemExit):  # noqa: BLE001
             return _record_line(i, records, prompts, completions)
     return f"a batch of {n} completions (each alone scores): it fails on the batch as a whole"
 

@@ -54,6 +54,8 @@ def test_the_defaults_are_trls():
     (["objective.rewards=null"], ["objective.rewards", "objective.reward_model"]),
     (["objective.reward_weights=[1.0, 2.0]"], ["objective.reward_weights", "2 weights for 1 rewards"]),
     (["objective.temperature=0"], ["objective.temperature=0", "> 0"]),
+    # one completion a prompt: every advantage 0, a run of loss 0 that exited 0 (TRL refuses it too)
+    (["objective.num_generations=1"], ["objective.num_generations=1", "2 or more"]),
     (["objective.loss_type=ppo"], ["objective.loss_type", "dapo"]),
     (["train.compile=true"], ["train.compile=True", "objective.kind=grpo"]),
     (["batch.micro_batch=auto"], ["batch.micro_batch=auto", "objective.kind=grpo"]),

@@ -151,6 +151,48 @@ def test_bad_reward_functions_are_one_line(user_file, tmp_path):
         load_rewards(["accuracy"], [1.0, 2.0], max_completion_length=8)
 
 
+def test_rewards_a_stranger_writes_that_passed_or_crashed_are_one_line_or_scored(tmp_path):
+    """A stranger's rewards: 1e39 passed the float64 finite check and was inf among the float32 scores (the run
+    exited 0 with reward inf); 10**400 and sys.exit() ended in a traceback or in silence; a dict was scored by its
+    keys; a parameter naming no column blamed completion 0; an async def reward, which TRL awaits, was refused."""
+    rewards = write(tmp_path / "stranger.py", """
+        import sys
+
+        def huge(completions, **kwargs):
+            return [1e39] * len(completions)
+
+        def bigint(completions, **kwargs):
+            return [10 ** 400] * len(completions)
+
+        def as_dict(completions, **kwargs):
+            return {i: 1.0 for i in range(len(completions))}
+
+        def leaves(completions, **kwargs):
+            sys.exit(3)
+
+        def typo(completions, answers, **kwargs):
+            return [1.0] * len(completions)
+
+        async def remote(completions, answer, **kwargs):
+            return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+        """)
+
+    def error(name: str) -> str:
+        with pytest.raises(ValueError) as info:
+            score(load_rewards([f"{rewards}:{name}"], max_completion_length=8), PROMPTS, COMPLETIONS, IDS, RECORDS)
+        assert "\n" not in str(info.value)
+        return str(info.value)
+
+    assert "1e+39" in error("huge") and "float32" in error("huge")
+    assert "completion 0" in error("bigint") and "float32" in error("bigint")
+    assert "returned dict" in error("as_dict")
+    assert "raised SystemExit: 3" in error("leaves")
+    typo = error("typo")
+    assert "'answers'" in typo and "answer" in typo and "level" in typo and "completion 0" not in typo
+    scored = score(load_rewards([f"{rewards}:remote"], max_completion_length=8), PROMPTS, COMPLETIONS, IDS, RECORDS)
+    assert scored.per_function[:, 0].tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
 def test_reward_metrics_are_trls():
     per_function = torch.tensor([[1.0, 0.5], [1.0, 0.5], [float("nan"), float("nan")], [1.0, 1.0]])
     rewards = combine_rewards(per_function, torch.tensor([1.0, 2.0]))
