@@ -12,7 +12,9 @@ Imported by prepare's worker processes: transformers' tokenizer classes and Jinj
 """
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -278,11 +280,24 @@ def _shared_turns(chosen: Any, rejected: Any) -> list:
 
 
 def _start_tokens(tokenizer: Any) -> list[int]:
-    """What the tokenizer puts before a text by default (a Llama BOS; nothing for GPT-2's BPE)."""
-    bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
-    full = list(tokenizer("a")["input_ids"])
-    cut = len(full) - len(bare)
-    return full[:cut] if cut > 0 and full[cut:] == bare else []
+    """What the tokenizer puts before a text by default (a Llama BOS; nothing for GPT-2's BPE), found on a probe
+    text it can encode: "a", else one of its own words (a word-level vocabulary without an unknown token cannot
+    encode "a")."""
+    for probe in itertools.chain(["a"], itertools.islice(_own_words(tokenizer), 3)):
+        try:
+            bare = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+            full = list(tokenizer(probe)["input_ids"])
+        except Exception:  # noqa: BLE001 -- the tokenizers library's own error for a text it cannot encode
+            continue
+        cut = len(full) - len(bare)
+        return full[:cut] if cut > 0 and full[cut:] == bare else []
+    return []
+
+
+def _own_words(tokenizer: Any) -> Iterator[str]:
+    """The vocabulary's words that are not special tokens, read only when asked for (a generator)."""
+    special = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    yield from (word for word in tokenizer.get_vocab() if word not in special)
 
 
 def _overlap_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
@@ -311,6 +326,9 @@ def turn_end_ids(tokenizer: Any) -> list[int]:
     except Exception:  # noqa: BLE001 -- a template that needs other roles or fields: no extra stop
         return []
     after = text.rsplit("A7", 1)[-1]
-    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    try:
+        ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    except Exception:  # noqa: BLE001 -- a vocabulary that cannot encode the probe's text: no extra stop
+        return []
     special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
     return [ids[0]] if ids and ids[0] in special else []

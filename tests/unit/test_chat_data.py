@@ -281,3 +281,19 @@ def test_packing_where_it_cannot_work_is_one_line(tok_dir, tmp_path):
         build_data(str(text), seq_len=32, tokenizer=str(tok_dir), cache_dir=tmp_path / "cache",
                    tokenizer_dir=tmp_path / "t", num_proc=1, examples=ExampleOptions(format="chat"))
     assert naming(str(err.value), "data.format=chat", "plain.txt")
+
+
+def test_a_word_level_vocabulary_without_an_unknown_token_renders(tmp_path):
+    """Such a tokenizer encodes its own words and fails on any other ("a" among them): bigtrain's own probe for the
+    tokens put before a text raised the tokenizers library's error, a traceback from prepare and train."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    words = ["<s>", "</s>", "<pad>", "hello", "there", "fine", "thanks", "user:", "assistant:"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}))  # no unk_token
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{% if m['role'] == 'assistant' %}"
+                         " </s>{% endif %} {% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    ids, mask = Renderer(tok, "chat").chat([{"role": "user", "content": "hello there"},
+                                            {"role": "assistant", "content": "fine thanks"}])
+    assert tok.decode([i for i, m in zip(ids, mask) if m]).split() == ["fine", "thanks", "</s>"]
