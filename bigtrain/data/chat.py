@@ -82,6 +82,11 @@ class Renderer:
     def examples(self, record: dict) -> list[tuple[list[int], list[int]]]:
         """The record's examples: one, or for a preference pair two (the chosen answer's, then the rejected's)."""
         if self.fmt in PAIR_FORMATS:
+            chosen, rejected = record.get("chosen"), record.get("rejected")
+            if {type(chosen), type(rejected)} == {str, list}:  # one side through the template, one as plain text
+                raise ValueError(f"a preference record's 'chosen' is a {type(chosen).__name__} and its 'rejected' a "
+                                 f"{type(rejected).__name__}: give both as strings or both as message lists, so that "
+                                 "both answers follow the same prompt")
             return [self.answer(record, "chosen"), self.answer(record, "rejected")]
         if self.fmt in UNPAIRED_FORMATS:
             label = record.get("label")

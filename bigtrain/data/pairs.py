@@ -90,8 +90,9 @@ class PairCorpus:
         has_answer = (answers < lengths)[pairs].all(axis=1)  # both sides keep an answer token within seq_len
         long = (full > seq_len)[pairs].any(axis=1)
         keep_long = ~(long & (options.long_examples == "drop"))
-        same = np.array([full[c] == full[r] and np.array_equal(corpus.tokens(starts[c], ends[c]),
-                                                               corpus.tokens(starts[r], ends[r]))
+        # the rows as trained, cut to seq_len: answers that differ only past it teach nothing either
+        same = np.array([lengths[c] == lengths[r] and np.array_equal(corpus.tokens(starts[c], starts[c] + lengths[c]),
+                                                                     corpus.tokens(starts[r], starts[r] + lengths[r]))
                          for c, r in pairs], dtype=bool)
         keep = has_answer & keep_long & ~same
         self.counts = {"pairs": len(pairs), "too_long": int(long.sum()),
@@ -232,11 +233,13 @@ def build_pairs(corpora: list[PreparedCorpus], sources: list[str], weights: list
     stats["pad_share"] = 1.0 - stats["train_tokens"] / (2 * stats["train_pairs"] * seq_len)
     desc = (f"preference pairs {', '.join(map(repr, sources))}: {stats['pairs']:,} pairs ({stats['train_pairs']:,} "
             f"train / {stats['val_pairs']:,} held out) of at most {seq_len} tokens a side, loss on the answers")
-    reasons = (("dropped_same_answers", "with the same chosen and rejected answer"),
+    reasons = (("dropped_same_answers", "with the same chosen and rejected answer within seq_len"),
                ("dropped_no_answer", "with no answer token within seq_len"), ("dropped_too_long", "longer than seq_len"))
     dropped = [f"{stats[k]:,} {what}" for k, what in reasons if stats[k]]
     if dropped:
         desc += f"; dropped {', '.join(dropped)}"
+    if cut := stats["too_long"] - stats["dropped_too_long"]:
+        desc += f"; {cut:,} with a side longer than data.seq_len={seq_len} truncated (data.long_examples)"
     desc += f", vocab {len(tokenizer)}, from {', '.join(str(c.root) for c in corpora)}"
     prompt = parts[0].sample_prompt()
     if weights is None:

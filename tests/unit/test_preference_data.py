@@ -92,6 +92,31 @@ def test_pairs_become_rows_side_by_side_and_pairs_that_teach_nothing_are_dropped
     assert all(c.startswith("yes") for c in chosen) and all(r.startswith("no") for r in rejected)
 
 
+def test_a_pair_of_a_text_answer_and_a_message_answer_is_one_line(tok):
+    """One side rendered through the chat template and the other as plain text: the two answers followed different
+    prompts, and prepare and train exited 0."""
+    record = {"prompt": "how is the dog", "chosen": " fine",
+              "rejected": [{"role": "assistant", "content": "bad"}]}
+    with pytest.raises(ValueError, match="'chosen' is a str and its 'rejected' a list: give both as strings or both"):
+        Renderer(tok, "preference").examples(record)
+
+
+def test_pairs_the_same_within_seq_len_are_dropped_and_cut_ones_are_counted(tmp_path, tok):
+    """Answers that differ only past data.seq_len train as the same rows: dropped (they were kept), and the pairs cut
+    to seq_len are in the data line (they were only in summary.json)."""
+    tok.save_pretrained(str(tmp_path / "tok"))
+    long_tail = " yes" * 40
+    records = [{"prompt": "p", "chosen": " yes" + long_tail + " cat", "rejected": " yes" + long_tail + " dog"}] * 3
+    records += preference_pairs(20, conversational=False)
+    data = write_jsonl(tmp_path / "pairs.jsonl", records)
+    bundle = build_data(str(data), "text", seq_len=24, tokenizer=str(tmp_path / "tok"), cache_dir=tmp_path / "cache",
+                        tokenizer_dir=tmp_path / "t", examples=ExampleOptions())
+    assert bundle.stats["dropped_same_answers"] == 3 and bundle.stats["too_long"] >= 3
+    assert "3 with the same chosen and rejected answer within seq_len" in bundle.description
+    cut = bundle.stats["too_long"] - bundle.stats["dropped_too_long"]
+    assert f"{cut} with a side longer than data.seq_len=24 truncated" in bundle.description, bundle.description
+
+
 def test_no_pair_that_can_train_is_one_line(tmp_path, tok):
     tok.save_pretrained(str(tmp_path / "tok"))
     records = [{"prompt": "a", "chosen": " same", "rejected": " same"}] * 5
