@@ -69,10 +69,12 @@ def check_first_records(peek: SourcePeek, tokenizer: str | None, options: Exampl
         tok = load_tokenizer(name)
     if tok is not None and options.chat_template:
         tok.chat_template = read_chat_template(options.chat_template)
+    # prepared parts are rendered already (with the template `prepare --chat-template` saved beside them)
+    unprepared = [fmt for _, part, fmt in peek.parts if not isinstance(part, Path)]
     if tok is not None:
-        check_template(formats, tok)
+        check_template(unprepared, tok)
     elif name is None and tokenizer_known and not options.chat_template:  # one trained here has no chat template
-        check_template(formats, None)
+        check_template(unprepared, None)
     for text, part, fmt in peek.parts:
         if not isinstance(part, Source) or part.kind != "files" or part.loader == "text":
             continue  # prepared, or plain text (.txt, builtin): nothing to read by record

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from bigtrain.data.blocks import TokenBlocks, block_count
 from bigtrain.data.chat import check_template, read_chat_template
 from bigtrain.data.dataset import ConcatRows, DataBundle, split_rows
-from bigtrain.data.formats import FIELDS, PAIR_FORMATS, PROMPT_FORMATS, UNPAIRED_FORMATS, ExampleOptions
+from bigtrain.data.formats import FIELDS, PAIR_FORMATS, PROMPT_FORMATS, TEMPLATED, UNPAIRED_FORMATS, ExampleOptions
 from bigtrain.data.mixture import MixtureSampler, parse_mixture
 from bigtrain.data.prepare.core import identity, prepare, text_source
 from bigtrain.data.prepare.pieces import BPE_TRAIN_BYTES, iter_documents
@@ -47,8 +47,11 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
     formats = source_formats(parts, examples)
     fields = [text_field if f == "text" or isinstance(p, Path) else tuple(FIELDS[f]) for p, f in zip(parts, formats)]
     tok, tok_dir = _tokenizer(parts, tokenizer, vocab_size, tokenizer_dir, fields, is_writer, barrier)
+    template_from_data = False
     if examples.chat_template:
         tok.chat_template = read_chat_template(examples.chat_template)
+    elif not getattr(tok, "chat_template", None) and (made := _prepared_template(parts)):
+        tok.chat_template, template_from_data = made, True  # `prepare --chat-template`: the same tokenizer's
     check_template(formats, tok)  # every rank says so, before any prepares
     writers = (is_writer, is_writer if is_local_writer is None else is_local_writer)
     options = {"text_field": text_field, "hash_content": hash_content, "num_proc": num_proc, "seq_len": seq_len}
@@ -63,7 +66,8 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
                  else build_prompts if formats[0] in PROMPT_FORMATS else build_examples)
         bundle = build(corpora, [text for text, _ in entries], [w for _, w in mixture] if mixture else None,
                                 seq_len, examples, val_fraction, tok)
-        bundle.tokenizer_dir = corpora[0].tokenizer_dir if examples.chat_template else tok_dir
+        bundle.tokenizer_dir = corpora[0].tokenizer_dir if examples.chat_template or template_from_data else tok_dir
+        bundle.template_from_data = template_from_data
         return bundle
     blocks = [TokenBlocks(corpus, seq_len) for corpus in corpora]
     for (text, _), corpus in zip(entries, corpora):
@@ -125,6 +129,18 @@ def source_formats(parts: list[Part], options: ExampleOptions) -> list[str]:
         raise ValueError("data.packing=true packs chat and instruction examples; this data is plain text, which "
                          "trains in full blocks already: set data.packing=false (or data.format for records)")
     return found
+
+
+def _prepared_template(parts: list[Part]) -> str | None:
+    """The chat template a prepared part was rendered with (`bigtrain prepare --chat-template`, saved with its
+    tokenizer), for a run whose own tokenizer has none: that corpus's tokenizer is the run's (`_tokenizer` compares
+    their fingerprints) with the template added."""
+    from bigtrain.data.tokenizer import load_tokenizer
+    for part in parts:
+        if isinstance(part, Path) and (read_manifest(part).get("examples") or {}).get("format") in TEMPLATED:
+            if made := getattr(load_tokenizer(part / "tokenizer"), "chat_template", None):
+                return made
+    return None
 
 
 def _same_template(corpora: list[PreparedCorpus], tok: Any, options: ExampleOptions) -> None:

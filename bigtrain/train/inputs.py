@@ -119,7 +119,8 @@ def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, wor
         barrier=patient_barrier(world.size), is_local_writer=world.local_rank == 0, split=data.split,
         revision=data.revision, streaming=data.streaming, hash_content=data.hash_content, num_proc=data.num_proc,
         examples=example_options(data, needs))
-    if data.chat_template and bundle.tokenizer_dir is not None:  # the prepared examples' tokenizer has that template
+    if (data.chat_template or bundle.template_from_data) and bundle.tokenizer_dir is not None:
+        # the prepared examples' tokenizer has the template (data.chat_template's, or a prepared corpus's own)
         return TrainingData(bundle, seed=seed, tokenizer_dir=bundle.tokenizer_dir)
     has_tokenizer_dir = bundle.tokenizer is not None and data.tokenizer is None
     if has_tokenizer_dir and tokenizer is not None:  # the pretrained directory's: export copies it from there

@@ -297,3 +297,28 @@ def test_a_word_level_vocabulary_without_an_unknown_token_renders(tmp_path):
     ids, mask = Renderer(tok, "chat").chat([{"role": "user", "content": "hello there"},
                                             {"role": "assistant", "content": "fine thanks"}])
     assert tok.decode([i for i, m in zip(ids, mask) if m]).split() == ["fine", "thanks", "</s>"]
+
+
+def test_a_corpus_prepared_with_a_chat_template_trains_with_a_tokenizer_that_has_none(tok, tmp_path):
+    """docs/data.md's route for a base model without a template: `bigtrain prepare --chat-template FILE`, then train
+    on the prepared folder. The run was refused, before and on the ranks, for the model's tokenizer lacking the
+    template the corpus was rendered with; now it takes the corpus's (the same tokenizer, its template added), and
+    that is the tokenizer the run records for export."""
+    from bigtrain.config.load import load_run_config
+    from bigtrain.data.prepare.cli import main as prepare_main
+    from bigtrain.train.precheck import check_text_data
+    bare = make_chat_tokenizer(tmp_path / "bare", template="")
+    bare.chat_template = None
+    bare.save_pretrained(str(tmp_path / "bare"))
+    template = tmp_path / "template.jinja"
+    template.write_text(tok.chat_template)
+    chats = write_jsonl(tmp_path / "chats.jsonl", conversations(30))
+    prepared = tmp_path / "prepared"
+    assert prepare_main(["--data", str(chats), "--tokenizer", str(tmp_path / "bare"), "--chat-template",
+                         str(template), "--out", str(prepared), "--num-proc", "1"]) == 0
+    run = load_run_config(None, [f"data.source={prepared}", f"data.tokenizer={tmp_path / 'bare'}", "data.seq_len=64"])
+    check_text_data(run)  # before any rank: no refusal
+    bundle = build_data(str(prepared), "text", seq_len=64, tokenizer=str(tmp_path / "bare"),
+                        cache_dir=tmp_path / "cache", tokenizer_dir=tmp_path / "t")
+    assert bundle.template_from_data and bundle.tokenizer.chat_template == tok.chat_template
+    assert bundle.tokenizer_dir == prepared / "tokenizer" and bundle.stats["examples"] > 0
