@@ -78,6 +78,8 @@ class Renderer:
         if fmt in TEMPLATED and not self.template:
             raise ValueError(no_template_line(tokenizer))
         self.tagged = has_generation_tags(self.template)
+        # what ends an answer: trained too where a {% generation %} block stops short of it
+        self.turn_ends = {self.eos, *turn_end_ids(tokenizer)} if self.tagged else set()
 
     def examples(self, record: dict) -> list[tuple[list[int], list[int]]]:
         """The record's examples: one, or for a preference pair two (the chosen answer's, then the rejected's)."""
@@ -162,10 +164,19 @@ class Renderer:
         messages = chat_messages(messages)
         if self.tagged:  # the template marks the assistant's text itself
             out = self._apply(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-            return list(out["input_ids"]), [int(m) for m in out["assistant_masks"]]
+            ids = list(out["input_ids"])
+            return ids, self._with_turn_ends(ids, [int(m) for m in out["assistant_masks"]])
         text, spans = self.render(messages)
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         return list(enc["input_ids"]), _overlap_mask(enc["offset_mapping"], spans)
+
+    def _with_turn_ends(self, ids: list[int], mask: list[int]) -> list[int]:
+        """The end-of-turn token right after each trained span trained too: a {% generation %} block around the
+        answer's text alone leaves it out, and a model trained so never learns to stop."""
+        for i in range(1, len(ids)):
+            if mask[i - 1] and not mask[i] and ids[i] in self.turn_ends:
+                mask[i] = 1
+        return mask
 
     def render(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
         """The conversation's text and the character span of each assistant turn in it.

@@ -58,6 +58,13 @@ def test_a_two_turn_conversation_trains_exactly_the_assistant_tokens(tok, tok_di
     # a template that marks the answers itself ({% generation %}) goes through transformers' assistant mask
     tagged = make_chat_tokenizer(tmp_path / "tagged", LLAMA_TEMPLATE_TAGGED)
     assert Renderer(tagged, "chat").tagged and Renderer(tagged, "chat")(dict(messages=TWO_TURNS)) == (ids, mask)
+    # one whose block holds the answer's text alone, the end of the turn after it: that token is trained too (it was
+    # not, and a model trained so never learns to stop)
+    short = LLAMA_TEMPLATE_TAGGED.replace("{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}",
+                                          "{{ message['content'] | trim }}{% endgeneration %}{{ '<|eot_id|>' }}")
+    assert short != LLAMA_TEMPLATE_TAGGED
+    content_only = make_chat_tokenizer(tmp_path / "content_only", short)
+    assert Renderer(content_only, "chat")(dict(messages=TWO_TURNS)) == (ids, mask)
 
     # the same conversation prepared and served: labels are the answer tokens, -100 elsewhere
     source = write_jsonl(tmp_path / "chat.jsonl", [{"messages": TWO_TURNS}] * 3 + conversations(20))
