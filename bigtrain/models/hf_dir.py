@@ -44,6 +44,29 @@ def raw_config(path: str | Path) -> dict:
         raise ValueError(f"{path / 'config.json'} is not valid JSON ({err})") from err
 
 
+def frozen_model_problem(path: str | Path, setting: str, head: str) -> str | None:
+    """The line for a model held frozen beside the policy (`objective.teacher`, `objective.reward_model`) whose local
+    directory is missing or is no such model: a reward model (`head` "scalar") is a sequence classifier with one
+    label, and a causal LM there would score with a head of random weights."""
+    path = Path(path).expanduser()
+    flag = f"objective.{setting}={str(path)!r}"
+    if not (path / "config.json").is_file():
+        what = "no such directory" if not path.is_dir() else "no config.json there"
+        return f"{flag}: {what}; give a local model directory written by save_pretrained"
+    if head != "scalar":
+        return None
+    raw = raw_config(path)
+    archs = raw.get("architectures") or []
+    if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
+        return (f"{flag} holds a {archs[0]}, not a reward model, and would score with a head of random weights: give "
+                "a sequence classifier with one label (what objective.kind=reward exports)")
+    labels = len(raw.get("id2label") or {"0": "LABEL_0"})
+    if labels != 1:
+        return (f"{flag} is a classifier of {labels} labels; a reward model has one (num_labels=1, what "
+                "objective.kind=reward exports)")
+    return None
+
+
 def read_config(path: str | Path, expect: str | None = None, trust_remote_code: bool = False) -> Any:
     """The directory's transformers config. `expect`: the model_type a named family (--model gpt2/llama) builds."""
     from transformers import AutoConfig

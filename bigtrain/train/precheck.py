@@ -48,6 +48,7 @@ def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False) 
         check_text_data(run, tokenizer_here=not is_hub_name(run.data.tokenizer)
                         and (run.data.tokenizer is not None or not on_hub))
     check_reward_functions(run)
+    check_frozen_models(run)
     from bigtrain.eval.during_training import check_tasks
     check_tasks(run)
 
@@ -61,6 +62,15 @@ def check_reward_functions(run: RunConfig) -> None:
     for spec in getattr(settings, "rewards", None) or []:
         if builtin(spec, settings.max_completion_length) is None and not Path(spec).expanduser().is_dir():
             check_function_file(spec)
+
+
+def check_frozen_models(run: RunConfig) -> None:
+    """The objective's frozen models (a teacher, a reward model): each directory there and of the right kind."""
+    from bigtrain.models.hf_dir import frozen_model_problem
+    for frozen in run.objective.declared.frozen_models:
+        directory = frozen.directory(run.objective.settings)
+        if directory is not None and (problem := frozen_model_problem(directory, frozen.setting, frozen.head)):
+            raise ValueError(problem)
 
 
 def check_text_data(run: RunConfig, tokenizer_here: bool = True) -> None:

@@ -99,11 +99,14 @@ def build_frozen_models(declared: tuple, settings: Any, spec: ModelSpec, ds_conf
     """Each frozen model an objective declares (`FrozenModel`: the setting naming its directory, its head), built
     from its directory as the policy's directory is (its data's sequence length), in a forward-only engine
     partitioned like the policy. A setting left None holds no model."""
+    from bigtrain.models.hf_dir import frozen_model_problem
     from bigtrain.models.registry import build_directory
     built = {}
     for frozen in declared:
         directory = frozen.directory(settings)
         if directory is not None:
+            if problem := frozen_model_problem(directory, frozen.setting, frozen.head):
+                raise ValueError(problem)
             with transformers_zero3_off():  # its shape is read on the meta device (bigtrain.models.hf_common)
                 model = build_directory(directory, spec.seq_len, frozen.head, f"objective.{frozen.setting}")
             built[frozen.setting] = FrozenCopy(model, ds_config, seed, directory)

@@ -311,3 +311,34 @@ def test_weights_without_a_tokenizer_are_refused_before_a_bpe_is_trained_for_the
         check_run(load_run_config(None, flags))
     assert naming(str(err.value), str(model), "no tokenizer", "data.tokenizer="), err.value
     assert not (tmp_path / "r").exists()
+
+
+def test_a_teacher_or_reward_model_that_is_not_one_is_named_by_its_own_setting(tmp_path):
+    """A missing teacher was reported as model.pretrained (the student, which existed); a causal LM given as the
+    reward model trained against a head of random weights, exit 0."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from bigtrain.config.load import load_run_config
+    from bigtrain.train.precheck import check_frozen_models
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=300)
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(tmp_path / "lm")
+
+    def line(*sets: str) -> str:
+        with pytest.raises(ValueError) as err:
+            check_frozen_models(load_run_config(None, ["data.seq_len=64", "objective.max_completion_length=16", *sets]))
+        return str(err.value)
+
+    assert naming(line("objective.kind=distill", f"objective.teacher={tmp_path / 'nosuch'}"),
+                  "objective.teacher=", "nosuch", "no such directory")
+    grpo = ["objective.kind=grpo", "objective.rewards=length"]
+    assert naming(line(*grpo, f"objective.reward_model={tmp_path / 'lm'}"), "objective.reward_model=",
+                  "LlamaForCausalLM", "not a reward model", "one label")
+    config.num_labels, config.architectures = 3, ["LlamaForSequenceClassification"]
+    config.save_pretrained(tmp_path / "three")
+    assert naming(line(*grpo, f"objective.reward_model={tmp_path / 'three'}"), "3 labels", "num_labels=1")
+    config.num_labels = 1
+    LlamaForSequenceClassification(config).save_pretrained(tmp_path / "rm")
+    check_frozen_models(load_run_config(None, ["data.seq_len=64", "objective.max_completion_length=16", *grpo,
+                                               f"objective.reward_model={tmp_path / 'rm'}"]))
