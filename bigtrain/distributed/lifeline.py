@@ -123,6 +123,11 @@ class Lifeline:
             return
         if signum and self.before_stop is not None:
             self.before_stop()
+        if signum and self.phase == "start-up":  # no step yet: waiting for one only to save nothing would let the
+            # grace run out inside a long start-up (a reference precompute), and the line would then say --resume
+            self._end(f"{reason} during start-up, before the first step: nothing was trained, so nothing is saved",
+                      128 + signum, advice="Run the same command again to start where this one started.",
+                      say=self.rank == 0)
         self.requested, self.reason, self._signum = True, reason, signum
         self._requested_at = time.monotonic()
         if self.rank == 0 or not signum:
@@ -180,9 +185,10 @@ class Lifeline:
         if deadline is not None and now > deadline[0]:
             self._end(deadline[1], 1)
 
-    def _end(self, line: str, code: int) -> None:
-        print(f"bigtrain: rank {self.rank}: {line}. Resume from the last complete checkpoint with --resume.",
-              file=sys.stderr, flush=True)
+    def _end(self, line: str, code: int, advice: str = "Resume from the last complete checkpoint with --resume.",
+             say: bool = True) -> None:
+        if say:
+            print(f"bigtrain: rank {self.rank}: {line}. {advice}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(code)
 

@@ -36,6 +36,7 @@ import os, signal, sys, time
 sys.path.insert(0, {repo!r})
 from bigtrain.distributed.lifeline import Lifeline
 line = Lifeline.start(0)
+line.set_phase("training step 3")
 os.kill(os.getpid(), signal.SIGINT)  # one Ctrl-C: both the wakeup fd (the watching thread) and the handler see it
 for _ in range(20):  # a training step's worth of Python, where the handler runs
     time.sleep(0.05)
@@ -56,6 +57,29 @@ def test_one_ctrl_c_asks_for_a_checkpoint_and_a_second_ends_the_rank():
     assert naming(proc.stderr, "rank 0", "SIGINT", "saving a checkpoint"), proc.stderr
     assert proc.returncode == 130 and "not reached" not in proc.stdout
     assert naming(proc.stderr, "second SIGINT", "stopping now"), proc.stderr
+
+
+IN_START_UP = """
+import os, signal, sys, time
+sys.path.insert(0, {repo!r})
+from bigtrain.distributed.lifeline import Lifeline
+line = Lifeline.start(0, grace_s=30)
+os.kill(os.getpid(), signal.SIGTERM)  # a start-up as long as a reference precompute
+time.sleep(20)
+print("not reached", flush=True)
+"""
+
+
+def test_a_sigterm_before_the_first_step_ends_at_once_without_advising_resume():
+    """A SIGTERM during a long start-up (11 s of reference log-probs) waited for the grace, then said "Resume from
+    the last complete checkpoint with --resume", where there was none and --resume failed: nothing is trained yet,
+    so the rank ends at once and says to run the same command again."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", IN_START_UP.format(repo=str(REPO))], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 143 and time.monotonic() - start < 15 and "not reached" not in proc.stdout
+    assert naming(proc.stderr, "rank 0", "SIGTERM during start-up", "nothing is saved", "same command"), proc.stderr
+    assert "--resume" not in proc.stderr, proc.stderr
 
 
 LAUNCHER_ENDS_THE_SURVIVOR = """
