@@ -126,9 +126,29 @@ def source_formats(parts: list[Part], options: ExampleOptions) -> list[str]:
         raise ValueError("data.packing=true with preference data: each answer is scored on its own row; set "
                          "data.packing=false")
     if found[0] == "text" and options.packing:
-        raise ValueError("data.packing=true packs chat and instruction examples; this data is plain text, which "
-                         "trains in full blocks already: set data.packing=false (or data.format for records)")
+        raise ValueError(_packing_text_line(parts))
     return found
+
+
+def _packing_text_line(parts: list[Part]) -> str:
+    """data.packing=true on data read as plain text: records of no example format say their keys (a misspelt
+    'messages'), an unreadable first record says so; only true plain text is told to turn packing off."""
+    from bigtrain.data.formats import EXAMPLE_FORMATS, layout_of, required
+    from bigtrain.data.sources import first_keys
+    for part in parts:
+        if isinstance(part, Source) and part.kind == "files" and part.loader != "text":
+            keys = first_keys(part)
+            where = str(part.files[0]) if part.files else part.text
+            if keys is None:
+                return (f"data.packing=true packs chat and instruction examples, and no first record could be read "
+                        f"from {where} (empty, or not JSON records): give a file of records")
+            shapes = ", ".join(" + ".join(repr(c) for c in required(FIELDS[f])) for f in EXAMPLE_FORMATS
+                               if layout_of(f) == "rows")  # what packs: single examples
+            return (f"data.packing=true packs chat and instruction examples, and the records of {where} are of no "
+                    f"such format (they have {', '.join(map(repr, keys))}): give records with {shapes} "
+                    "(data.format), or set data.packing=false to train their text field as plain text")
+    return ("data.packing=true packs chat and instruction examples; this data is plain text, which trains in full "
+            "blocks already: set data.packing=false (or data.format for records)")
 
 
 def _prepared_template(parts: list[Part]) -> str | None:

@@ -288,6 +288,17 @@ def test_packing_where_it_cannot_work_is_one_line(tok_dir, tmp_path):
         build_data(str(text), seq_len=32, tokenizer=str(tok_dir), cache_dir=tmp_path / "cache",
                    tokenizer_dir=tmp_path / "t", num_proc=1, examples=ExampleOptions(format="chat"))
     assert naming(str(err.value), "data.format=chat", "plain.txt")
+    # records of no format (a misspelt 'messages') and an empty file were told "plain text: set data.packing=false",
+    # and the run after that fix gave the real line
+    misspelt = write_jsonl(tmp_path / "msgs.jsonl", [{"msgs": c["messages"]} for c in conversations(5)])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for source, needles in ((misspelt, ["msgs.jsonl", "'msgs'", "'messages'", "data.format"]),
+                            (empty, ["empty.jsonl", "no first record"])):
+        with pytest.raises(ValueError) as err:
+            build_data(str(source), seq_len=32, tokenizer=str(tok_dir), cache_dir=tmp_path / "cache",
+                       tokenizer_dir=tmp_path / "t", num_proc=1, examples=ExampleOptions(packing=True))
+        assert naming(str(err.value), "data.packing=true", *needles) and "this data is plain text" not in str(err.value)
 
 
 def test_a_word_level_vocabulary_without_an_unknown_token_renders(tmp_path):
