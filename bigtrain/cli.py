@@ -132,12 +132,42 @@ def build_parser() -> FlagParser:
     return parser
 
 
+def misspelt_flag_line(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """One line for a long flag the verb does not take (`export --output`, `generate --promt`), naming the nearest
+    one it does; None for verbs that pass what they do not know on (`train` to its ranks: it says so itself)."""
+    import difflib
+    verb, path = parser, []
+    while len(path) < len(argv):  # down the verbs and their own (`recipes cp`)
+        choices = next((a.choices for a in verb._actions if isinstance(a, argparse._SubParsersAction)), {})
+        if argv[len(path)] not in choices:
+            break
+        verb = choices[argv[len(path)]]
+        path.append(argv[len(path)])
+    if not path or verb.get_default("passes_unknown_args"):
+        return None
+    spelled = {s.replace("_", "-") for a in verb._actions for s in a.option_strings if s.startswith("--")}
+    for arg in argv[len(path):]:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0].replace("_", "-")
+        if not name.startswith("--") or name in spelled or any(k.startswith(name) for k in spelled):
+            continue  # a value, a flag of the verb, or a prefix argparse takes for one
+        near = difflib.get_close_matches(name, sorted(spelled), n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}?" if near else f"`bigtrain {' '.join(path)} --help` lists them"
+        return f"bigtrain {' '.join(path)}: unknown argument {arg.split('=', 1)[0]!r}; {hint}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from bigtrain.metrics.logs import route_library_logs
     # DeepSpeed prints to stdout, which is the verbs' results (lint's JSON): its lines are held
     # back, errors go to stderr. `bigtrain train` ranks keep theirs in the run's log files.
     route_library_logs(console=sys.stderr)
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if line := misspelt_flag_line(parser, argv):  # before argparse: its "required: --out" would hide the typo
+        print(line, file=sys.stderr)
+        return 2
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "passes_unknown_args", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

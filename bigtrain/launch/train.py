@@ -100,7 +100,7 @@ def check_run_args(run_args: list[str], files_here: bool = True) -> str | None:
     parser = build_run_parser()
     args, unknown = parser.parse_known_args(run_args)
     if unknown:
-        return unknown_flag_line(unknown[0], parser)
+        return unknown_flag_line(unknown[0], parser, unknown[1] if len(unknown) > 1 else None)
     try:
         run = run_config_from_args(args)
         if files_here:
@@ -120,12 +120,16 @@ def rank_0_here(hostfile: str | None) -> bool:
     return is_local(read_hostfile(hostfile)[0].host)
 
 
-def unknown_flag_line(flag: str, run_parser: argparse.ArgumentParser) -> str:
-    """One line for an argument neither `bigtrain train` nor bigtrain.run takes, with the nearest one of theirs."""
+def unknown_flag_line(flag: str, run_parser: argparse.ArgumentParser, following: str | None = None) -> str:
+    """One line for an argument neither `bigtrain train` nor bigtrain.run takes, with the nearest one of theirs
+    (`following`: the argument after it, the value a run-config field given as a flag was meant to get)."""
     import difflib
     ours = ["--num-gpus", "--hostfile", "--master-port", "--launcher-arg", "--verbose"]
     theirs = [s for a in run_parser._actions for s in a.option_strings if s.startswith("--")]
     name = flag.split("=", 1)[0]
+    if "." in name.lstrip("-"):  # a run-config field given as a flag (--lora.r 8): --local_rank is no help
+        value = flag.split("=", 1)[1] if "=" in flag else following if following and following[0] != "-" else "VALUE"
+        return f"unknown argument {flag!r}; a run-config field goes through --set: --set {name.lstrip('-')}={value}"
     near = difflib.get_close_matches(name.replace("_", "-"), ours + theirs, n=1, cutoff=0.6)
     hint = (f"; did you mean {near[0]}?" if near
             else "; `bigtrain train --help` and `python -m bigtrain.run --help` list them")

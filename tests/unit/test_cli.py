@@ -319,3 +319,35 @@ def test_bigtrain_train_names_the_flag_a_typo_meant_before_any_rank_starts(monke
     monkeypatch.setattr(train.subprocess, "Popen", lambda *a, **k: pytest.fail("a launcher started"))
     assert cli.main(["train", typo, "2", "--size", "tiny"]) == 2
     assert capsys.readouterr().err.strip() == f"bigtrain: unknown argument {typo!r}; did you mean {meant}?"
+
+
+@pytest.mark.parametrize("given", [["--lora.r", "8"], ["--lora.r=8"]])
+def test_a_run_config_field_given_as_a_flag_is_pointed_to_set(monkeypatch, capsys, given):
+    """`--lora.r 8` was answered "did you mean --local_rank?"."""
+    from bigtrain import cli
+    from bigtrain.launch import train
+    monkeypatch.setattr(train.subprocess, "Popen", lambda *a, **k: pytest.fail("a launcher started"))
+    assert cli.main(["train", *given, "--size", "tiny"]) == 2
+    assert capsys.readouterr().err.strip() == (f"bigtrain: unknown argument {given[0]!r}; a run-config field goes "
+                                               "through --set: --set lora.r=8")
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["export", "runs/x", "--output", "e"], "bigtrain export: unknown argument '--output'; did you mean --out?"),
+    (["generate", "exported/x", "--promt", "hi"], "bigtrain generate: unknown argument '--promt'; did you mean --prompt?"),
+    (["recipes", "cp", "llama", "x.yaml", "--forse"], "bigtrain recipes: unknown argument '--forse'; did you mean --force?"),
+])
+def test_a_misspelt_flag_of_any_verb_is_one_line_naming_the_nearest(capsys, argv, line):
+    """`export --output` said only that --out was required, under a usage block; `generate --promt` printed the
+    top-level usage."""
+    from bigtrain import cli
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.strip() == line
+
+
+def test_flags_a_verb_takes_in_either_spelling_or_abbreviated_are_not_misspelt():
+    from bigtrain import cli
+    parser = cli.build_parser()
+    for argv in (["export", "runs/x", "--out", "e", "--max_shard_size", "1GB"], ["export", "runs/x", "--ou", "e"],
+                 ["recipes", "cp", "llama", "x.yaml", "--force"], ["train", "--anything", "goes"]):
+        assert cli.misspelt_flag_line(parser, argv) is None, argv
