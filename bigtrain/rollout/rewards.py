@@ -30,6 +30,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import logging
 import math
 import sys
 from collections.abc import Mapping
@@ -41,6 +42,7 @@ from typing import Any, Callable
 import torch
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+log = logging.getLogger("bigtrain")
 
 RewardFn = Callable[..., list]
 RESERVED = ("prompt", "completion", "completion_ids")  # record columns TRL does not pass on
@@ -99,7 +101,7 @@ def load_function(spec: str) -> RewardFn:
                        and getattr(v, "__module__", None) == module.__name__)
         raise _no_such_name(spec, where, name, found)
     if not callable(fn):
-        raise ValueError(f"objective.rewards {spec!r}: {name!r} in {where} is a {type(fn).__name__}, not a function")
+        raise ValueError(f"objective.rewards {spec!r}: {name!r} in {where} is {_a(type(fn).__name__)}, not a function")
     return fn
 
 
@@ -154,8 +156,10 @@ def _top_level_names(body: list[ast.stmt]) -> tuple[set[str], set[str]]:
 def _split(spec: str) -> tuple[str, str]:
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name.isidentifier():
+        cut = (" (a list's commas split length=MAX,CACHE: quote it, ['length=MAX,CACHE'])"
+               if spec.strip().isdigit() else "")
         raise ValueError(f"objective.rewards {spec!r}: give path/to/file.py:function, package.module:function, a "
-                         "reward model directory, or a built-in (accuracy, format, length)")
+                         f"reward model directory, or a built-in (accuracy, format, length){cut}")
     return where, name
 
 
@@ -172,6 +176,9 @@ def _check_is_file(spec: str, path: Path) -> None:
 
 def _import_file(spec: str, path: Path) -> Any:
     _check_is_file(spec, path)
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:  # its helpers beside it import, as they do when the file runs as a script
+        sys.path.append(folder)
     module_name = f"bigtrain_reward_{abs(hash(str(path.resolve())))}"
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(loader_spec)
@@ -190,6 +197,10 @@ def _import_module(spec: str, name: str) -> Any:
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"objective.rewards {spec!r}: module {name!r} does not import: {_describe(e)} (a module "
                          "is found on PYTHONPATH; a file is given as path/to/file.py:function)") from None
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _describe(e: BaseException) -> str:
@@ -216,7 +227,17 @@ def score(functions: list[RewardFunction], prompts: list, completions: list, com
                        records, prompts, completions)
         out.per_function[:, j] = torch.tensor([float("nan") if v is None else v for v in values])
         out.extra.update(logged)
+    unscored = torch.isnan(out.per_function).all(dim=1)
+    if functions and unscored.any() and not _said_unscored:
+        _said_unscored.append(True)  # once a process: TRL warns each time, which floods a long run
+        i = int(unscored.nonzero()[0])
+        log.warning("every reward function returned None for %d of %d completions at step %d (first: %s): they get "
+                    "no reward and teach nothing; have at least one function score every completion",
+                    int(unscored.sum()), n, step, _record_line(i, records, prompts, completions))
     return out
+
+
+_said_unscored: list[bool] = []
 
 
 def _call(f: RewardFunction, kwargs: dict, records: list[dict], prompts: list, completions: list) -> list:

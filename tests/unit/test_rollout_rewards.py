@@ -11,6 +11,8 @@ import textwrap
 import pytest
 import torch
 
+from messages import naming
+
 from bigtrain.rollout.advantages import combine_rewards, group_advantages
 from bigtrain.rollout.builtin_rewards import accuracy, answers_match, final_answer, format_reward, length_reward
 from bigtrain.rollout.metrics import reward_metrics
@@ -147,6 +149,7 @@ def test_bad_reward_functions_are_one_line(user_file, tmp_path):
     assert "no such file" in load_error(f"{tmp_path}/absent.py:f")
     assert "does not import" in load_error("no_such_package.rewards:f")
     assert "give path/to/file.py:function" in load_error("just_a_word")
+    assert "quote it" in load_error("2")  # [rewards.py:exact,length=4,2]: the list's comma split length=4,2
     with pytest.raises(ValueError, match="2 weights for 1 rewards"):
         load_rewards(["accuracy"], [1.0, 2.0], max_completion_length=8)
 
@@ -191,6 +194,30 @@ def test_rewards_a_stranger_writes_that_passed_or_crashed_are_one_line_or_scored
     assert "'answers'" in typo and "answer" in typo and "level" in typo and "completion 0" not in typo
     scored = score(load_rewards([f"{rewards}:remote"], max_completion_length=8), PROMPTS, COMPLETIONS, IDS, RECORDS)
     assert scored.per_function[:, 0].tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_a_reward_file_imports_its_helpers_beside_it_and_unscored_completions_are_said(tmp_path, caplog):
+    """`from helper import norm` in rewards/my.py failed with No module named 'helper' (its folder was not on the
+    path, as it is when the file runs as a script); completions no function scores trained on nothing in silence."""
+    folder = tmp_path / "rewards"
+    folder.mkdir()
+    write(folder / "helper_for_bigtrain_test.py", "def norm(text):\n    return text.strip().lower()\n")
+    mine = write(folder / "mine.py", """
+        from helper_for_bigtrain_test import norm
+
+        def exact(completions, answer, **kwargs):
+            return [1.0 if norm(c) == norm(a) else 0.0 for c, a in zip(completions, answer)]
+
+        def never(completions, **kwargs):
+            return [None] * len(completions)
+        """)
+    scored = score(load_rewards([f"{mine}:exact"], max_completion_length=8), PROMPTS, COMPLETIONS, IDS, RECORDS)
+    assert scored.per_function[:, 0].tolist() == [1.0, 0.0, 1.0, 0.0]
+    import bigtrain.rollout.rewards as rewards
+    rewards._said_unscored.clear()
+    with caplog.at_level("WARNING", logger="bigtrain"):
+        score(load_rewards([f"{mine}:never"], max_completion_length=8), PROMPTS, COMPLETIONS, IDS, RECORDS)
+    assert naming(caplog.text, "returned None for 4 of 4 completions", "teach nothing"), caplog.text
 
 
 def test_reward_metrics_are_trls():
