@@ -340,3 +340,15 @@ def test_a_corpus_prepared_with_a_chat_template_trains_with_a_tokenizer_that_has
                         cache_dir=tmp_path / "cache", tokenizer_dir=tmp_path / "t")
     assert bundle.template_from_data and bundle.tokenizer.chat_template == tok.chat_template
     assert bundle.tokenizer_dir == prepared / "tokenizer" and bundle.stats["examples"] > 0
+
+
+def test_a_record_that_does_not_render_is_named_by_its_line(tok_dir, tmp_path):
+    """An empty conversation on line 12 was shown, but not where it was: a bad JSON line and a missing field named
+    theirs."""
+    records = conversations(20)
+    records.insert(11, {"messages": []})
+    source = write_jsonl(tmp_path / "chats.jsonl", records)
+    with pytest.raises(ValueError) as err:
+        build_data(str(source), seq_len=64, tokenizer=str(tok_dir), cache_dir=tmp_path / "cache",
+                   tokenizer_dir=tmp_path / "t", num_proc=1)
+    assert naming(str(err.value), "chats.jsonl line 12", '{"messages": []}', "non-empty list"), err.value

@@ -172,7 +172,9 @@ def render_records(records: list[dict], render: Any, dtype: np.dtype,
             examples = render.examples(record)  # a preference pair: two, kept next to each other
         except ValueError as e:
             shown = json.dumps(record, ensure_ascii=False, default=str)
-            raise ValueError(f"{where}: the record {shown[:80]}{'...' if len(shown) > 80 else ''}: {e}") from None
+            line = _line_of(where, record)
+            raise ValueError(f"{where}{f' line {line}' if line else ''}: the record "
+                             f"{shown[:80]}{'...' if len(shown) > 80 else ''}: {e}") from None
         if not any(ids for ids, _ in examples):
             continue
         for ids, trained in examples:
@@ -183,6 +185,20 @@ def render_records(records: list[dict], render: Any, dtype: np.dtype,
             first.append(answer)
     return (np.asarray(flat, dtype=dtype), np.asarray(mask, dtype=np.uint8), np.asarray(ends, dtype=np.int64),
             np.asarray(first, dtype=np.int64))
+
+
+def _line_of(path: str, record: dict) -> int | None:
+    """The line of a JSON-lines file that holds `record` (read again on this error path alone), else None."""
+    if not str(path).endswith(".jsonl") or not Path(path).is_file():
+        return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                if line.strip() and json.loads(line) == record:
+                    return number
+            except ValueError:
+                continue
+    return None
 
 
 def _encode(texts: list[str], last_ends: bool, encode, eos: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
