@@ -1,7 +1,7 @@
 """The launcher's and the ranks' output on the way to the console of `bigtrain train`: the DeepSpeed launcher's
-line for a rank that ended with bigtrain's own stop (exit 2, a user's mistake; 3, a diverging run) is left out, as that stop has
-already said everything in one `bigtrain:` line. Every other byte passes through as it comes (progress bars
-included); a rank that died otherwise keeps the launcher's line.
+line for a rank that ended with bigtrain's own stop (exit 2, a user's mistake; 3, a diverging run; 130 / 143, a
+signal's stop) is left out, as that stop has already said everything in one `bigtrain:` line. Every other byte
+passes through as it comes (progress bars included); a rank that died otherwise keeps the launcher's line.
 """
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import threading
 from typing import BinaryIO, TextIO
 
 # deepspeed/launcher/launch.py: "[date] [ERROR] [launch.py:NNN:sigkill_handler] [argv...] exits with return code = 2"
-BIGTRAIN_STOP = re.compile(rb"\[launch\.py:\d+:sigkill_handler\].* exits with return code = [23]\s*$")
+# 130 / 143: a rank's lifeline ending it on SIGINT / SIGTERM, after its own line (a rank killed by a signal it did
+# not handle is reported as -2 / -15, and keeps the launcher's line)
+BIGTRAIN_STOP = re.compile(rb"\[launch\.py:\d+:sigkill_handler\].* exits with return code = ([23]|130|143)\s*$")
 LINE_START = re.compile(rb"[\r\n]\[")  # where a log line may begin (after a line, or a progress bar's update)
 
 

@@ -31,3 +31,13 @@ def test_the_launchers_line_after_a_bigtrain_stop_is_left_out_and_the_rest_passe
                   CRASH, b"\rtrain: 100%|##########| 10/10")
     assert out == ("[20:58:04 rank0] ranks: 0 pid 1 on vm\n" + said.decode() + bar.decode() + CRASH.decode()
                    + "\rtrain: 100%|##########| 10/10")
+
+
+def test_the_launchers_line_after_a_signals_stop_is_left_out_and_a_rank_killed_by_one_keeps_it():
+    """A SIGTERM before the first step: the rank says so in one line and exits 143; the launcher's "exits with return
+    code = 143" repeated every argument after it. A rank the signal killed outright (-15) said nothing: its line
+    stays."""
+    stopped = STOP.replace(b"return code = 2", b"return code = 143")
+    interrupted = STOP.replace(b"return code = 2", b"return code = 130")
+    killed = STOP.replace(b"return code = 2", b"return code = -15")
+    assert through(stopped, interrupted, killed) == killed.decode()
