@@ -113,7 +113,11 @@ def resolve(run: RunConfig, user_json: dict | str | Path | None = None, world_si
         except ValueError as err:
             raise LintError(_json_problems(user, world_size, device) or [f"DeepSpeed JSON: {err}"]) from None
         filled = [key for key in config if key not in user]
-    config = fit_to_device(config, run, out_dir, device.name, notes)
+    try:
+        config = fit_to_device(config, run, out_dir, device.name, notes)
+    except (AttributeError, TypeError):  # a section of the wrong type ("zero_optimization": 2): the lint names it
+        _check(config, world_size, device, notes, filled)
+        raise
     if load_universal:
         config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
     _check(config, world_size, device, notes, filled)

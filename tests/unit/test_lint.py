@@ -4,6 +4,7 @@ Every case says what DeepSpeed 0.19.8 itself does with the mistake (refuses it a
 `initialize`, or silently ignores a setting); tests/unit/test_public_configs.py holds lint to
 DeepSpeed's verdicts on other people's configs.
 """
+import copy
 import json
 from pathlib import Path
 
@@ -165,6 +166,16 @@ def test_device_decides_fp16_lamb_and_nvme():
     assert lines(nvme, GPU)[0] == []  # the path is the GPU host's, not this machine's
     here = DeviceCaps("cuda", True, True, local=True)
     assert naming(lines(nvme, here)[0], 'nvme_path="/no/such/nvme"', "not exist")
+    # no nvme_path at all passed on a GPU host, and DeepSpeed's swapper failed inside initialize on None
+    no_path = with_(zero_optimization={"stage": 3, "offload_param": {"device": "nvme"}})
+    assert naming(lines(no_path, GPU)[0], "offload_param.nvme_path", "is missing", "NVMe drive")
+    # Lion without an offloaded optimizer is FusedLion, a GPU kernel: it passed here and crashed the job
+    lion = with_(optimizer={"type": "Lion", "params": {"lr": 1e-4}}, zero_allow_untested_optimizer=True)
+    assert naming(lines(lion, CPU_NO_FP16)[0], 'optimizer.type="Lion"', "FusedLion", "offload_optimizer.device=cpu")
+    assert lines(lion, GPU)[0] == []
+    offloaded = copy.deepcopy(lion)
+    offloaded["zero_optimization"] = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    assert not any("Lion" in line for line in lines(offloaded, CPU_NO_FP16)[0])
 
 
 def test_batch_triple_at_a_world_size():
@@ -188,6 +199,11 @@ def run_cli(tmp_path, capsys, text, *args):
 
 @pytest.mark.parametrize("text, message", [
     ("", "the file is empty"),
+    # a section of the wrong type raised AttributeError / TypeError from bigtrain's own fitting, before the lint
+    ('{"train_micro_batch_size_per_gpu": 2, "zero_optimization": 2}', 'zero_optimization=2: must be an object'),
+    ("zero_optimization:\n  stage: 2\n", 'zero_optimization="stage: 2": must be an object'),  # YAML read as hjson
+    ('{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": "lr=1e-3"}}',
+     'optimizer.params="lr=1e-3": must be an object'),
     ("{not json", "not valid JSON"),
     ("[1, 2]", "top level must be a JSON object"),
     ('{"train_batch_size": 8, "zero_optimization": {"stage": 1, "stage": 2}, "train_batch_size": 8}',

@@ -244,7 +244,10 @@ def device_problems(config: dict, device: DeviceCaps) -> list[Problem]:
             problems.append(Problem(f"zero_optimization.{key}.device", "=\"nvme\": NVMe offload (async I/O) is a GPU-host "
                                                                       "feature; offload to cpu here, or lint with --device cuda"))
         path = section.get("nvme_path")
-        if device.local and (not isinstance(path, str) or not os.path.isdir(path)):
+        if path is None:  # DeepSpeed's swapper joins paths onto it inside initialize, on any host
+            problems.append(Problem(f"zero_optimization.{key}.nvme_path", "is missing: device \"nvme\" needs a "
+                                                                         "directory on an NVMe drive to swap to"))
+        elif device.local and (not isinstance(path, str) or not os.path.isdir(path)):
             problems.append(Problem(f"zero_optimization.{key}.nvme_path", f"={show(path)} does not exist on this "
                                                                          "host: point it at a directory on an NVMe drive"))
     return problems

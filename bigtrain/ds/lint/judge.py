@@ -111,6 +111,8 @@ def _value_problems(path: tuple[str, ...], value: Any, default: Any) -> list[Pro
     if path in (("optimizer",), ("scheduler",)):
         return [] if isinstance(value, dict) else [Problem(dotted, f"={_show(value)}: must be an object like "
                                                                    "{\"type\": ..., \"params\": {...}}")]
+    if path == ("zero_optimization",) and not isinstance(value, (dict, bool)):  # a bool: DeepSpeed's legacy form
+        return [Problem(dotted, f"={_show(value)}: must be an object like {{\"stage\": 2}}")]
     if not isinstance(value, dict):
         if default in (None, schema.NO_DEFAULT) and path != ("zero_optimization",) and schema.probe(path).model:
             return [Problem(dotted, f"={_show(value)}: must be an object, e.g. {{\"enabled\": true}}")]

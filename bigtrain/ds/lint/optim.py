@@ -49,6 +49,12 @@ def optimizer_problems(config: dict, device: DeviceCaps) -> list[Problem]:
     if device.name == "cpu" and lowered in GPU_ONLY_OPTIMIZERS:
         problems.append(Problem("optimizer.type", f"={show(name)} has no CPU kernel (GPU only): use AdamW on this "
                                                   "machine, or lint with --device cuda for a GPU host"))
+    offloaded = offload_device(zero_section(config), "offload_optimizer") != "none"
+    if device.name == "cpu" and lowered == "lion" and not offloaded:
+        # DeepSpeed builds FusedLion (a GPU kernel) unless the optimizer is offloaded (then DeepSpeedCPULion)
+        problems.append(Problem("optimizer.type", f"={show(name)} without an offloaded optimizer is FusedLion, a GPU "
+                                                  "kernel: set zero_optimization.offload_optimizer.device=cpu for "
+                                                  "DeepSpeed's CPU Lion, use AdamW, or lint with --device cuda"))
     if lowered == "lamb" and isinstance(config.get("fp16"), dict) and config["fp16"].get("loss_scale", 0) != 0:
         problems.append(Problem("fp16.loss_scale", f"={show(config['fp16']['loss_scale'])}: DeepSpeed's Lamb needs "
                                                    "dynamic loss scaling; set fp16.loss_scale to 0"))
