@@ -42,6 +42,15 @@ class Sampling:
             value = getattr(self, name)
             if value is not None and not 0 < value <= 1:
                 raise ValueError(f"--{name.replace('_', '-')} {value}: must be in (0, 1]")
+        if self.do_sample is False and self.sampling_flags():
+            flag = self.sampling_flags()[0]
+            raise ValueError(f"--{flag.replace('_', '-')} with --do-sample false: greedy decoding ignores it; drop "
+                             "one of them")
+
+    def sampling_flags(self) -> list[str]:
+        """The sampling settings given: giving one asks for sampling (transformers alone would drop it unless the
+        model's generation_config samples, and decode greedily)."""
+        return [name for name in ("temperature", "top_p", "top_k", "min_p") if getattr(self, name) is not None]
 
     def generation_config(self, model: Any, tokenizer: Any, stop_ids: list[int]) -> Any:
         """The model's generation_config with these settings over it, stopping at `stop_ids` too."""
@@ -49,6 +58,8 @@ class Sampling:
         config = copy.deepcopy(getattr(model, "generation_config", None) or GenerationConfig())
         given = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "seed"}
         config.update(**{k: v for k, v in given.items() if v is not None})
+        if self.do_sample is None and self.sampling_flags():
+            config.do_sample = True
         if not config.do_sample:  # greedy: sampling settings the model's file names would only draw warnings
             config.update(temperature=None, top_p=None, top_k=None, min_p=None)
         eos = config.eos_token_id

@@ -167,6 +167,13 @@ def test_sampling_flags_are_transformers_and_a_seed_repeats(made, capsys):
                       num_beams=2).generation_config(model, tok, [7])
     assert (config.max_new_tokens, config.top_p, config.min_p, config.repetition_penalty, config.num_beams) == \
         (5, 0.9, 0.05, 1.2, 2) and 7 in config.eos_token_id
+    # docs/generate.md's `--temperature 0.7` alone: transformers dropped it and decoded greedily (the model's
+    # generation_config does not sample); a sampling value given asks for sampling
+    implied = run_cli([*[a for a in base if a != "--do-sample"], "--seed", "3"], capsys)
+    assert implied[0] == 0 and implied[1] == first[1] and naming(implied[2], "sampling", "temperature 1.5")
+    assert Sampling(temperature=0.7).generation_config(model, tok, []).do_sample is True
+    with pytest.raises(ValueError, match="--temperature with --do-sample false"):
+        Sampling(temperature=0.7, do_sample=False)
 
 
 def test_what_goes_wrong_is_one_line(made, capsys, tmp_path):
