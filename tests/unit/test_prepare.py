@@ -320,3 +320,11 @@ def test_prepare_verb_is_registered_and_reports_in_one_line(tmp_path, tok, capsy
     assert naming(line, "5 documents", f"{manifest['num_tokens']:,} tokens", "uint16"), line
     assert f"{(manifest['num_tokens'] - 1) // 64:,} blocks of seq_len 64" in line
     assert manifest["identity"]["source"] == identity(text_source(str(tmp_path / "c.jsonl")), tok, "text", False)["source"]
+
+
+def test_prepare_of_a_mixture_says_to_prepare_each_source(tmp_path, capsys):
+    """`prepare --data 'a/:0.7,b/:0.3'` said 'no such file or directory' of the whole string (training takes it)."""
+    from bigtrain.data.prepare.cli import main as prepare_main
+    assert prepare_main(["--data", "a/:0.7,b/:0.3", "--out", str(tmp_path / "p")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert len(line.splitlines()) == 1 and naming(line, "is a mixture", "prepare takes one source", "--data a/"), line

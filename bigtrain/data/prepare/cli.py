@@ -69,6 +69,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if problem := unwritable(out, "--out"):
         raise ValueError(problem)
+    from bigtrain.data.mixture import parse_mixture
+    if parts := parse_mixture(args.data):
+        raise ValueError(f"--data {args.data!r} is a mixture; prepare takes one source: prepare each into its own "
+                         f"folder (--data {parts[0][0]} --out OUT_1, ...), then train on 'OUT_1:W1,OUT_2:W2'")
     src = text_source(args.data, args.split, args.revision, args.streaming)
     fmt = detect_format(src, args.format)
     if fmt != "text":  # a BPE trained here learns from the records' strings
