@@ -80,10 +80,15 @@ def format_of(keys: Iterable[str]) -> str:
     return next((fmt for fmt in EXAMPLE_FORMATS if set(required(FIELDS[fmt])) <= keys), "text")
 
 
+def record_shapes(formats: Iterable[str]) -> str:
+    """The fields each of `formats` requires, as a line names them: 'messages', 'prompt' + 'completion', ..."""
+    return ", ".join(" + ".join(repr(c) for c in required(FIELDS[f])) for f in formats)
+
+
 def no_text_field_line(field: str, where: str, keys: Any) -> str:
     """Plain-text records without their text field: name what they hold, the text field to set, and the record
     shapes that train as chat or instruction examples instead."""
-    shapes = ", ".join(" + ".join(repr(c) for c in required(FIELDS[f])) for f in EXAMPLE_FORMATS)
+    shapes = record_shapes(EXAMPLE_FORMATS)
     return (f"data.text_field={field!r}: {where} has no such field; it has {keys}. Set data.text_field (prepare "
             f"--text-field) to the one holding the text, or for chat / instruction examples give records with "
             f"{shapes} (data.format)")

@@ -133,7 +133,7 @@ def source_formats(parts: list[Part], options: ExampleOptions) -> list[str]:
 def _packing_text_line(parts: list[Part]) -> str:
     """data.packing=true on data read as plain text: records of no example format say their keys (a misspelt
     'messages'), an unreadable first record says so; only true plain text is told to turn packing off."""
-    from bigtrain.data.formats import EXAMPLE_FORMATS, layout_of, required
+    from bigtrain.data.formats import EXAMPLE_FORMATS, layout_of, record_shapes
     from bigtrain.data.sources import first_keys
     for part in parts:
         if isinstance(part, Source) and part.kind == "files" and part.loader != "text":
@@ -142,8 +142,7 @@ def _packing_text_line(parts: list[Part]) -> str:
             if keys is None:
                 return (f"data.packing=true packs chat and instruction examples, and no first record could be read "
                         f"from {where} (empty, or not JSON records): give a file of records")
-            shapes = ", ".join(" + ".join(repr(c) for c in required(FIELDS[f])) for f in EXAMPLE_FORMATS
-                               if layout_of(f) == "rows")  # what packs: single examples
+            shapes = record_shapes(f for f in EXAMPLE_FORMATS if layout_of(f) == "rows")  # what packs: examples
             return (f"data.packing=true packs chat and instruction examples, and the records of {where} are of no "
                     f"such format (they have {', '.join(map(repr, keys))}): give records with {shapes} "
                     "(data.format), or set data.packing=false to train their text field as plain text")

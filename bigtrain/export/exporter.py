@@ -23,6 +23,7 @@ from bigtrain.export.verify import largest_logit_difference
 from bigtrain.export.weights import Consolidated, consolidate
 from bigtrain.export.write import (
     MAX_SHARD_SIZE,
+    check_not_an_input,
     check_out_dir,
     load_tokenizer,
     pad_like_the_model,
@@ -72,8 +73,7 @@ def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None,
     if adapter:
         check_adapter_export(spec, lora, found.tag_dir)
     tok_source = tokenizer_source(found, tokenizer) if spec.modality in ("text", "classify") else None
-    check_out_dir(out, force, protected=found.tag_dir,
-                  inputs={"the base model": mb.overrides.get("pretrained"), "the tokenizer": tok_source})
+    check_not_an_input(out, {"the base model": mb.overrides.get("pretrained"), "the tokenizer": tok_source})
     tok = load_tokenizer(tok_source) if tok_source else None  # before the slow part: fail early
     if tok is not None:
         pad_like_the_model(tok, spec.config)

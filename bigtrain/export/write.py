@@ -24,25 +24,29 @@ RECIPE = "bigtrain_model.json"
 WEIGHTS = "model.safetensors"
 
 
-def check_out_dir(out: Path, force: bool, protected: Path, inputs: Mapping[str, str | Path | None] | None = None) -> None:
-    """Refuse a non-empty `out` without --force, any `out` that would touch the checkpoint, and any that would
-    replace one of the export's other `inputs` ({what: directory}: the base model an adapter loads on, the
-    tokenizer), which --force would otherwise delete."""
+def check_out_dir(out: Path, force: bool, protected: Path) -> None:
+    """Refuse a non-empty `out` without --force, and any `out` that would touch the checkpoint."""
     out, protected = out.resolve(), protected.resolve()
     if out == protected or out in protected.parents or protected in out.parents:
         raise ValueError(f"--out {out} overlaps the checkpoint {protected}; export never writes there, "
                          "choose another directory")
-    for what, path in (inputs or {}).items():
-        path = Path(path).expanduser().resolve() if path else None
-        if path is not None and path.is_dir() and (out == path or out in path.parents):
-            raise ValueError(f"--out {out} would replace {what} {path}, which this export reads (and a user saved); "
-                             "choose another directory")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory")
     if problem := unwritable(out.parent, "--out", named=out):  # the export is staged beside `out`, then renamed
         raise ValueError(problem)
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ValueError(f"--out {out} is not empty; choose a new directory or pass --force to replace it")
+
+
+def check_not_an_input(out: Path, inputs: Mapping[str, str | Path | None]) -> None:
+    """Refuse an `out` that is or holds one of the export's other inputs ({what: directory}: the base model an
+    adapter loads on, the tokenizer), which --force would otherwise delete."""
+    out = out.resolve()
+    for what, path in inputs.items():
+        path = Path(path).expanduser().resolve() if path else None
+        if path is not None and path.is_dir() and (out == path or out in path.parents):
+            raise ValueError(f"--out {out} would replace {what} {path}, which this export reads (and a user saved); "
+                             "choose another directory")
 
 
 @contextlib.contextmanager

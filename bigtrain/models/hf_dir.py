@@ -31,12 +31,13 @@ def has_tokenizer(path: str | Path) -> bool:
     return any((Path(path) / name).is_file() for name in TOKENIZER_FILES)
 
 
-def raw_config(path: str | Path) -> dict:
-    """config.json as written; ValueError when the directory or the file is missing."""
+def raw_config(path: str | Path, setting: str = "model.pretrained") -> dict:
+    """config.json as written; ValueError naming `setting` (what gave the directory) when the directory or the file
+    is missing."""
     path = Path(path)
     if not (path / "config.json").is_file():
         what = "no such directory" if not path.is_dir() else "no config.json there"
-        raise ValueError(f"model.pretrained={str(path)!r}: {what}; give a local directory written by "
+        raise ValueError(f"{setting}={str(path)!r}: {what}; give a local directory written by "
                          "save_pretrained (config.json, model.safetensors, tokenizer files)")
     try:
         return json.loads((path / "config.json").read_text())
@@ -50,12 +51,12 @@ def frozen_model_problem(path: str | Path, setting: str, head: str) -> str | Non
     label, and a causal LM there would score with a head of random weights."""
     path = Path(path).expanduser()
     flag = f"objective.{setting}={str(path)!r}"
-    if not (path / "config.json").is_file():
-        what = "no such directory" if not path.is_dir() else "no config.json there"
-        return f"{flag}: {what}; give a local model directory written by save_pretrained"
+    try:
+        raw = raw_config(path, f"objective.{setting}")
+    except ValueError as err:
+        return str(err)
     if head != "scalar":
         return None
-    raw = raw_config(path)
     archs = raw.get("architectures") or []
     if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
         return (f"{flag} holds a {archs[0]}, not a reward model, and would score with a head of random weights: give "
