@@ -11,6 +11,7 @@ import functools
 import json
 import math
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -32,7 +33,8 @@ def evaluate(lm: Any, tasks: TaskSet, num_fewshot: int | None = None, limit: flo
 
     lm.requests_seen.clear()
     started, cpu = time.perf_counter(), time.process_time()
-    with quiet_lm_eval(), _bootstrap_in_process(), contextlib.nullcontext() if progress else _no_task_bars():
+    with quiet_lm_eval(), _bootstrap_in_process(), _quiet_git_hash(), \
+            contextlib.nullcontext() if progress else _no_task_bars():
         results = simple_evaluate(model=lm, tasks=list(tasks.names), task_manager=tasks.manager,
                                   num_fewshot=num_fewshot, limit=limit, bootstrap_iters=bootstrap_iters,
                                   log_samples=False)
@@ -61,6 +63,29 @@ def _bootstrap_in_process() -> Iterator[None]:
             os.environ.pop("DISABLE_MULTIPROC", None)
         else:
             os.environ["DISABLE_MULTIPROC"] = before
+
+
+@contextlib.contextmanager
+def _quiet_git_hash() -> Iterator[None]:
+    """lm-eval records the commit of the working directory in its results (`git describe --always`, git's stderr on
+    the console): outside a git checkout git prints `fatal: not a git repository` there. The same hash (or lm-eval's
+    own fallback, read from a .git folder), without git's complaint."""
+    import lm_eval.evaluator as evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def quiet_hash() -> str | None:
+        try:
+            found = subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL)
+            return found.strip().decode()
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            return get_commit_from_path(os.getcwd())
+
+    asked = evaluator.get_git_commit_hash
+    evaluator.get_git_commit_hash = quiet_hash
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = asked
 
 
 @contextlib.contextmanager
