@@ -1,4 +1,4 @@
-"""What ALST's levers buy (issues 31 and 39), on this machine's CPU ranks, with the Llama shape of
+"""What ALST's levers buy (the tiled MLP and the chunked loss), on this machine's CPU ranks, with the Llama shape of
 scripts/bench_parallel.py (4 layers x 256, MLP 704, vocabulary 512, fp32, ZeRO-1, micro-batch 1), activation
 checkpointing on, tiled MLP and chunked loss ("tiled") and neither, at parallel.sequence 1, 2, 4:
 

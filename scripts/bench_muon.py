@@ -1,4 +1,4 @@
-"""Muon against AdamW on the same model, data and steps (issue 31): a report, not a claim.
+"""Muon against AdamW on the same model, data and steps: a report, not a claim.
 
     .venv/bin/python scripts/bench_muon.py --out docs/bench_muon.json
 

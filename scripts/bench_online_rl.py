@@ -1,4 +1,4 @@
-"""What an online-RL step costs on this CPU (issue 38), measured in one run, as ratios:
+"""What an online-RL step costs on this CPU, measured in one run, as ratios:
 
 1. a GRPO step's time split into generation / reference / rewards / policy (the run's own `time/PART` metrics), on
    one rank and on two (the same global batch), ZeRO-3 with the weights gathered for generation, and on two ranks

@@ -1,4 +1,4 @@
-"""Generation tokens/s for online RL (issue 38), run by scripts/bench_online_rl.py through torchrun on 1 or 2 ranks:
+"""Generation tokens/s for online RL, run by scripts/bench_online_rl.py through torchrun on 1 or 2 ranks:
 the same prompts and lengths, greedy, decoded three ways in one process:
 
     plain        transformers' generate on the plain module (no DeepSpeed): the bound here

@@ -1,4 +1,4 @@
-"""Measure what tensor and sequence parallelism buy (issue 23), on this machine's CPU ranks:
+"""Measure what tensor and sequence parallelism buy, on this machine's CPU ranks:
 
 1. seq: the longest sequence that trains a Llama shape under a per-rank memory cap, at parallel.sequence 1, 2, 4
    (bisected over multiples of 256; a length "fits" when every rank's peak RSS stays under the cap);

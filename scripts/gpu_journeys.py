@@ -1,4 +1,4 @@
-"""Fine-tuning journeys run to their exit on one device, the way a user runs them (issue 33), with what each
+"""Fine-tuning journeys run to their exit on one device, the way a user runs them, with what each
 showed written to a JSON file after every step:
 
 1. a Llama-style directory made here (random weights, a byte-level BPE with Llama 3's chat template, saved

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One short GPU lease in one call (issue 33): what the device image lacks (wheels carried in .whl/, made by
+# One short GPU lease in one call: what the device image lacks (wheels carried in .whl/, made by
 # scripts/gpu_wheels.sh; see
 # docs/benchmarks.md), then `bigtrain bench --gpu` in its priority order (it stops itself after
 # BENCH_MIN minutes), then the fine-tuning journeys (scripts/gpu_journeys.py, JOURNEY_MIN minutes).

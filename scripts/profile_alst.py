@@ -1,4 +1,4 @@
-"""Every byte one more token costs a rank during a training step (issue 39), on this machine's CPU ranks: the Llama
+"""Every byte one more token costs a rank during a training step, on this machine's CPU ranks: the Llama
 shape of scripts/bench_parallel.py (4 layers x 256, MLP 704, vocabulary 512, fp32, ZeRO-1, micro-batch 1) at
 parallel.sequence 1, 2, 4, tiled and not, with and without activation checkpointing, each at two sequence lengths.
 Step 2 of each job runs under `bigtrain.estimate.live_bytes.LiveBytes` (every storage an op makes, labelled with its

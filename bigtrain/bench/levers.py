@@ -1,4 +1,5 @@
-"""The speed levers of issue 16, each measured on its own by `bigtrain bench --gpu`.
+"""The GPU speed levers (compile, the chunked loss, the padded vocabulary, ...), each measured on its own by
+`bigtrain bench --gpu`.
 
 A lever row is bigtrain at one workload and strategy with a single change against its defaults: a
 default lever undone ("compile off": what compiling gains is defaults / this row) or an opt-in lever

@@ -1,4 +1,4 @@
-"""The longest sequence one device trains with every lever on (issue 39), the GPU plan's last cases: a ladder of
+"""The longest sequence one device trains with every long-sequence lever on, the GPU plan's last cases: a ladder of
 lengths per model, each rung a real bigtrain job of `LONG_STEPS` steps on one device, micro-batch 1.
 
 Every lever: activation checkpointing with the checkpointed hidden states in host memory

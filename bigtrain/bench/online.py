@@ -1,4 +1,4 @@
-"""Online RL's generation throughput (issue 38), the GPU plan's GRPO cases: a real bigtrain GRPO job on the Llama 3.2
+"""Online RL's generation throughput, the GPU plan's GRPO cases: a real bigtrain GRPO job on the Llama 3.2
 1B shape (random weights, its 128,256-token vocabulary), ZeRO-3 with the weights gathered once per generation round
 (`objective.ds3_gather_for_generation=true`) and left partitioned (`false`: every decode step gathers each layer),
 `ONLINE_STEPS` steps each. The figures come from the run's own `time/PART` metrics (generation / reference / rewards /

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from bigtrain.models.spec import ModelSpec
 
-# The ways bigtrain splits a model: ZeRO stages (every family), pipeline stages, and the modes of issue 23.
+# The ways bigtrain splits a model: ZeRO stages (every family), pipeline stages, and tensor, sequence and
+# expert parallelism.
 PARALLEL_MODES = ("zero", "pipeline", "tensor", "sequence", "expert")
 
 

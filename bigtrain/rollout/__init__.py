@@ -1,4 +1,4 @@
-"""Online RL's building blocks (issue 38, sections 2-4): generation on the training engine, rewards, and the math
+"""Online RL's building blocks: generation on the training engine, rewards, and the math
 of GRPO, RLOO and on-policy distillation, each a function of tensors or of a module, tested alone. The objectives
 assemble them: objective.kind=grpo and rloo (bigtrain/objectives/grpo.py), distill (distill.py), on online.py's
 step.
