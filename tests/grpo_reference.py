@@ -11,7 +11,7 @@ sampled at `temperature`, stopping at the end-of-text, the model in eval mode); 
 TRL's keywords, weighted, None -> NaN; advantages against the group's mean (/ std + 1e-4 unless scale_rewards is
 none; RLOO: the leave-one-out mean, after a k1 KL penalty with beta); then `num_iterations` optimizer steps on that
 batch, each over `micro_batches` accumulated micro-batches: the clipped surrogate (token or sequence ratio), + beta
-k3 KL (GRPO), aggregated by loss_type (dapo: over the whole batch's tokens), AdamW, gradients clipped at 1.0.
+k3 KL times the ratio (GRPO, TRL's use_bias_correction_kl), aggregated by loss_type (dapo: over the whole batch's tokens), AdamW, gradients clipped at 1.0.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ class Config:
     loss_type: str = "dapo"  # grpo | dr_grpo | dapo | bnpo
     scale_rewards: str = "group"  # group | batch | none
     importance_sampling_level: str = "token"
+    use_bias_correction_kl: bool = True  # TRL's default: the k3 KL times the importance ratio
     num_iterations: int = 1
     micro_batches: int = 1
     algorithm: str = "grpo"  # grpo | rloo
@@ -90,7 +91,8 @@ def micro_loss(logps, old, adv, mask, ref, cfg: Config, total_tokens: float) -> 
     a = adv.unsqueeze(1)
     loss = -torch.min(ratio * a, torch.clamp(ratio, 1 - cfg.epsilon, 1 + hi) * a)
     if cfg.beta:
-        loss = loss + cfg.beta * (torch.exp(ref - logps) - (ref - logps) - 1)
+        kl = torch.exp(ref - logps) - (ref - logps) - 1
+        loss = loss + cfg.beta * (kl * ratio if cfg.use_bias_correction_kl else kl)
     if cfg.loss_type == "grpo":
         return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / cfg.micro_batches
     if cfg.loss_type == "bnpo":

@@ -3,9 +3,9 @@ TRL 1.16's GRPOTrainer and RLOOTrainer compute it (their names, defaults and met
 bigtrain.rollout's, the step online.py's).
 
     grpo   advantage = (reward - its group's mean) / (std + 1e-4) (objective.scale_rewards: group | batch | none);
-           per token -min(rho A, clip(rho, 1 - epsilon, 1 + epsilon_high) A) + beta k3 KL to the reference,
-           rho per token or per sequence (importance_sampling_level), aggregated by loss_type (grpo | dr_grpo |
-           dapo | bnpo); beta 0 (TRL's default) builds no reference
+           per token -min(rho A, clip(rho, 1 - epsilon, 1 + epsilon_high) A) + beta k3 KL to the reference
+           (times rho: use_bias_correction_kl), rho per token or per sequence (importance_sampling_level),
+           aggregated by loss_type (grpo | dr_grpo | dapo | bnpo); beta 0 (TRL's default) builds no reference
     rloo   advantage = reward - beta x its summed k1 KL (old policy vs reference) - the mean of the other
            completions of its prompt (optionally normalised over the batch); per sequence -min(rho A,
            clip(rho) A) with rho = exp(sum log pi - sum log pi_old); beta 0.05
@@ -91,6 +91,9 @@ class GRPOSettings(RewardSettings):
         "group", "grpo: advantages divided by the std of the group's rewards, of the batch's, or not at all.")
     importance_sampling_level: Literal["token", "sequence"] = doc(
         "token", "grpo: the importance ratio per token, or per sequence (GSPO: the mean of its log-ratios).")
+    use_bias_correction_kl: bool = doc(True, "grpo: the k3 KL term multiplied by the importance ratio (DeepSeek-V3.2's "
+                                             "unbiased reverse-KL gradient); it changes the gradient with beta > 0 "
+                                             "even on-policy, where the ratio is 1 in value only.")
 
 
 @dataclass(kw_only=True)
@@ -197,7 +200,7 @@ class GRPO(RewardedObjective):
         logps, _ = self.logps(policy, piece, step)
         terms = grpo_terms(logps, piece.old_logps, piece.advantages, mask, epsilon_low=s.epsilon,
                            epsilon_high=s.epsilon_high, importance_sampling_level=s.importance_sampling_level,
-                           ref_logps=piece.ref_logps, beta=s.beta)
+                           ref_logps=piece.ref_logps, beta=s.beta, use_bias_correction_kl=s.use_bias_correction_kl)
         add_sums(step, clip_sums(terms.ratio, piece.advantages, mask, s.epsilon, s.epsilon_high))
         if terms.kl is not None:
             add_sums(step, {"kl": masked_sum(terms.kl, mask)})

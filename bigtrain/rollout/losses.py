@@ -49,14 +49,16 @@ class PolicyTerms:
 
     per_token: torch.Tensor  # [B, T] ([B, 1] at sequence level without KL: broadcast against the mask)
     ratio: torch.Tensor  # the importance ratio pi / pi_old: [B, T] (token level) or [B, 1] (sequence level)
-    kl: torch.Tensor | None  # the k3 KL per token [B, T], when beta > 0
+    kl: torch.Tensor | None  # the k3 KL per token [B, T] (times the ratio with the bias correction), when beta > 0
 
 
 def grpo_terms(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: torch.Tensor,
                mask: torch.Tensor, *, epsilon_low: float = 0.2, epsilon_high: float | None = None,
                importance_sampling_level: str = "token", ref_logps: torch.Tensor | None = None,
-               beta: float = 0.0) -> PolicyTerms:
-    """GRPO's clipped surrogate per token: -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) + beta k3 KL.
+               beta: float = 0.0, use_bias_correction_kl: bool = True) -> PolicyTerms:
+    """GRPO's clipped surrogate per token: -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) + beta k3 KL,
+    the KL multiplied by rho with `use_bias_correction_kl` (TRL's default: DeepSeek-V3.2's unbiased reverse-KL
+    gradient; rho is 1 in value on-policy but not in gradient, so it changes the step even then).
 
     `old_logps` None: the completions were sampled by these very weights (one iteration, TRL's default), so
     rho = exp(logp - logp.detach()) = 1 in value with the gradient of logp. `advantages` [B]."""
@@ -76,6 +78,8 @@ def grpo_terms(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: 
     if beta != 0.0:
         assert ref_logps is not None, "beta > 0 needs the reference's log-probabilities"
         kl = k3_kl(logps, ref_logps)
+        if use_bias_correction_kl:
+            kl = kl * ratio
         per_token = per_token + beta * kl
     return PolicyTerms(per_token, ratio, kl)
 

@@ -6,9 +6,10 @@ and its toy task (tests/rl_task.py):
   a run on this 2-core CPU under load);
 - with the completions fixed (generation bypassed), its per-step losses equal those assembled from
   bigtrain.rollout's functions (advantages, grpo_terms / rloo_terms, aggregate over accumulated micro-batches)
-  within 1e-9 in fp64 over 3 steps, for every loss type, beta > 0 against a reference model, two iterations with
-  the clip active, sequence-level ratios, batch / no reward scaling and RLOO: two implementations written apart
-  from TRL's code agree, so the loop is a fair judge and the rollout math assembles into TRL's step."""
+  within 1e-9 in fp64 over 3 steps, for every loss type, beta > 0 against a reference model (the KL with and
+  without TRL's bias correction), two iterations with the clip active, sequence-level ratios, batch / no reward
+  scaling and RLOO: two implementations written apart from TRL's code agree, so the loop is a fair judge and the
+  rollout math assembles into TRL's step."""
 from __future__ import annotations
 
 import copy
@@ -82,7 +83,8 @@ def rollout_losses(model, optimizer, batch: dict, rewards: torch.Tensor, cfg: re
                 terms = grpo_terms(logps, old[rows], adv[rows], cm[rows], epsilon_low=cfg.epsilon,
                                    epsilon_high=cfg.epsilon_high,
                                    importance_sampling_level=cfg.importance_sampling_level,
-                                   ref_logps=None if ref_logps is None else ref_logps[rows], beta=cfg.beta)
+                                   ref_logps=None if ref_logps is None else ref_logps[rows], beta=cfg.beta,
+                                   use_bias_correction_kl=cfg.use_bias_correction_kl)
                 ratio = terms.ratio
                 share = aggregate(terms.per_token, cm[rows], cfg.loss_type, step_micro_batches=cfg.micro_batches,
                                   step_tokens=step_tokens, max_completion_length=cfg.max_completion_length)
@@ -98,7 +100,7 @@ def rollout_losses(model, optimizer, batch: dict, rewards: torch.Tensor, cfg: re
 
 CASES = {
     "dapo": {}, "grpo": {"loss_type": "grpo"}, "bnpo": {"loss_type": "bnpo"}, "dr_grpo": {"loss_type": "dr_grpo"},
-    "beta": {"beta": 0.04},
+    "beta": {"beta": 0.04}, "beta_plain_kl": {"beta": 0.04, "use_bias_correction_kl": False},
     "clipped": {"num_iterations": 2, "epsilon": 0.02, "epsilon_high": 0.03, "lr": 3e-2, "loss_type": "grpo"},
     "sequence": {"importance_sampling_level": "sequence", "loss_type": "grpo", "num_iterations": 2, "lr": 3e-2},
     "batch_scale": {"scale_rewards": "batch"}, "no_scale": {"scale_rewards": "none", "loss_type": "bnpo"},

@@ -31,7 +31,8 @@ def test_the_defaults_are_trls():
     assert (s.num_generations, s.max_completion_length, s.temperature, s.top_p, s.top_k) == (8, 512, 1.0, 1.0, 0)
     assert (s.beta, s.loss_type, s.scale_rewards, s.num_iterations, s.epsilon, s.epsilon_high) == (
         0.0, "dapo", "group", 1, 0.2, None)
-    assert (s.importance_sampling_level, s.mask_truncated_completions) == ("token", False)
+    assert (s.importance_sampling_level, s.mask_truncated_completions, s.use_bias_correction_kl) == (
+        "token", False, True)
     assert grpo.objective.declared.references == ()  # beta 0: no reference model is built
     rloo = load_run_config(None, ["objective.kind=rloo", "objective.rewards=[accuracy, length]", "data.seq_len=1024"])
     r = rloo.objective.settings

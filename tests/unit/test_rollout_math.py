@@ -125,14 +125,14 @@ def batch(seed: int = 0) -> dict:
 
 
 def trl_grpo_self(loss_type: str, level: str, beta: float, logps, entropies, *, processes: int = 1,
-                  accumulation: int = 1):
+                  accumulation: int = 1, bias_correction: bool = True):
     """A stand-in GRPOTrainer: what _compute_loss reads, the model's forward replaced by fixed log-probs."""
     def reduce(x, reduction):
         return x * processes if reduction == "sum" else x  # every rank holds the same micro-batch here
     return SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (logps, entropies, None),
         top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level=level, beta=beta,
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=accumulation),
+        args=SimpleNamespace(use_bias_correction_kl=bias_correction, delta=None, steps_per_generation=accumulation),
         loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, use_vllm=False,
         model=SimpleNamespace(training=True), current_gradient_accumulation_steps=accumulation,
         max_completion_length=T, accelerator=SimpleNamespace(num_processes=processes, reduce=reduce,
@@ -151,31 +151,34 @@ def trl_inputs(b: dict, *, old: bool, beta: float, num_items: float) -> dict:
     return inputs
 
 
-def ours(b: dict, loss_type: str, level: str, beta: float, old: bool, logits: torch.Tensor):
+def ours(b: dict, loss_type: str, level: str, beta: float, old: bool, logits: torch.Tensor,
+         bias_correction: bool = True):
     logps = token_logps(logits, b["ids"])
     terms = grpo_terms(logps, b["old"] if old else None, b["advantages"], b["mask"], epsilon_low=0.2,
                        epsilon_high=0.28, importance_sampling_level=level, ref_logps=b["ref"] if beta else None,
-                       beta=beta)
+                       beta=beta, use_bias_correction_kl=bias_correction)
     share = aggregate(terms.per_token, b["mask"], loss_type, step_micro_batches=1, step_tokens=b["mask"].sum(),
                       max_completion_length=T)
     return share, terms, logps
 
 
-CASES = [(t, level, beta, old) for t in LOSS_TYPES for level, beta, old in
-         [("token", 0.0, False), ("token", 0.04, True), ("sequence", 0.0, True), ("sequence", 0.04, False)]]
+# every loss type x token / sequence ratio x on- / off-policy x beta 0 / > 0 (with and without the KL's bias
+# correction)
+CASES = [(t, level, beta, old, bias) for t in LOSS_TYPES for level in ("token", "sequence") for old in (False, True)
+         for beta, bias in ((0.0, True), (0.04, True), (0.04, False))]
 
 
-@pytest.mark.parametrize("loss_type,level,beta,old", CASES)
-def test_grpo_loss_gradient_and_metrics_equal_trls(loss_type, level, beta, old):
+@pytest.mark.parametrize("loss_type,level,beta,old,bias", CASES)
+def test_grpo_loss_gradient_and_metrics_equal_trls(loss_type, level, beta, old, bias):
     grpo = pytest.importorskip("trl.trainer.grpo_trainer")
     b = batch()
     mine_logits = b["logits"].clone().requires_grad_()
-    share, terms, logps = ours(b, loss_type, level, beta, old, mine_logits)
+    share, terms, logps = ours(b, loss_type, level, beta, old, mine_logits, bias)
     share.backward()
     theirs_logits = b["logits"].clone().requires_grad_()
     theirs_logps = token_logps(theirs_logits, b["ids"])
     entropies = token_entropy(theirs_logits)
-    fake = trl_grpo_self(loss_type, level, beta, theirs_logps, entropies)
+    fake = trl_grpo_self(loss_type, level, beta, theirs_logps, entropies, bias_correction=bias)
     loss = grpo.GRPOTrainer._compute_loss(fake, None, trl_inputs(b, old=old, beta=beta,
                                                                  num_items=float(b["mask"].sum())))
     loss.backward()
@@ -194,7 +197,7 @@ def test_grpo_loss_gradient_and_metrics_equal_trls(loss_type, level, beta, old):
 
 def paper_grpo_token_loss(b: dict) -> float:
     """GRPO's objective token by token (Shao et al. 2024, eq. 3, with DAPO's token-level sum / tokens and
-    asymmetric clip), from plain Python floats."""
+    asymmetric clip, the KL weighted by the ratio as DeepSeek-V3.2 has it), from plain Python floats."""
     total, tokens = 0.0, 0
     logps = token_logps(b["logits"], b["ids"]).tolist()
     for i in range(B):
@@ -204,8 +207,8 @@ def paper_grpo_token_loss(b: dict) -> float:
                 continue
             rho = math.exp(logps[i][t] - float(b["old"][i, t]))
             ref_minus = float(b["ref"][i, t]) - logps[i][t]
-            kl = math.exp(ref_minus) - ref_minus - 1
-            total += -min(rho * a, min(max(rho, 0.8), 1.28) * a) + 0.04 * kl
+            kl = math.exp(ref_minus) - ref_minus - 1  # k3, times rho (DeepSeek-V3.2's bias correction)
+            total += -min(rho * a, min(max(rho, 0.8), 1.28) * a) + 0.04 * kl * rho
             tokens += 1
     return total / tokens
 
