@@ -5,7 +5,9 @@ bigtrain.rollout's, the step online.py's).
     grpo   advantage = (reward - its group's mean) / (std + 1e-4) (objective.scale_rewards: group | batch | none);
            per token -min(rho A, clip(rho, 1 - epsilon, 1 + epsilon_high) A) + beta k3 KL to the reference
            (times rho: use_bias_correction_kl), rho per token or per sequence (importance_sampling_level),
-           aggregated by loss_type (grpo | dr_grpo | dapo | bnpo); beta 0 (TRL's default) builds no reference
+           aggregated by loss_type (grpo | dr_grpo | dapo | bnpo | luspo; cispo, sapo and vespo weigh the token
+           otherwise: bigtrain.rollout.losses.grpo_terms); delta, off_policy_mask_threshold and
+           top_entropy_quantile as TRL has them; beta 0 (TRL's default) builds no reference
     rloo   advantage = reward - beta x its summed k1 KL (old policy vs reference) - the mean of the other
            completions of its prompt (optionally normalised over the batch); per sequence -min(rho A,
            clip(rho) A) with rho = exp(sum log pi - sum log pi_old); beta 0.05
@@ -17,9 +19,9 @@ batch's; a completion every function scores None gets advantage 0. The reward mo
 the policy (partitioned like it under ZeRO-3), reading the text re-tokenized with its own tokenizer.
 
 Metrics: reward, reward_std, rewards/<function>/mean|std, frac_reward_zero_std, completions/mean_length|
-min_length|max_length|clipped_ratio, entropy, kl (beta > 0), clip_ratio/low_mean|high_mean|region_mean, and
-time/generation|reference|rewards|policy; a table of this rank's prompts, completions, rewards and advantages at
-every log step (OUT/samples.jsonl).
+min_length|max_length|clipped_ratio, entropy, kl (beta > 0), clip_ratio/low_mean|high_mean|region_mean (the
+clipped loss types; cispo_clip_ratio, vespo/phi_seq_mean), and time/generation|reference|rewards|policy; a table
+of this rank's prompts, completions, rewards and advantages at every log step (OUT/samples.jsonl).
 """
 from __future__ import annotations
 
@@ -84,9 +86,12 @@ class RewardSettings(GenerationSettings):
 class GRPOSettings(RewardSettings):
     beta: float = doc(0.0, "grpo: the k3 KL term's weight (0: no reference model); rloo: the k1 KL penalty on "
                            "the rewards.")
-    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = doc(
-        "dapo", "grpo: how token losses add up: grpo (each sequence's mean, averaged), dr_grpo (sum / (sequences "
-        "x max_completion_length)), dapo (sum / the step's tokens), bnpo (each micro-batch's token mean).")
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = doc(
+        "dapo", "grpo: the per-token loss and how it adds up: grpo (each sequence's mean, averaged), dr_grpo (sum / "
+        "(sequences x max_completion_length)), dapo (sum / the step's tokens), bnpo (each micro-batch's token "
+        "mean), cispo (the ratio capped at epsilon_high as a weight on log pi; dapo's sum), sapo (a soft gate "
+        "instead of the clip; grpo's mean), luspo (each sequence's sum, averaged), vespo (VESPO's gamma weight of "
+        "the sequence ratio on log pi; dapo's sum).")
     scale_rewards: Literal["group", "batch", "none"] = doc(
         "group", "grpo: advantages divided by the std of the group's rewards, of the batch's, or not at all.")
     importance_sampling_level: Literal["token", "sequence"] = doc(
@@ -94,6 +99,27 @@ class GRPOSettings(RewardSettings):
     use_bias_correction_kl: bool = doc(True, "grpo: the k3 KL term multiplied by the importance ratio (DeepSeek-V3.2's "
                                              "unbiased reverse-KL gradient); it changes the gradient with beta > 0 "
                                              "even on-policy, where the ratio is 1 in value only.")
+    delta: float | None = doc(None, "grpo: the clipped loss types' two-sided clip (INTELLECT-2): the ratio also "
+                                    "capped at delta (> 1; suggested above 1 + epsilon); None: off.")
+    sapo_temperature_pos: float = doc(1.0, "grpo, loss_type=sapo: the gate's temperature for positive advantages.")
+    sapo_temperature_neg: float = doc(1.05, "grpo, loss_type=sapo: the gate's temperature for the others.")
+    vespo_k_pos: float = doc(2.0, "grpo, loss_type=vespo: the weight's power for advantages >= 0 (how fast it falls "
+                                  "for ratios below 1).")
+    vespo_lambda_pos: float = doc(3.0, "grpo, loss_type=vespo: the weight's decay for advantages >= 0 (how fast it "
+                                       "falls for ratios above 1).")
+    vespo_k_neg: float = doc(3.0, "grpo, loss_type=vespo: the weight's power for negative advantages.")
+    vespo_lambda_neg: float = doc(2.0, "grpo, loss_type=vespo: the weight's decay for negative advantages.")
+    off_policy_mask_threshold: float | None = doc(
+        None, "grpo: a sequence with a negative advantage whose mean per-token KL to the policy that sampled it is "
+              "above this is left out of the loss (DeepSeek-V3.2; e.g. 0.5; needs num_iterations > 1); None: off.")
+    top_entropy_quantile: float = doc(1.0, "grpo: only the tokens in this top share by entropy (over every rank's "
+                                           "micro-batch) train the policy term (Beyond the 80/20 Rule suggests "
+                                           "0.2); 1.0: all.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from bigtrain.objectives.loss_types import check_loss_settings
+        check_loss_settings(self)
 
 
 @dataclass(kw_only=True)
@@ -165,12 +191,14 @@ class RewardedObjective(OnlineObjective):
         raise NotImplementedError
 
     def logps(self, policy: Policy, piece: Piece, step: StepState) -> tuple[torch.Tensor, torch.Tensor]:
-        """The policy's log-probabilities of the piece's tokens (with their graph), and its entropy's metric."""
+        """The policy's log-probabilities of the piece's tokens (with their graph) and its entropies per token
+        (without; their mean is the entropy metric)."""
         from bigtrain.rollout.losses import masked_sum, token_entropy, token_logps
         logits = policy.completion_logits(*piece.rows)
         temperature = self.settings.temperature
-        add_sums(step, {"entropy": masked_sum(token_entropy(logits, temperature), piece.completion_mask)})
-        return token_logps(logits, piece.completion_ids, temperature), logits
+        entropies = token_entropy(logits, temperature)
+        add_sums(step, {"entropy": masked_sum(entropies, piece.completion_mask)})
+        return token_logps(logits, piece.completion_ids, temperature), entropies
 
 
 class GRPO(RewardedObjective):
@@ -195,13 +223,12 @@ class GRPO(RewardedObjective):
 
     def piece_loss(self, policy: Policy, piece: Piece, step: StepState) -> torch.Tensor:
         from bigtrain.objectives.loss_types import aggregate
-        from bigtrain.rollout.losses import clip_sums, grpo_terms, masked_sum
-        s, mask = self.settings, piece.completion_mask
-        logps, _ = self.logps(policy, piece, step)
-        terms = grpo_terms(logps, piece.old_logps, piece.advantages, mask, epsilon_low=s.epsilon,
-                           epsilon_high=s.epsilon_high, importance_sampling_level=s.importance_sampling_level,
-                           ref_logps=piece.ref_logps, beta=s.beta, use_bias_correction_kl=s.use_bias_correction_kl)
-        add_sums(step, clip_sums(terms.ratio, piece.advantages, mask, s.epsilon, s.epsilon_high))
+        from bigtrain.rollout.losses import GRPOLoss, grpo_terms, loss_sums, masked_sum
+        s, mask, loss = self.settings, piece.completion_mask, GRPOLoss.of(self.settings)
+        logps, entropies = self.logps(policy, piece, step)
+        terms = grpo_terms(logps, piece.old_logps, piece.advantages, mask, loss, ref_logps=piece.ref_logps,
+                           entropies=entropies)
+        add_sums(step, loss_sums(terms, piece.advantages, mask, loss))
         if terms.kl is not None:
             add_sums(step, {"kl": masked_sum(terms.kl, mask)})
         return aggregate(terms.per_token, mask, s.loss_type, step_micro_batches=step.micro_batches,

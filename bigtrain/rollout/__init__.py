@@ -11,9 +11,11 @@ step.
     builtin_rewards.py  accuracy (against the record's answer), format[=REGEX], length (DAPO's overlong penalty)
     reward_model.py     a reward-model directory scored at each row's last real token
     advantages.py       GRPO's group advantages (scale_rewards), RLOO's leave-one-out, its k1 KL penalty
-    losses.py           the clipped surrogate (token / sequence ratio), k3 KL, RLOO's sequence loss, a step's
-                        token count, clip metrics, distillation (DeepSpeed's JSD); the loss types' aggregation is
+    losses.py           GRPO's per-token loss by loss type (the clipped surrogate, cispo, sapo, vespo; token /
+                        sequence ratio), k3 KL, RLOO's sequence loss, a step's token count, the loss types'
+                        metrics, distillation (DeepSpeed's JSD); the loss types' aggregation is
                         bigtrain.objectives.loss_types (its names are TRL's, "grpo" among them)
+    loss_weights.py     the off-policy sequence mask, the high-entropy token mask, VESPO's gamma weights
     metrics.py          TRL's metric names and values
     (bigtrain.data.prompts / prompt_rows: prompt-only records, every column kept for the rewards)
 

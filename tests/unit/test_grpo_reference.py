@@ -23,7 +23,7 @@ from rl_task import REWARDS, make_model, make_tokenizer, records
 from bigtrain.rollout.advantages import group_advantages, kl_penalised_rewards, rloo_advantages
 from bigtrain.rollout.forward import completion_logits
 from bigtrain.objectives.loss_types import aggregate
-from bigtrain.rollout.losses import clip_sums, global_count, grpo_terms, rloo_terms, token_logps
+from bigtrain.rollout.losses import GRPOLoss, clip_sums, global_count, grpo_terms, rloo_terms, token_logps
 
 
 def test_the_plain_loop_learns_the_toy_task():
@@ -80,11 +80,11 @@ def rollout_losses(model, optimizer, batch: dict, rewards: torch.Tensor, cfg: re
                                             epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high)
                 share = per_seq.mean() / cfg.micro_batches
             else:
-                terms = grpo_terms(logps, old[rows], adv[rows], cm[rows], epsilon_low=cfg.epsilon,
-                                   epsilon_high=cfg.epsilon_high,
-                                   importance_sampling_level=cfg.importance_sampling_level,
-                                   ref_logps=None if ref_logps is None else ref_logps[rows], beta=cfg.beta,
-                                   use_bias_correction_kl=cfg.use_bias_correction_kl)
+                loss = GRPOLoss(loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+                                importance_sampling_level=cfg.importance_sampling_level, beta=cfg.beta,
+                                use_bias_correction_kl=cfg.use_bias_correction_kl)
+                terms = grpo_terms(logps, old[rows], adv[rows], cm[rows], loss,
+                                   ref_logps=None if ref_logps is None else ref_logps[rows])
                 ratio = terms.ratio
                 share = aggregate(terms.per_token, cm[rows], cfg.loss_type, step_micro_batches=cfg.micro_batches,
                                   step_tokens=step_tokens, max_completion_length=cfg.max_completion_length)

@@ -33,6 +33,10 @@ def test_the_defaults_are_trls():
         0.0, "dapo", "group", 1, 0.2, None)
     assert (s.importance_sampling_level, s.mask_truncated_completions, s.use_bias_correction_kl) == (
         "token", False, True)
+    from bigtrain.rollout.losses import GRPOLoss
+    assert GRPOLoss.of(s) == GRPOLoss()  # the loss's settings, TRL's defaults: delta, sapo_*, vespo_*, the masks off
+    assert (s.delta, s.off_policy_mask_threshold, s.top_entropy_quantile, s.sapo_temperature_neg) == (
+        None, None, 1.0, 1.05)
     assert grpo.objective.declared.references == ()  # beta 0: no reference model is built
     rloo = load_run_config(None, ["objective.kind=rloo", "objective.rewards=[accuracy, length]", "data.seq_len=1024"])
     r = rloo.objective.settings
@@ -58,6 +62,17 @@ def test_the_defaults_are_trls():
     # one completion a prompt: every advantage 0, a run of loss 0 that exited 0 (TRL refuses it too)
     (["objective.num_generations=1"], ["objective.num_generations=1", "2 or more"]),
     (["objective.loss_type=ppo"], ["objective.loss_type", "dapo"]),
+    (["objective.delta=0.9"], ["objective.delta=0.9", "> 1"]),
+    (["objective.loss_type=cispo", "objective.delta=2.0"], ["objective.delta=2.0", "objective.loss_type=cispo"]),
+    (["objective.sapo_temperature_pos=2.0"], ["objective.sapo_temperature_pos=2.0", "sapo", "loss_type=dapo"]),
+    (["objective.loss_type=sapo", "objective.sapo_temperature_neg=0"], ["objective.sapo_temperature_neg=0", "> 0"]),
+    (["objective.loss_type=vespo", "objective.vespo_k_pos=-1"], ["objective.vespo_k_pos=-1", ">= 0"]),
+    (["objective.loss_type=vespo", "objective.vespo_lambda_neg=0"], ["objective.vespo_lambda_neg=0", "> 0"]),
+    (["objective.top_entropy_quantile=1.5"], ["objective.top_entropy_quantile=1.5", "[0, 1]"]),
+    (["objective.off_policy_mask_threshold=0", "objective.num_iterations=2"],
+     ["objective.off_policy_mask_threshold=0", "> 0"]),
+    # on-policy every step: the mask would drop nothing
+    (["objective.off_policy_mask_threshold=0.5"], ["objective.off_policy_mask_threshold=0.5", "num_iterations=1"]),
     (["train.compile=true"], ["train.compile=True", "objective.kind=grpo"]),
     (["batch.micro_batch=auto"], ["batch.micro_batch=auto", "objective.kind=grpo"]),
 ])
