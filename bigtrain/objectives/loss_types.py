@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the clipped surrogate; the others: bigtrain.rollout.losses
 STEP_TOKENS = ("dapo", "cispo", "vespo")  # divided by the step's active tokens
 
 
@@ -54,7 +55,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, *, st
 
 
 # the settings that only some loss types read (bigtrain.rollout.losses.grpo_terms): set for another, one line
-ONLY_FOR = {"delta": ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"),
+ONLY_FOR = {"delta": CLIPPED,
             **dict.fromkeys(("sapo_temperature_pos", "sapo_temperature_neg"), ("sapo",)),
             **dict.fromkeys(("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"), ("vespo",))}
 

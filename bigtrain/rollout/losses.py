@@ -43,8 +43,8 @@ def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1
 
 
-CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the loss types of the clipped surrogate
-POLICY_TERMS = (*CLIPPED, "cispo", "sapo", "vespo")
+OWN_TERMS = ("cispo", "sapo", "vespo")  # the loss types with a per-token form of their own; the others clip
+# (their list, with the aggregation of each: bigtrain.objectives.loss_types)
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def _policy_term(logps: torch.Tensor, log_ratio: torch.Tensor, ratio: torch.Tens
     """The policy part of the per-token loss by loss type (see `grpo_terms`), and the ratio its metrics read."""
     from bigtrain.rollout.loss_weights import gamma_weights
     phi = None
-    if loss.loss_type in CLIPPED:
+    if loss.loss_type not in OWN_TERMS:
         clipped = torch.clamp(ratio, 1 - loss.epsilon, 1 + loss.high)
         if loss.delta is not None:
             ratio = torch.clamp(ratio, max=loss.delta)
@@ -150,19 +150,17 @@ def _policy_term(logps: torch.Tensor, log_ratio: torch.Tensor, ratio: torch.Tens
     elif loss.loss_type == "sapo":
         tau = torch.where(adv > 0, loss.sapo_temperature_pos, loss.sapo_temperature_neg)
         per_token = -(torch.sigmoid(tau * (ratio - 1)) * 4 / tau) * adv
-    elif loss.loss_type == "vespo":  # the sequence's ratio is its own: the sum of the per-token log-ratios
+    else:  # vespo: the sequence's ratio is its own, the sum of the per-token log-ratios
         phi = gamma_weights(adv, log_ratio, mask, k_pos=loss.vespo_k_pos, lambda_pos=loss.vespo_lambda_pos,
                             k_neg=loss.vespo_k_neg, lambda_neg=loss.vespo_lambda_neg)
         per_token = -phi * adv * logps
-    else:
-        raise ValueError(f"objective.loss_type={loss.loss_type!r}: must be one of {', '.join(POLICY_TERMS)}")
     return PolicyTerms(per_token, ratio, None, phi)
 
 
 def loss_sums(terms: PolicyTerms, advantages: torch.Tensor, mask: torch.Tensor, loss: GRPOLoss) -> Sums:
     """The loss type's own metrics (TRL's names) as (sum, count): clip_ratio/* for the clipped ones,
     cispo_clip_ratio (the share of tokens whose weight the cap held, A > 0), vespo/phi_seq_mean; sapo has none."""
-    if loss.loss_type in CLIPPED:
+    if loss.loss_type not in OWN_TERMS:
         return clip_sums(terms.ratio, advantages, mask, loss.epsilon, loss.high)
     if loss.loss_type == "cispo":
         held = ((terms.ratio > loss.high) & (advantages.unsqueeze(1) > 0)).float()

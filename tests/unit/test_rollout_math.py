@@ -20,8 +20,8 @@ import torch
 
 from bigtrain.rollout.advantages import (combine_rewards, group_advantages, kl_penalised_rewards, nanstd,
                                          rloo_advantages)
-from bigtrain.objectives.loss_types import LOSS_TYPES, STEP_TOKENS, aggregate
-from bigtrain.rollout.losses import (CLIPPED, GRPOLoss, clip_sums, distill_share, grpo_terms, k3_kl, loss_sums,
+from bigtrain.objectives.loss_types import CLIPPED, LOSS_TYPES, STEP_TOKENS, aggregate
+from bigtrain.rollout.losses import (OWN_TERMS, GRPOLoss, clip_sums, distill_share, grpo_terms, k3_kl, loss_sums,
                                      masked_sum, rloo_terms, token_entropy, token_logps)
 
 NAN = float("nan")
@@ -206,6 +206,7 @@ def loss_of(loss_type: str, level: str = "token", beta: float = 0.04, **settings
 def test_grpo_loss_gradient_and_metrics_equal_trls(loss_type):
     """Each loss type x token / sequence ratio x on- / off-policy x beta 0 / > 0 (with and without the KL's bias
     correction)."""
+    assert set(CLIPPED) | set(OWN_TERMS) == set(LOSS_TYPES)
     b = batch()
     for level in ("token", "sequence"):
         for old in (False, True):
