@@ -62,7 +62,8 @@ Online RL on this seam (online.py, grpo.py), with the hooks any objective may us
   micro_batch x grad_accum holds whole groups: `batch_problem`), completion_tokens=max_completion_length (the data
   leaves a prompt data.seq_len minus it), frozen_models=(FrozenModel("reward_model", head="scalar"),),
   references only when beta > 0, refuses={...})`.
-- `data_batch(micro, accumulation)`: the records a step reads (micro x accumulation / num_generations prompts);
+- `data_batch(micro, accumulation)`: the records a step reads (micro x accumulation / num_generations prompts;
+  `eval_data_batch(micro)` a held-out batch's: micro / num_generations_eval);
   `read_step(policy, batches, n)`: the step's micro-batches, made by the objective (one batch of prompts, a round of
   `policy.generate`, the reference's and old policy's log-probabilities through `policy.completion_logits` /
   `reference_completion_logits`, the rewards and advantages), or the round it holds (num_iterations: no data read).

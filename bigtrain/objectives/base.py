@@ -201,6 +201,11 @@ class Objective:
         `micro_batch` samples (in evaluation, `micro_batches` 1): a micro-batch's by default."""
         return micro_batch
 
+    def eval_data_batch(self, micro_batch: int) -> int:
+        """Records per held-out batch (one micro-batch of `micro_batch` samples): as a step of one micro-batch
+        reads by default."""
+        return self.data_batch(micro_batch, 1)
+
     def read_step(self, policy: Policy, batches: Iterator[dict], micro_batches: int) -> list[Any]:
         """The step's micro-batches, each in the form `micro_loss` takes: by default `micro_batches` batches read
         from `batches` through `inputs`. An objective may read otherwise: one batch of prompts whose completions

@@ -45,6 +45,9 @@ class RewardSettings(GenerationSettings):
 
     num_iterations: int = doc(1, "grpo/rloo: optimizer steps over one round of completions (mu); train.steps "
                                  "counts optimizer steps.")
+    num_generations_eval: int | None = doc(None, "grpo/rloo: completions per prompt in an evaluation's rounds (fewer "
+                                                 "to save time: a held-out batch then holds more prompts); None: "
+                                                 "num_generations.")
     epsilon: float = doc(0.2, "grpo/rloo: the clip of the importance ratio below 1.")
     epsilon_high: float | None = doc(None, "grpo/rloo: the clip above 1 (None: epsilon; DAPO suggests 0.28).")
     mask_truncated_completions: bool = doc(False, "grpo/rloo: completions cut by max_completion_length are left out "
@@ -66,6 +69,9 @@ class RewardSettings(GenerationSettings):
             raise ValueError(f"objective.num_generations={self.num_generations}: grpo and rloo score each completion "
                              "against the others of its prompt, so every advantage would be 0 and nothing would "
                              "train; give 2 or more (TRL's default is 8)")
+        if self.num_generations_eval is not None and not self.num_generations_eval >= 1:
+            raise ValueError(f"objective.num_generations_eval={self.num_generations_eval}: must be >= 1 (completions "
+                             "per prompt in evaluation), or null (num_generations)")
         if self.epsilon_high is not None and not self.epsilon_high > 0:
             raise ValueError(f"objective.epsilon_high={self.epsilon_high}: must be > 0 (or null: epsilon)")
         if not self.beta >= 0:

@@ -22,7 +22,8 @@ which DeepSpeed's backward divides by again: the step's loss is what TRL's is, h
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 from bigtrain.fields import doc
@@ -129,9 +130,11 @@ class OnlineObjective(Objective):
         super().__init__(kind, settings, reference)
         from bigtrain.rollout.generate import Sampling
         s = self.settings
-        self.group = s.num_generations
+        self.group = s.num_generations  # completions per prompt (in an evaluation, eval_group's while it runs)
+        self.eval_group = getattr(s, "num_generations_eval", None) or s.num_generations
         self.iterations = getattr(s, "num_iterations", 1)  # optimizer steps over one round
         self.sampling = Sampling(s.max_completion_length, s.temperature, s.top_p, s.top_k, s.num_generations)
+        self.eval_sampling = replace(self.sampling, num_generations=self.eval_group)
         self.rng: Any = None  # the SampleRNG of training rounds, and of evaluations (made at the first round)
         self.eval_rng: Any = None
         self.pending: dict | None = None  # a checkpoint's state, applied at the first round
@@ -160,6 +163,9 @@ class OnlineObjective(Objective):
 
     def data_batch(self, micro_batch: int, micro_batches: int) -> int:
         return max(1, micro_batch * micro_batches // self.group)
+
+    def eval_data_batch(self, micro_batch: int) -> int:
+        return max(1, micro_batch // self.eval_group)
 
     def inputs(self, policy: Policy, batch: dict) -> dict:
         return {"prompt_ids": batch["prompt_ids"].to(policy.device), "prompt_mask": batch["prompt_mask"].to(
@@ -237,11 +243,12 @@ class OnlineObjective(Objective):
 
     def eval_loss(self, policy: Policy, item: dict) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
         """The loss of a round on held-out prompts (one micro-batch, no update: the ratio is 1) and its metrics,
-        sampled from a stream of its own (saved with the checkpoint too)."""
+        sampled from a stream of its own (saved with the checkpoint too), eval_group completions per prompt
+        (TRL's num_generations_eval)."""
         import torch
         self.streams(policy)
         saved = self.times, self.table, self.round_metrics
-        with torch.no_grad():
+        with torch.no_grad(), self.evaluating():
             self.times = {}
             (piece,) = self.round(policy, item, 1, self.eval_rng)
             step = self.begin_step(policy, [piece])
@@ -251,6 +258,16 @@ class OnlineObjective(Objective):
         self.times, self.table, self.round_metrics = saved
         return loss, torch.ones((), dtype=torch.float64, device=loss.device), {
             k: torch.as_tensor(v, dtype=torch.float64, device=loss.device) for k, v in metrics.items()}
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Inside, a round samples and groups eval_group completions per prompt."""
+        saved = self.group, self.sampling
+        self.group, self.sampling = self.eval_group, self.eval_sampling
+        try:
+            yield
+        finally:
+            self.group, self.sampling = saved
 
     # -- state ---------------------------------------------------------------------------------------------------
 

@@ -73,7 +73,7 @@ class Engine:
     @property
     def eval_data_batch(self) -> int:
         """Records per held-out batch."""
-        return self.objective.data_batch(self.micro_batch, 1)
+        return self.objective.eval_data_batch(self.micro_batch)
 
     def lr(self) -> float:
         """The learning rate the next optimizer step applies."""

@@ -146,6 +146,37 @@ def test_rewards_reach_the_advantages_group_by_group(tmp_path, tok):
     assert objective.sample_table() is None  # each round's rows once
 
 
+@pytest.mark.parametrize("kind, group, eval_group", [("grpo", 4, 2), ("rloo", 2, 1)])
+def test_an_evaluation_samples_num_generations_eval_per_prompt(tmp_path, tok, kind, group, eval_group):
+    """objective.num_generations_eval (TRL's): a held-out batch of micro_batch completions holds micro_batch /
+    num_generations_eval prompts, each answered num_generations_eval times, scored and grouped so; training keeps
+    num_generations. A tiny Llama samples for real (bigtrain.rollout.generate on the plain model)."""
+    import rl_task
+
+    from bigtrain.rollout.forward import completion_logits
+    from bigtrain.rollout.generate import generate
+    objective = grpo_with(tmp_path, "SEEN = []\n"
+                                    "def mine(prompts, completions, **kw):\n"
+                                    "    SEEN.append(list(prompts))\n"
+                                    "    return [float(len(c)) for c in completions]\n",
+                          kind=kind, num_generations=group, num_generations_eval=eval_group, beta=0.0)
+    assert objective.eval_data_batch(8) == 8 // eval_group and objective.data_batch(8, 1) == 8 // group
+    model = rl_task.make_model(0)
+    policy = SimpleNamespace(device="cpu", tokenizer=tok, seed=0,
+                             generate=lambda ids, mask, sampling, rng, **kw: generate(model, tok, ids, mask, sampling,
+                                                                                      rng),
+                             completion_logits=lambda *rows: completion_logits(model, *rows))
+    prompts = [f"say {d}" for d in range(8 // eval_group)]
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    item = objective.inputs(policy, {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
+                                     "records": [{"prompt": p} for p in prompts]})
+    loss, _, metrics = objective.eval_loss(policy, item)
+    (seen,) = objective.functions[0].fn.__globals__["SEEN"]
+    assert seen == [p for p in prompts for _ in range(eval_group)]  # 8 completions, eval_group a prompt
+    assert torch.isfinite(loss) and "reward" in metrics
+    assert (objective.group, objective.sampling.num_generations) == (group, group)  # training's again
+
+
 def test_the_objectives_checkpoint_state_loads_weights_only(tmp_path):
     """A rank's state (its sampling streams, the round the next steps reuse) holds tensors and plain values only:
     the rank's RNG file it is saved in loads with torch's weights-only unpickler."""
