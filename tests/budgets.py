@@ -33,6 +33,7 @@ BUDGETS = {
     "tests/unit/test_lean_rms_norm.py": 15,  # 7.2 alone (2026-11-28, load 3: 16 norm and tiny-Llama checks)
     "tests/unit/test_token_profile.py": 45,  # 19.7 alone (2026-11-29: the 15 rows share their 6 meta-device shapes; 55 before)
     "tests/unit/test_distill.py": 12,  # 6.0
+    "tests/unit/test_rollout_math.py": 20,  # 9-11 at load 14 (trl's import; ~150 comparisons with TRL's losses)
     "tests/unit/test_bench_online.py": 8,  # 0.29 (the GPU plan built, a page section written from saved results)
     # 160 alone (181 before the dry run's Llama 1B efficiency row left its --only, 2026-11-28 at load 1-1.5): 11 launches
     # through the deepspeed launcher, as the bench runs jobs (the short sweep's peak and 4 rows, the dry run's peak and
