@@ -13,7 +13,9 @@ from bigtrain.config.load import field_sources, load_run_config
 from bigtrain.config.run_config import RunConfig
 
 # The --model help of every verb that takes one (bigtrain.run, estimate, preflight).
-FAMILY_HELP = "model family: gpt2, llama, hf (a local Hugging Face directory, model.pretrained), encoder, resnet"
+FAMILY_HELP = (
+    "model family: gpt2, llama, hf (a local Hugging Face directory, model.pretrained), vlm (a vision-language model's "
+    "directory, its processor beside it), encoder, resnet")
 
 # The run's shorthand flags: argparse dest -> the run-config field it sets (`--steps 10` = `--set train.steps=10`).
 RUN_FLAGS = {"model": "model.family", "size": "model.size", "data": "data.source", "steps": "train.steps",

@@ -25,8 +25,9 @@ def _fine_tuning_rates() -> str:
 
 @dataclass
 class ModelConfig:
-    family: Literal["gpt2", "llama", "hf", "encoder", "transformer", "resnet"] = doc(
-        "gpt2", "Model family; 'hf' is any Hugging Face model (model.pretrained), 'transformer' = encoder.")
+    family: Literal["gpt2", "llama", "hf", "vlm", "encoder", "transformer", "resnet"] = doc(
+        "gpt2", "Model family; 'hf' is any Hugging Face model (model.pretrained), 'vlm' a vision-language one (its "
+        "processor beside it), 'transformer' = encoder.")
     size: str | None = doc(None, "Named size (see `bigtrain models`); 'custom' takes its shape from overrides. "
                            "Default: mini, or the shape of the model.pretrained directory.")
     overrides: dict = doc(dict, "Family config overrides, e.g. {n_layer: 4, n_embd: 256}.")
@@ -283,6 +284,8 @@ class LoraConfig:
     dropout: float = doc(0.0, "Dropout on the adapters' input, in [0, 1).")
     targets: str | list[str] = doc("all-linear", "Layers that get adapters: all-linear (every linear layer of the "
                                    "decoder, not the output head) or a list of module names, e.g. [q_proj, v_proj].")
+    vision_tower: bool = doc(False, "Vision-language models (--model vlm): adapters on the vision tower's linear layers "
+                                    "too; by default only the language model's get them.")
 
     def __post_init__(self) -> None:
         if self.r < 0:

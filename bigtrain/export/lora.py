@@ -51,7 +51,7 @@ def trained_model(spec: ModelSpec, tensors: Mapping[str, Any], lora: LoraConfig,
     loaded strictly from the consolidated checkpoint (the adapters peft draws here are all overwritten)."""
     from peft import get_peft_model
     model = empty_hf_model(spec, tokenizer)
-    peft_model = get_peft_model(model, peft_config(lora, model), adapter_name=ADAPTER)
+    peft_model = get_peft_model(model, peft_config(lora, model, spec.modality == "vision"), adapter_name=ADAPTER)
     load_into(peft_model.base_model.model, tensors)  # names as in training: `...q_proj.base_layer.weight`, ...
     return peft_model.eval()
 

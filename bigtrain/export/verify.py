@@ -19,6 +19,8 @@ BATCH, TOKENS = 2, 16
 
 def fixed_batch(spec: ModelSpec) -> Any:
     """Inputs the model takes, the same every time: tokens (a padded second text for classifiers) or images."""
+    if spec.fixed_inputs is not None:
+        return spec.fixed_inputs()
     gen = torch.Generator().manual_seed(0)
     if spec.modality == "image":
         size = spec.image_size

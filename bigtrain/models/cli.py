@@ -52,6 +52,8 @@ def table(family: str | None, overrides: dict[str, Any]) -> str:
                          f"{tokens:>7} {len(spec.layers()):>7}  {splits(family_of(fam))}")
     lines.append("hf       (a directory's shape)  " + splits(family_of("hf")) + " (sequence: decoders with sdpa; "
                  "mixture-of-experts directories train under ZeRO, their router loss included)")
+    lines.append("vlm      (a directory's shape)  " + splits(family_of("vlm")) + " (vision-language models: "
+                 "AutoModelForImageTextToText with the processor saved beside it)")
     return "\n".join(lines)
 
 

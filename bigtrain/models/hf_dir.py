@@ -105,8 +105,17 @@ def task_of(config: Any, path: str | Path) -> str:
         return "causal_lm"
     if classify:
         return "classify"
+    if is_vision_language(config):
+        raise ValueError(f"{path} holds a {model_type!r} vision-language model ({', '.join(archs) or model_type}): "
+                         "train it with --model vlm, which reads its images through the processor saved beside it")
     raise ValueError(f"{path}: model_type {model_type!r} ({', '.join(archs) or 'no architectures'}) has no "
                      f"causal-LM or sequence-classification head in transformers; supported: {SUPPORTED}")
+
+
+def is_vision_language(config: Any) -> bool:
+    """Whether transformers maps this config to `AutoModelForImageTextToText` (a model that reads images)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    return config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and hasattr(config, "vision_config")
 
 
 def auto_class(task: str) -> type:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ALIASES = {"transformer": "encoder"}  # the mission's "Transformer": the encoder classifier
-SHAPE_FROM_DIRECTORY = frozenset({"hf"})  # families whose shape is a pretrained directory's, never a named size
+SHAPE_FROM_DIRECTORY = frozenset({"hf", "vlm"})  # families whose shape is a pretrained directory's, never a named size
 # The data a family trains on when no directory is given, as its Family says (tests/unit/test_precheck.py holds the
 # two together): known before any rank starts without importing the family's module and transformers' model classes.
 MODALITY = {"gpt2": "text", "llama": "text", "encoder": "classify", "resnet": "image"}

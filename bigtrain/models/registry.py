@@ -21,7 +21,7 @@ __all__ = ["ALIASES", "DataFacts", "Family", "build", "build_directory", "canoni
 GPU_VOCAB_MULTIPLE = 64
 
 
-FAMILY_MODULES = ("encoder", "gpt2", "hf", "llama", "resnet")  # bigtrain.models.NAME holds FAMILY, named NAME
+FAMILY_MODULES = ("encoder", "gpt2", "hf", "llama", "resnet", "vlm")  # bigtrain.models.NAME holds FAMILY, named NAME
 
 
 def _families() -> dict[str, Family]:

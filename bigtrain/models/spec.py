@@ -55,7 +55,7 @@ def output_logits(output: Any) -> torch.Tensor:
     return output.logits if hasattr(output, "logits") else output
 
 
-Modality = Literal["text", "classify", "image"]  # which data the runner feeds a model
+Modality = Literal["text", "classify", "image", "vision"]  # which data the runner feeds a model (vision: images + text)
 EvalMetric = Literal["perplexity", "accuracy"]  # language models, classifiers
 
 
@@ -63,7 +63,7 @@ EvalMetric = Literal["perplexity", "accuracy"]  # language models, classifiers
 class ModelSpec:
     """Everything the engine and trainer need to know about a model, and nothing more."""
 
-    family: str  # "gpt2" | "llama" | "hf" | "encoder" | "resnet"
+    family: str  # "gpt2" | "llama" | "hf" | "vlm" | "encoder" | "resnet"
     size: str
     config: Any  # the family's own config (GPT2Config, LlamaConfig, ResNetConfig, ...)
     construct: Callable[[], nn.Module]
@@ -94,6 +94,9 @@ class ModelSpec:
     image_size: int | None = None  # image models: the side of a square input
     source_dir: str | None = None  # the pretrained directory the shape came from (with weights or not)
     weights_note: str | None = None  # what a directory without weights means for the initial weights
+    fixed_inputs: Callable[[], Any] | None = None
+    """The same inputs every time, where tokens alone do not exercise the model (a vision-language model's prompts
+    with images): what an export's logits are checked on."""
 
     def build(self, seed: int | None = None) -> nn.Module:
         """The plain module, fp32, initialised from `seed` (None: a seed drawn from torch's global RNG),

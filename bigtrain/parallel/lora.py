@@ -59,26 +59,35 @@ def check_lora(spec: ModelSpec, cfg: LoraConfig | None, pipeline_stages: int = 1
     if pipeline_stages > 1:
         raise ValueError(f"lora.r={cfg.r} with pipeline.stages={pipeline_stages}: the adapters go on the plain "
                          "module; set pipeline.stages=1 (ZeRO-3 partitions the frozen base instead)")
-    if spec.modality != "text" or spec.hf_class is None:
-        raise ValueError(f"lora.r={cfg.r}: LoRA is offered for decoders (gpt2, llama, hf causal-LM directories), "
-                         f"not for {spec.family} {spec.modality} models; train every weight with lora.r=0")
+    if spec.modality not in ("text", "vision") or spec.hf_class is None:
+        raise ValueError(f"lora.r={cfg.r}: LoRA is offered for decoders (gpt2, llama, hf causal-LM directories) and "
+                         f"vision-language models, not for {spec.family} {spec.modality} models; train every weight "
+                         "with lora.r=0")
+    if cfg.vision_tower and spec.modality != "vision":
+        raise ValueError("lora.vision_tower=true: the model has no vision tower (it is not a vision-language model); "
+                         "leave it false")
 
 
-def peft_config(cfg: LoraConfig, model: nn.Module) -> Any:
+def peft_config(cfg: LoraConfig, model: nn.Module, vision_language: bool = False) -> Any:
     """peft's LoraConfig for the run's `lora` section. GPT-2's Conv1D layers store their weights transposed
-    (fan_in_fan_out); peft would flip that itself with a warning, and the adapter directory must record it."""
+    (fan_in_fan_out); peft would flip that itself with a warning, and the adapter directory must record it. A
+    `vision_language` model's adapters go on its language model's layers (and its tower's with lora.vision_tower),
+    named in full: peft's all-linear would adapt the tower and the projector too."""
     from peft import LoraConfig as PeftLoraConfig
     conv1d = any(type(m).__name__ == "Conv1D" for m in model.modules())
     targets = cfg.targets if cfg.targets == ALL_LINEAR else list(cfg.targets)
+    if vision_language:
+        from bigtrain.models.vlm import lora_targets
+        targets = lora_targets(model, targets, cfg.vision_tower)
     return PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                           bias="none", task_type="CAUSAL_LM", fan_in_fan_out=conv1d)
 
 
-def inject(model: nn.Module, cfg: LoraConfig, seed: int) -> Any:
+def inject(model: nn.Module, cfg: LoraConfig, seed: int, vision_language: bool = False) -> Any:
     """Put adapters on `model` in place (seeded, the base frozen); returns the peft config that peft completed
     (the `all-linear` shorthand resolved to layer names). ValueError (one line) when no layer matches."""
     from peft import inject_adapter_in_model
-    config = peft_config(cfg, model)
+    config = peft_config(cfg, model, vision_language)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed + _SEED_OFFSET)
         try:
@@ -102,7 +111,7 @@ def apply_lora(model: nn.Module, spec: ModelSpec, cfg: LoraConfig | None, seed: 
     if not enabled(cfg):
         return None
     check_lora(spec, cfg)
-    inject(model, cfg, seed)
+    inject(model, cfg, seed, vision_language=spec.modality == "vision")
     if checkpointing:
         # The frozen embedding's output needs no gradient, so a checkpointed block would see no input that
         # does and take the non-reentrant checkpoint, whose recompute meets ZeRO-3's re-partitioned weights
@@ -146,7 +155,7 @@ def check_same_lora(tag_dir: Path, run_config: dict | None, cfg: LoraConfig | No
 
 def _shape(cfg: LoraConfig | None) -> tuple | None:
     """What decides the checkpoint's tensors and their meaning (dropout does not)."""
-    return None if cfg is None else (cfg.r, cfg.alpha, str(cfg.targets))
+    return None if cfg is None else (cfg.r, cfg.alpha, str(cfg.targets), cfg.vision_tower)
 
 
 def _describe(cfg: LoraConfig | None) -> str:

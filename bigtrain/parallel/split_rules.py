@@ -35,6 +35,10 @@ def check_family_modes(family_name: str, topology: Topology) -> None:
     """ValueError (one line) for a split the family has no mode for."""
     from bigtrain.models.registry import family
     modes = family(family_name).parallel
+    if topology.pipeline > 1 and "pipeline" not in modes:
+        raise ValueError(f"pipeline.stages={topology.pipeline}: the {family_name} family is not cut into pipeline "
+                         f"stages (it supports {', '.join(sorted(modes))}); set pipeline.stages=1 (ZeRO-3 partitions "
+                         "it instead)")
     for mode, size in topology.axes.items():
         if mode != "pipeline" and size > 1 and mode not in modes:
             raise ValueError(f"parallel.{mode}={size}: the {family_name} family does not support {mode} "

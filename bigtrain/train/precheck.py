@@ -5,6 +5,8 @@ before the launcher starts, and bigtrain/run.py before the process group when no
     the output folder   another job in it, an earlier run's checkpoints,   checkpoint.claim.run_dir_problem
                         --resume with none
     the model           a directory of another family, no trainable class  train.inputs.model_modality
+                        a split the family has no mode for (pipeline,     parallel.split_rules.check_family_modes
+                        tensor, sequence, expert)
     the data            its format, its first records read and rendered    data.peek
     objective x data    the layout the objective reads                     objectives.data_problem (job.py's)
     reward functions    a file's existence, syntax, the name in it         rollout.rewards.check_function_file
@@ -44,6 +46,9 @@ def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False) 
         modality = model_modality(model)
     else:  # none, or a Hub name the ranks download (hf's data is then its config's: left to them)
         modality = MODALITY.get(canonical(model.family))
+    from bigtrain.config.topology import Topology
+    from bigtrain.parallel.split_rules import check_family_modes
+    check_family_modes(model.family, Topology.of_run(run.parallel, run.pipeline.stages, world=0))
     if modality == "text":
         check_text_data(run, tokenizer_here=not is_hub_name(run.data.tokenizer)
                         and (run.data.tokenizer is not None or not on_hub))

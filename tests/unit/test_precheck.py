@@ -203,7 +203,7 @@ def test_the_data_a_family_trains_on_without_a_directory_is_its_familys():
     """The launching process reads it from models.names (no family module, no transformers model classes)."""
     from bigtrain.models.names import MODALITY
     from bigtrain.models.registry import FAMILY_MODULES, family
-    assert set(MODALITY) == set(FAMILY_MODULES) - {"hf"}  # hf: always a directory
+    assert set(MODALITY) == set(FAMILY_MODULES) - {"hf", "vlm"}  # hf, vlm: always a directory
     for name, modality in MODALITY.items():
         assert family(name).modality({}) == modality
 

@@ -1,0 +1,112 @@
+"""The image side of a vision-language model's batch: the tensors its processor makes of the rows' images
+(pixel_values, and per family pixel_attention_mask, image_sizes, ...), with how many images each row has.
+
+A family lays these tensors out one of two ways: per image (LLaVA, Gemma 3: pixel_values [images, 3, H, W], the rows'
+images one after another) or per row (Idefics3: [rows, most images of a row, 3, H, W], padded). Every row has at least
+one image (a batch without any is refused by the data), so a tensor's first dimension says which: the number of rows,
+or the total of images; where the two are equal every row has exactly one image and both readings agree. That is
+what lets rows be repeated (a prompt's completions), cut (micro-batches) and stacked (a pair's chosen and rejected
+rows) without knowing the family, as TRL's GRPO trainer cuts its pixel tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class PixelInputs:
+    """Image tensors for `len(counts)` rows; `counts[i]` images belong to row i."""
+
+    tensors: dict[str, torch.Tensor]
+    counts: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        rows, images = len(self.counts), sum(self.counts)
+        for name, value in self.tensors.items():
+            if value.shape[0] not in (rows, images):
+                raise ValueError(f"the processor's {name} has {value.shape[0]} entries for {rows} rows of {images} "
+                                 "images: this family lays its image tensors out otherwise (tiles, crops), which "
+                                 "bigtrain does not cut into rows")
+
+    def _per_row(self, value: torch.Tensor) -> bool:
+        return value.shape[0] == len(self.counts)
+
+    def _image_ranges(self) -> list[tuple[int, int]]:
+        ends = torch.tensor(self.counts).cumsum(0).tolist()
+        return [(end - count, end) for end, count in zip(ends, self.counts)]
+
+    def rows(self, start: int, stop: int) -> "PixelInputs":
+        """Rows [start, stop) alone."""
+        ranges = self._image_ranges()
+        first, last = (ranges[start][0], ranges[stop - 1][1]) if stop > start else (0, 0)
+        return PixelInputs({k: v[start:stop] if self._per_row(v) else v[first:last] for k, v in self.tensors.items()},
+                           self.counts[start:stop])
+
+    def repeat_rows(self, n: int) -> "PixelInputs":
+        """Each row n times in a row (row 0 n times, then row 1, ...), as a prompt's completions are laid out."""
+        if n == 1:
+            return self
+        ranges = self._image_ranges()
+        index = torch.tensor([i for first, last in ranges for _ in range(n) for i in range(first, last)],
+                             dtype=torch.long)
+        tensors = {k: v.repeat_interleave(n, dim=0) if self._per_row(v) else v.index_select(0, index.to(v.device))
+                   for k, v in self.tensors.items()}
+        return PixelInputs(tensors, tuple(c for c in self.counts for _ in range(n)))
+
+    def then(self, other: "PixelInputs") -> "PixelInputs":
+        """These rows, then `other`'s (a pair's chosen rows, then its rejected ones)."""
+        assert self.tensors.keys() == other.tensors.keys(), (sorted(self.tensors), sorted(other.tensors))
+        return PixelInputs({k: _stack(v, other.tensors[k]) for k, v in self.tensors.items()},
+                           self.counts + other.counts)
+
+    def to(self, device: Any, float_dtype: torch.dtype | None = None) -> "PixelInputs":
+        """On `device`, floating tensors (the pixels) in `float_dtype` when given."""
+        moved = {k: v.to(device) for k, v in self.tensors.items()}
+        if float_dtype is not None:
+            moved = {k: v.to(float_dtype) if v.is_floating_point() else v for k, v in moved.items()}
+        return PixelInputs(moved, self.counts)
+
+    def state(self) -> dict[str, Any]:
+        """Plain tensors, as a checkpoint keeps them (`from_state` gives them back)."""
+        return {"counts": torch.tensor(self.counts, dtype=torch.long), **{f"t.{k}": v for k, v in self.tensors.items()}}
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> "PixelInputs":
+        return PixelInputs({k[2:]: v for k, v in state.items() if k.startswith("t.")},
+                           tuple(int(c) for c in state["counts"]))
+
+
+def _stack(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Two batches' tensor along the first dimension; per-row tensors padded to the longer second one (Idefics3's
+    images per row)."""
+    if a.dim() > 1 and a.shape[1:] != b.shape[1:]:
+        width = max(a.shape[1], b.shape[1])
+        a, b = (torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, width - t.shape[1])) for t in (a, b))
+    return torch.cat([a, b])
+
+
+def image_inputs(processor: Any, images: list[list[Any]]) -> PixelInputs:
+    """The processor's image tensors for rows of PIL images (one list per row): its image processor on the nested
+    list, as the processor's own call makes them, keeping what the model takes (`processor.model_input_names`)."""
+    out = processor.image_processor(images=images, return_tensors="pt")
+    keep = set(processor.model_input_names) - {"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"}
+    return PixelInputs({k: v for k, v in out.items() if k in keep and isinstance(v, torch.Tensor)},
+                       tuple(len(row) for row in images))
+
+
+def fixed_vision_inputs(directory: str, rows: int = 2) -> dict[str, torch.Tensor]:
+    """The same inputs every time for a vision-language model: `rows` prompts of an image placeholder and a few
+    words, each with its own random image, through the processor saved in `directory` (an export's logits check)."""
+    import numpy as np
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(directory, local_files_only=True)
+    generator = np.random.default_rng(0)
+    images = [[Image.fromarray(generator.integers(0, 256, (24 + 8 * r, 32, 3), dtype=np.uint8))] for r in range(rows)]
+    text = [f"{processor.image_token} describe the image" for _ in range(rows)]
+    batch = processor(text=text, images=images, return_tensors="pt", padding=True)
+    return {k: v for k, v in batch.items() if k in processor.model_input_names and isinstance(v, torch.Tensor)}
