@@ -30,6 +30,15 @@ TEMPLATE = (
     "{% if item['type'] == 'image' %}{{ 'IMAGE' }}{% else %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
     "{{ '<|eot_id|>' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+# The same with the assistant's turns marked for transformers' own return_assistant_tokens_mask: the labels of the
+# reference computation the loss tests compare with.
+TAGGED = TEMPLATE.replace(
+    "{% if message['content'] is string %}",
+    "{% if message['role'] == 'assistant' %}{% generation %}{% for item in message['content'] %}{{ item['text'] }}"
+    "{% endfor %}{{ '<|eot_id|>' }}{% endgeneration %}{% elif message['content'] is string %}").replace(
+    "{{ '<|eot_id|>' }}{% endfor %}", "{% if message['role'] != 'assistant' %}{{ '<|eot_id|>' }}{% endif %}"
+                                      "{% endfor %}")
+PLACEHOLDER = {"llava": "<image>", "idefics3": "<image>", "gemma3": "<start_of_image>"}
 CHAT_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 IDEFICS_SPECIALS = (["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
                     + [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)])

@@ -86,7 +86,7 @@ def check_combinations(run: RunConfig) -> None:
         raise ValueError(f"batch.micro_batch=auto with parallel.tensor={run.parallel.tensor} / parallel.sequence="
                          f"{run.parallel.sequence}: the probe sizes one rank's own batch; give batch.micro_batch as "
                          "a number")
-    problems = objective_problems(run)
+    problems = objective_problems(run) + vision_problems(run)
     if problems:
         raise ValueError(problems[0])
     if run.batch.micro_batch == "auto" and run.pipeline.stages > 1:
@@ -128,6 +128,24 @@ def objective_problems(run: RunConfig) -> list[str]:
         mode = "compile" if explicit[0].startswith("train.compile") else "chunked_loss"
         problems.append(f"{', '.join(explicit)} with objective.kind={kind}: {why[mode]}; set it to auto (or false / "
                         "plain)")
+    return problems
+
+
+def vision_problems(run: RunConfig) -> list[str]:
+    """What a vision-language model (--model vlm) cannot train with: packed rows (their examples kept apart by
+    restarting positions, which the families' image-token masks do not follow) and a reference computed before
+    training (its table is of the answers' tokens alone, without their images)."""
+    if run.model.family != "vlm":
+        return []
+    problems = []
+    if run.data.packing:
+        problems.append("data.packing=true with --model vlm: packed rows keep their examples apart by restarting "
+                        "positions, which the families' image-token attention does not follow; set "
+                        "data.packing=false")
+    if run.objective.reference == "precomputed":
+        problems.append("objective.reference=precomputed with --model vlm: the table is computed over the answers' "
+                        "tokens without their images; use objective.reference=auto (a copy, or the adapters switched "
+                        "off with LoRA)")
     return problems
 
 

@@ -17,7 +17,7 @@ from bigtrain.data.synthetic import SyntheticImages, synthetic_classification, s
 if TYPE_CHECKING:
     from bigtrain.data.formats import ExampleOptions
 
-MODALITIES = ("text", "classify", "image")  # gpt2 -> text, encoder -> classify, resnet -> image
+MODALITIES = ("text", "classify", "image", "vision")  # gpt2 -> text, encoder -> classify, resnet -> image, vlm -> vision
 
 
 def _no_barrier() -> None:
@@ -55,6 +55,9 @@ def build_data(source: str = "builtin", modality: str = "text", *, seq_len: int 
             raise ValueError(f"data.{name}={value}: must be a positive integer")
     if num_classes is None and (modality != "classify" or source == "synthetic"):
         num_classes = 10  # None: inferred from the labels of classification records
+    if modality == "vision" and source in ("synthetic", "builtin"):
+        raise ValueError(f"data.source={source!r}: a vision-language model trains on records with images (TRL's "
+                         "vision formats, docs/vision.md); give a jsonl or parquet file of them")
     if source == "synthetic" or (source == "builtin" and modality == "image"):
         bundle = _synthetic(modality, seq_len, vocab_size, num_classes, image_size, synthetic_samples,
                             val_fraction, seed)
@@ -63,12 +66,12 @@ def build_data(source: str = "builtin", modality: str = "text", *, seq_len: int 
         return bundle
     paths = {"tokenizer_dir": Path(tokenizer_dir), "cache_dir": Path(cache_dir)}
     common = {"val_fraction": val_fraction, "is_writer": is_writer, "barrier": barrier}
-    if modality == "text":  # the string itself: it may name a prepared directory or a mixture
+    if modality in ("text", "vision"):  # the string itself: it may name a prepared directory or a mixture
         from bigtrain.data.text import build_text
         return build_text(source, seq_len=seq_len, tokenizer=tokenizer, vocab_size=vocab_size,
                           text_field=text_field, is_local_writer=is_local_writer, split=split, revision=revision,
                           streaming=streaming, hash_content=hash_content, num_proc=num_proc, examples=examples,
-                          **paths, **common)
+                          vision=modality == "vision", **paths, **common)
     src = replace(parse_source(source, modality), hash_content=hash_content)
     if src.kind == "hub":
         src = replace(src, split=split, revision=revision)

@@ -33,6 +33,9 @@ ALPACA_PROMPT = ("Below is an instruction that describes a task, paired with an 
 ALPACA_PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately "
                           "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
 _GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
+TEXT_MODEL_IMAGES = ("the record carries images, and this model reads text only: train a vision-language model on it "
+                     "(--model vlm --set model.pretrained=DIR, its processor beside it; docs/vision.md), or drop the "
+                     "images")
 
 
 def read_chat_template(value: str) -> str:
@@ -83,6 +86,8 @@ class Renderer:
 
     def examples(self, record: dict) -> list[tuple[list[int], list[int]]]:
         """The record's examples: one, or for a preference pair two (the chosen answer's, then the rejected's)."""
+        if not getattr(self, "keeps_images", False) and any(record.get(c) not in (None, []) for c in ("images", "image")):
+            raise ValueError(TEXT_MODEL_IMAGES)
         if self.fmt in PAIR_FORMATS:
             chosen, rejected = record.get("chosen"), record.get("rejected")
             if {type(chosen), type(rejected)} == {str, list}:  # one side through the template, one as plain text
@@ -125,7 +130,7 @@ class Renderer:
                              "rejected are the same turns): there is no answer to compare")
         if not self.template:
             raise ValueError(no_template_line(self.tok, f"{self.fmt} records of messages"))
-        return self.conversation_answer(chat_messages(head) if head else [], chat_messages(answer))
+        return self.conversation_answer(self.messages(head) if head else [], self.messages(answer))
 
     def conversation_answer(self, prompt: list[dict], answer: list[dict]) -> tuple[list[int], list[int]]:
         """A conversation whose trained tokens are the answer's assistant turns only, not the prompt's."""
@@ -139,9 +144,7 @@ class Renderer:
             raise ValueError("the chat template renders the prompt differently once an answer follows, so the answer "
                              "cannot be told from the prompt; give data.chat_template a template that renders each "
                              "turn alike")
-        spans = [(max(start, len(asked)), end) for start, end in spans if end > len(asked)]
-        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        return list(enc["input_ids"]), _overlap_mask(enc["offset_mapping"], spans)
+        return self.encode_spans(text, [(max(start, len(asked)), end) for start, end in spans if end > len(asked)])
 
     def __call__(self, record: dict) -> tuple[list[int], list[int]]:
         if self.fmt == "chat":
@@ -161,12 +164,19 @@ class Renderer:
         return head + tail, [0] * len(head) + [1] * len(tail)
 
     def chat(self, messages: Any) -> tuple[list[int], list[int]]:
-        messages = chat_messages(messages)
+        messages = self.messages(messages)
         if self.tagged:  # the template marks the assistant's text itself
             out = self._apply(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
             ids = list(out["input_ids"])
             return ids, self._with_turn_ends(ids, [int(m) for m in out["assistant_masks"]])
-        text, spans = self.render(messages)
+        return self.encode_spans(*self.render(messages))
+
+    def messages(self, messages: Any) -> list[dict]:
+        """A conversation's messages, checked (`chat_messages`)."""
+        return chat_messages(messages)
+
+    def encode_spans(self, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+        """The tokens of a rendered text and the mask of those overlapping the character `spans`."""
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         return list(enc["input_ids"]), _overlap_mask(enc["offset_mapping"], spans)
 
@@ -224,6 +234,8 @@ def chat_messages(messages: Any) -> list[dict]:
                              "(ShareGPT's from/value turns: data.format=sharegpt)")
         if isinstance(content, list):
             kinds = {part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content}
+            if "image" in kinds:
+                raise ValueError(TEXT_MODEL_IMAGES)
             if kinds - {"text"}:
                 raise ValueError(f"a chat message's content has {sorted(map(str, kinds - {'text'}))} parts: bigtrain "
                                  "trains on text; give text parts or a string")

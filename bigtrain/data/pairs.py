@@ -128,8 +128,8 @@ class PairCorpus:
 def flat_pairs(batch: Batch) -> Batch:
     """[n, 2, L] pair tensors as [2n, L] rows: the n chosen rows, then the n rejected rows (for KTO the n answers,
     then their n KL counterparts); other keys as they are."""
-    return {key: value.transpose(0, 1).reshape(-1, *value.shape[2:]) if value.dim() == 3 else value
-            for key, value in batch.items()}
+    return {key: value.transpose(0, 1).reshape(-1, *value.shape[2:])
+            if isinstance(value, torch.Tensor) and value.dim() == 3 else value for key, value in batch.items()}
 
 
 class UnpairedRows:

@@ -85,6 +85,22 @@ def check_first_records(peek: SourcePeek, tokenizer: str | None, options: Exampl
                    val_fraction=val_fraction, options=options)
 
 
+def check_first_images(peek: SourcePeek, processor: Any) -> None:
+    """The first records with images rendered through the processor as prepare's workers render them: their
+    placeholders against their images, each image opened (a file, a URL, bytes)."""
+    from bigtrain.data.prepare.pieces import iter_records
+    from bigtrain.data.prepare.worker import render_records, token_dtype
+    from bigtrain.data.vision import IMAGE_FIELDS
+    from bigtrain.data.vision_prompts import VisionPromptRenderer, VisionRenderer
+    for _, part, fmt in peek.parts:
+        if not isinstance(part, Source) or part.kind != "files":
+            continue
+        records = list(itertools.islice(iter_records(part, tuple(FIELDS[fmt]) + IMAGE_FIELDS), PEEK_RECORDS))
+        renderer = (VisionPromptRenderer if fmt == "prompt" else VisionRenderer)(processor, fmt)
+        render_records(records, renderer, token_dtype(len(processor.tokenizer)), str(part.files[0]), images=[],
+                       base=None if part.files[0].suffix == ".json" else part.files[0].parent)
+
+
 def render(records: list[dict], tok: Any, fmt: str, text: str, src: Source, *, whole: bool, seq_len: int,
            val_fraction: float, options: ExampleOptions) -> None:
     """Render the records as prepare does; when they are the whole source, build its bundle as the ranks do."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bigtrain.data.chat import Renderer, chat_messages, no_template_line
+from bigtrain.data.chat import TEXT_MODEL_IMAGES, Renderer, chat_messages, no_template_line
 from bigtrain.data.formats import PROMPT_FORMATS
 
 
@@ -38,6 +38,8 @@ class PromptRenderer:
         self.plain = Renderer(tokenizer, "prompt_completion")  # the start tokens and encoding of text records
 
     def examples(self, record: Any) -> list[tuple[list[int], list[int]]]:
+        if isinstance(record, dict) and any(record.get(c) not in (None, []) for c in ("images", "image")):
+            raise ValueError(TEXT_MODEL_IMAGES)
         ids = self.prompt_ids(record.get("prompt") if isinstance(record, dict) else None, record)
         return [(ids, [0] * len(ids))]
 
@@ -48,13 +50,17 @@ class PromptRenderer:
             ids, _ = self.plain({"prompt": prompt, "completion": ""})  # start tokens + the text + end-of-text
             return ids[:-1]
         if isinstance(prompt, list):
-            return self._conversation(chat_messages(prompt))
+            return self._conversation(self.messages(prompt))
         if isinstance(record, dict) and "prompt" in record:
             raise ValueError(f"a prompt record's 'prompt' is {type(prompt).__name__}: give the text, or a list of "
                              "messages (data.format=prompt)")
         keys = sorted(record) if isinstance(record, dict) else type(record).__name__
         raise ValueError(f"a record has no 'prompt' (it has {keys}): give {{\"prompt\": \"...\" or [messages], "
                          "...other columns} (data.format=prompt)")
+
+    def messages(self, messages: Any) -> list[dict]:
+        """A prompt's messages, checked (`chat_messages`)."""
+        return chat_messages(messages)
 
     def _conversation(self, messages: list[dict]) -> list[int]:
         from jinja2 import TemplateError
@@ -67,6 +73,10 @@ class PromptRenderer:
                                                 continue_final_message=continuing)
         except TemplateError as e:
             raise ValueError(f"the chat template refused a prompt: {e}") from None
+        return self.encode_prompt(text)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A rendered prompt's tokens."""
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
     def answer(self, record: dict) -> tuple[list[int], list[int]]:

@@ -37,24 +37,34 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
                cache_dir: Path, val_fraction: float, text_field: str, is_writer: bool, barrier: Callable[[], None],
                is_local_writer: bool | None = None, split: str = "train", revision: str | None = None,
                streaming: bool = False, hash_content: bool = False, num_proc: int | None = None,
-               examples: ExampleOptions | None = None) -> DataBundle:
+               examples: ExampleOptions | None = None, vision: bool = False) -> DataBundle:
     """Train/val blocks of a text source, a prepared directory, or a weighted mixture of them; rows of chat or
-    instruction examples when the sources hold those (`examples`: the data.* settings for them)."""
+    instruction examples when the sources hold those (`examples`: the data.* settings for them). `vision`: records
+    with images for a vision-language model, rendered through the processor saved with `tokenizer` (its directory)."""
     examples = examples or ExampleOptions()
     mixture = parse_mixture(source)
     entries = mixture or [(source, 1.0)]
     parts = [source_part(text, split, revision, streaming) for text, _ in entries]
     formats = source_formats(parts, examples)
     fields = [text_field if f == "text" or isinstance(p, Path) else tuple(FIELDS[f]) for p, f in zip(parts, formats)]
-    tok, tok_dir = _tokenizer(parts, tokenizer, vocab_size, tokenizer_dir, fields, is_writer, barrier)
+    processor = None
+    if vision:
+        from bigtrain.data.vision import vision_processor
+        processor = vision_processor(parts, formats, tokenizer, examples)
+        tok, tok_dir = processor.tokenizer, None
+    else:
+        tok, tok_dir = _tokenizer(parts, tokenizer, vocab_size, tokenizer_dir, fields, is_writer, barrier)
     template_from_data = False
     if examples.chat_template:
         tok.chat_template = read_chat_template(examples.chat_template)
     elif not getattr(tok, "chat_template", None) and (made := _prepared_template(parts)):
         tok.chat_template, template_from_data = made, True  # `prepare --chat-template`: the same tokenizer's
+    if processor is not None:
+        processor.chat_template = tok.chat_template  # data.chat_template's too: prepare renders with the processor
     check_template(formats, tok)  # every rank says so, before any prepares
     writers = (is_writer, is_writer if is_local_writer is None else is_local_writer)
-    options = {"text_field": text_field, "hash_content": hash_content, "num_proc": num_proc, "seq_len": seq_len}
+    options = {"text_field": text_field, "hash_content": hash_content, "num_proc": num_proc, "seq_len": seq_len,
+               "processor": processor}
     corpora = [_corpus(part, tok, cache_dir, writers, barrier, {**options, "fmt": f})
                for part, f in zip(parts, formats)]
     if formats[0] != "text":
@@ -64,8 +74,18 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
         _same_template(corpora, tok, examples)
         build = (build_pairs if formats[0] in PAIR_FORMATS else build_unpaired if formats[0] in UNPAIRED_FORMATS
                  else build_prompts if formats[0] in PROMPT_FORMATS else build_examples)
+        if processor is not None:
+            from bigtrain.data.vision_rows import check_image_cuts
+            check_image_cuts(corpora, seq_len, examples.prompt_tokens if build is build_prompts else None,
+                             examples.long_examples)
         bundle = build(corpora, [text for text, _ in entries], [w for _, w in mixture] if mixture else None,
                                 seq_len, examples, val_fraction, tok)
+        if processor is not None:
+            from bigtrain.data.vision_rows import image_stats, with_images
+            bundle.stats.update(image_stats(corpora))
+            bundle.description += (f"; {bundle.stats['images_per_example']:.2g} images and "
+                                   f"{bundle.stats['image_tokens_per_example']:.4g} image tokens a record")
+            bundle = with_images(bundle, processor)
         bundle.tokenizer_dir = corpora[0].tokenizer_dir if examples.chat_template or template_from_data else tok_dir
         bundle.template_from_data = template_from_data
         return bundle
@@ -207,7 +227,7 @@ def _corpus(part: Part, tok: Any, cache_dir: Path, writers: tuple[bool, bool], b
     shared with rank 0, by the node's local rank 0) while the other ranks wait."""
     if isinstance(part, Path):
         return PreparedCorpus(part)
-    ident = identity(part, tok, options["text_field"], options["hash_content"], options["fmt"])
+    ident = identity(part, tok, options["text_field"], options["hash_content"], options["fmt"], options["processor"])
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
     target = Path(cache_dir) / f"prepared-{key}"
     for writes in writers:  # the second round finds the corpus already there unless the cache is node-local

@@ -201,8 +201,8 @@ def training_line(config: JobConfig, resolved: Resolved) -> str:
 
 def end_of_run_sample(engine: Engine, data: TrainingData, run: RunConfig, world: World, lifeline: Lifeline) -> None:
     """A sample from the trained model (train.sample_tokens), every rank taking part, bounded in time."""
-    if not run.train.sample_tokens or data.tokenizer is None:
-        return
+    if not run.train.sample_tokens or data.tokenizer is None or data.bundle.processor is not None:
+        return  # (a vision-language model's held-out prompt needs its images: `bigtrain generate --image` has them)
     from bigtrain.train.sample import print_sample
     with lifeline.bound("the end-of-run sample", end_of_run_bound_s(), "every rank to run the sample's forward passes"):
         print_sample(engine, data.tokenizer, run.train.sample_tokens, world, data.bundle.sample_prompt)

@@ -52,6 +52,8 @@ def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False) 
     if modality == "text":
         check_text_data(run, tokenizer_here=not is_hub_name(run.data.tokenizer)
                         and (run.data.tokenizer is not None or not on_hub))
+    elif modality == "vision" and not on_hub:
+        check_vision_data(run)
     check_reward_functions(run)
     check_frozen_models(run)
     from bigtrain.eval.during_training import check_tasks
@@ -94,6 +96,25 @@ def check_text_data(run: RunConfig, tokenizer_here: bool = True) -> None:
     check_first_records(peek, default_tokenizer(data, run.model) if tokenizer_here else None, options,
                         seq_len=data.seq_len, val_fraction=data.val_fraction, text_field=data.text_field,
                         tokenizer_known=tokenizer_here)
+
+
+def check_vision_data(run: RunConfig) -> None:
+    """Records with images for a vision-language model: the source against the objective, the model's processor
+    (`data.vision.vision_processor`: one source, no packing, records not plain text), and the first records rendered
+    through it, their images opened."""
+    from bigtrain.data.peek import check_first_images, peek_source
+    from bigtrain.data.vision import vision_processor
+    from bigtrain.train.inputs import default_tokenizer, example_options
+    data = run.data
+    options = example_options(data, run.objective.declared)
+    peek = peek_source(data.source, options, data.split, data.revision, data.streaming) \
+        if data.source not in ("synthetic", "builtin") else None
+    if peek is None:  # a hub source (the ranks stream it), or no records at all (the ranks' data says so)
+        return
+    check_objective_data(run, peek.layout, peek.plain, peek.keys)
+    processor = vision_processor([part for _, part, _ in peek.parts], [fmt for _, _, fmt in peek.parts],
+                                 default_tokenizer(data, run.model), options)
+    check_first_images(peek, processor)
 
 
 def check_objective_data(run: RunConfig, layout: str, plain: bool, keys: list[str] | None = None) -> None:

@@ -27,7 +27,8 @@ def add_prepare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="the text source (as data.source)")
     p.add_argument("--out", required=True, help="output directory (train with --data OUT)")
     p.add_argument("--tokenizer", help="tokenizer directory or hub name; omitted: train a byte-level BPE of "
-                                       "--vocab-size on the corpus (or reuse OUT/tokenizer)")
+                                       "--vocab-size on the corpus (or reuse OUT/tokenizer); a vision-language "
+                                       "model's directory renders records with images through its processor")
     p.add_argument("--vocab-size", type=int, default=4096, help="BPE size when no --tokenizer (default 4096)")
     p.add_argument("--num-proc", type=int, default=None, help="worker processes (default: every core)")
     p.add_argument("--seq-len", type=int, default=None, help="report how many training blocks this gives")
@@ -77,15 +78,19 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     fmt = detect_format(src, args.format)
     if fmt != "text":  # a BPE trained here learns from the records' strings
         args.text_field = tuple(FIELDS[fmt])
-    tokenizer = _tokenizer(args, src, out)
+    processor = _processor(args, src, fmt)
+    tokenizer = processor.tokenizer if processor is not None else _tokenizer(args, src, out)
     if args.chat_template:
         tokenizer.chat_template = read_chat_template(args.chat_template)
+    if processor is not None:
+        processor.chat_template = tokenizer.chat_template
     piece_bytes = int(args.piece_mb * 1e6) if args.piece_mb else PIECE_BYTES
     existed = is_prepared(out)
     started = time.perf_counter()
     field = "text" if fmt != "text" else args.text_field
     corpus = prepare(src, tokenizer, out, text_field=field, num_proc=args.num_proc, seq_len=args.seq_len,
-                     hash_content=args.hash_content, piece_bytes=piece_bytes, progress=not args.quiet, fmt=fmt)
+                     hash_content=args.hash_content, piece_bytes=piece_bytes, progress=not args.quiet, fmt=fmt,
+                     processor=processor)
     if existed:
         print(f"already prepared: {corpus.describe()}")
     else:
@@ -102,6 +107,22 @@ def too_long_line(corpus: PreparedCorpus, seq_len: int) -> str:
     long = int((lengths > seq_len).sum())
     return (f"{long:,} of {len(lengths):,} examples are longer than seq_len {seq_len} (longest {int(lengths.max()):,} "
             "tokens); training truncates them, or drops them with data.long_examples=drop")
+
+
+def _processor(args: argparse.Namespace, src, fmt: str):
+    """A vision-language model's processor (--tokenizer its directory) when the records carry images: they are
+    rendered through it and their images kept beside the tokens (bigtrain.data.vision); else None."""
+    from bigtrain.data.vision import IMAGE_FIELDS, carries_images, has_processor, load_processor
+    if fmt == "text" or not args.tokenizer or not has_processor(args.tokenizer):
+        return None
+    from bigtrain.data.prepare.pieces import iter_records
+    first = next(iter(iter_records(src, tuple(args.text_field) + IMAGE_FIELDS)), None)
+    if not carries_images(first):
+        return None
+    processor = load_processor(args.tokenizer, "--tokenizer")
+    if not getattr(processor.tokenizer, "chat_template", None):
+        processor.tokenizer.chat_template = processor.chat_template
+    return processor
 
 
 def _tokenizer(args: argparse.Namespace, src, out: Path):
@@ -131,6 +152,9 @@ def summary(manifest: dict, out: Path, seconds: float) -> str:
     if manifest.get("resumed_shards"):
         line += f"; kept {manifest['resumed_shards']} shards from an interrupted run"
     line += f"; {seconds:.1f} s, {mb / max(seconds, 1e-9):.2f} MB/s with {manifest['num_proc']} processes"
+    if vision := manifest.get("vision"):
+        line += (f"; {vision['images']:,} images kept beside the tokens, {vision['image_tokens']:,} image tokens "
+                 f"({vision['image_tokens'] / max(manifest['num_docs'], 1):.4g} an example)")
     if manifest.get("blocks") is not None:
         line += f"; {manifest['blocks']:,} blocks of seq_len {manifest['seq_len']} (+1 target)"
     if (manifest.get("examples") or {}).get("format") == "prompt":

@@ -29,6 +29,7 @@ from bigtrain.data.prepare.progress import Progress
 from bigtrain.data.prepare.store import FORMAT, MANIFEST, PLAN_FILE, PreparedCorpus, damaged_shards
 from bigtrain.data.prepare.worker import process_piece, setup, shard_paths, token_dtype, write_json_atomic
 from bigtrain.data.sources import Source, parse_source, source_fingerprint
+from bigtrain.data.vision_store import damaged as vision_damaged
 
 log = logging.getLogger("bigtrain")
 
@@ -54,10 +55,12 @@ def text_source(source: str | Source, split: str = "train", revision: str | None
     return replace(src, split=split, revision=revision, streaming=streaming) if src.kind == "hub" else src
 
 
-def identity(src: Source, tokenizer: Any, text_field: str, hash_content: bool, fmt: str = "text") -> dict:
+def identity(src: Source, tokenizer: Any, text_field: str, hash_content: bool, fmt: str = "text",
+             processor: Any = None) -> dict:
     """What a prepared directory was made from; the same identity means the same shards. Examples (`fmt` other
     than text) read their format's columns instead of the text field, and a chat corpus depends on the
-    template too (the tokenizer's fingerprint covers its vocabulary only)."""
+    template too (the tokenizer's fingerprint covers its vocabulary only). Records with images (a `processor`)
+    read the image columns too, and depend on the processor (the image tokens a placeholder becomes)."""
     import hashlib
 
     from bigtrain.data.formats import FIELDS, TEMPLATED
@@ -70,13 +73,18 @@ def identity(src: Source, tokenizer: Any, text_field: str, hash_content: bool, f
     if fmt in TEMPLATED:
         template = getattr(tokenizer, "chat_template", None) or ""
         ident["chat_template"] = hashlib.sha256(str(template).encode()).hexdigest()[:16]
+    if processor is not None:
+        from bigtrain.data.vision import IMAGE_FIELDS, processor_fingerprint
+        fields = ident["text_field"]
+        ident.update(text_field=fields + [f for f in IMAGE_FIELDS if f not in fields and "*?" not in fields],
+                     processor=processor_fingerprint(processor))
     return ident
 
 
 def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field: str = "text",
             num_proc: int | None = None, seq_len: int | None = None, hash_content: bool = False,
             piece_bytes: int = PIECE_BYTES, batch_bytes: int = BATCH_BYTES, progress: bool = True,
-            fmt: str = "text") -> PreparedCorpus:
+            fmt: str = "text", processor: Any = None) -> PreparedCorpus:
     """Tokenize `source` into `out` (or reuse / finish what is there); returns the prepared corpus.
 
     `tokenizer` is a transformers tokenizer; it is saved into out/tokenizer. `num_proc` worker
@@ -84,13 +92,15 @@ def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field
     one piece) this process tokenizes. `seq_len` only makes the manifest say how many training
     blocks the corpus gives. `piece_bytes` (the unit of work and of resume) and `batch_bytes`
     (text per tokenizer call: what bounds memory) rarely need changing. `fmt`: text, or the example format
-    (chat, prompt_completion, alpaca) whose records are rendered with the tokenizer (its chat template).
+    (chat, prompt_completion, alpaca) whose records are rendered with the tokenizer (its chat template); with a
+    `processor` (a vision-language model's) records with images, rendered through it, the images kept beside the
+    tokens and the processor saved as out/tokenizer.
     """
     from bigtrain.data.tokenizer import eos_id
 
     src = text_source(source) if isinstance(source, str) else source
     out = Path(out).expanduser()
-    ident = identity(src, tokenizer, text_field, hash_content, fmt)
+    ident = identity(src, tokenizer, text_field, hash_content, fmt, processor)
     from bigtrain.data.chat import no_template_line
     from bigtrain.data.formats import TEMPLATED
     if fmt in TEMPLATED and not getattr(tokenizer, "chat_template", None):
@@ -103,7 +113,7 @@ def prepare(source: str | Source, tokenizer: Any, out: str | Path, *, text_field
         if _finished(out, ident, src):
             return PreparedCorpus(out)
         _start_or_resume(out, ident)
-        _save_tokenizer(tokenizer, out / "tokenizer")
+        _save_tokenizer(processor if processor is not None else tokenizer, out / "tokenizer")
         job = _Job(src, ident, out, token_dtype(len(tokenizer)).name, eos_id(tokenizer), num_proc,
                    (piece_bytes, batch_bytes), fmt)
         started = time.perf_counter()
@@ -235,6 +245,8 @@ class _Job:
             mask = paths["mask"].stat().st_size if paths["mask"].is_file() else -1
             if mask != marker["tokens"] or not paths["answers"].is_file():
                 return None
+        if "images" in marker and vision_damaged(self.shard_dir, f"{piece.index:05d}", marker["docs"]):
+            return None
         return marker if size == marker["tokens"] * np.dtype(self.dtype).itemsize else None
 
     def _pool(self, pieces: Iterator[tuple[Piece, list[str] | None]], markers: dict[int, dict],
@@ -296,4 +308,7 @@ def _write_manifest(out: Path, src: Source, ident: dict, tokenizer: Any, job: _J
                                 "no_answer": sum(s["no_answer"] for s in shards)}
         for entry, shard in zip(manifest["shards"], shards):
             entry["trained"] = shard["trained"]
+    if "processor" in ident:  # records with images: theirs are kept beside the tokens (bigtrain.data.vision_store)
+        manifest["vision"] = {"images": sum(s["images"] for s in shards),
+                              "image_tokens": sum(s["image_tokens"] for s in shards), "processor": ident["processor"]}
     write_json_atomic(out / MANIFEST, manifest)

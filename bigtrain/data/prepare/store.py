@@ -13,6 +13,8 @@ its template rendered it (no EOS added), and per shard also
     OUT/shards/00000.mask.bin  uint8 per token: 1 where the token is trained (the answer), else 0
     OUT/shards/00000.ans.npy   int64 per example: offset of its first trained token after its first
                                token (its length when it has none), to filter examples without reading masks
+
+and records with images (manifest "vision") their images beside them (bigtrain.data.vision_store).
 """
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bigtrain.data.vision_store import ImageStore
+from bigtrain.data.vision_store import damaged as vision_damaged
 
 FORMAT = "bigtrain-tokens-v1"
 MANIFEST = "manifest.json"
@@ -69,6 +74,8 @@ def damaged_shards(root: str | Path, manifest: dict[str, Any]) -> dict[str, str]
                 damaged[shard["name"]] = f"shards/{mask.name} is missing or of another size than its tokens"
             elif not answers.is_file():
                 damaged[shard["name"]] = f"shards/{answers.name} is missing"
+            elif "vision" in manifest and (problem := vision_damaged(shard_dir, shard["name"], int(shard["docs"]))):
+                damaged[shard["name"]] = problem
     return damaged
 
 
@@ -132,6 +139,14 @@ class PreparedCorpus:
     @property
     def tokenizer_dir(self) -> Path:
         return self.root / "tokenizer"
+
+    @property
+    def images(self) -> ImageStore:
+        """The examples' images (records with images: bigtrain.data.vision_store)."""
+        assert "vision" in self.manifest, f"{self.root} holds no images"
+        if getattr(self, "_images", None) is None:
+            self._images = ImageStore(self.root, self.manifest["shards"])
+        return self._images
 
     @property
     def eos_id(self) -> int:

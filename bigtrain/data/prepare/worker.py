@@ -14,6 +14,7 @@ where each example's answer starts.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ import numpy as np
 
 from bigtrain.atomic import replacing, write_atomic
 from bigtrain.data.prepare.pieces import BATCH_BYTES, Piece, read_piece
+from bigtrain.data.vision_store import ImageShardWriter
 
 _STATE: dict[str, Any] = {}  # per worker process: encoder, eos, dtype, shared counters
 
@@ -70,10 +72,22 @@ def setup(tokenizer_dir: str, eos: int, dtype: str, batch_bytes: int = BATCH_BYT
     _STATE.update(encode=make_encoder(tokenizer_dir), eos=eos, dtype=np.dtype(dtype), batch_bytes=batch_bytes,
                   report=report, render=None)
     if fmt != "text":
-        from bigtrain.data.chat import Renderer
-        from bigtrain.data.formats import PROMPT_FORMATS
-        from bigtrain.data.prompts import PromptRenderer
-        _STATE["render"] = (PromptRenderer if fmt in PROMPT_FORMATS else Renderer)(_chat_tokenizer(tokenizer_dir), fmt)
+        _STATE["render"] = make_renderer(tokenizer_dir, fmt)
+
+
+def make_renderer(tokenizer_dir: str | Path, fmt: str) -> Any:
+    """The renderer of `fmt`'s records: the tokenizer's, or where the directory holds a processor (a
+    vision-language model's) the processor's, which expands each image placeholder and keeps the images."""
+    from bigtrain.data.formats import PROMPT_FORMATS
+    from bigtrain.data.vision import has_processor
+    if has_processor(tokenizer_dir):
+        from bigtrain.data.vision import load_processor
+        from bigtrain.data.vision_prompts import VisionPromptRenderer, VisionRenderer
+        return (VisionPromptRenderer if fmt in PROMPT_FORMATS else VisionRenderer)(
+            load_processor(tokenizer_dir, "the prepared corpus's tokenizer"), fmt)
+    from bigtrain.data.chat import Renderer
+    from bigtrain.data.prompts import PromptRenderer
+    return (PromptRenderer if fmt in PROMPT_FORMATS else Renderer)(_chat_tokenizer(str(tokenizer_dir)), fmt)
 
 
 def _chat_tokenizer(tokenizer_dir: str) -> Any:
@@ -130,12 +144,19 @@ def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Pa
     answers: list[np.ndarray] = []
     tokens = docs = trained = 0
     keep = getattr(state["render"], "keeps_records", False)  # prompt records: kept whole, for the rewards
+    vision = getattr(state["render"], "keeps_images", False)  # records with images: kept beside the tokens
+    base = None if piece.kind == "spool" else Path(piece.path).parent  # where relative image paths are read from
     # renamed in the reverse order of opening: index, answers, records, mask, and the token file last (its size is
     # what a resume checks)
     with replacing(paths["tokens"]) as out, replacing(paths["mask"]) as mask_out, \
-            (replacing(paths["records"], "w", encoding="utf-8") if keep else open(os.devnull, "w")) as records_out:
+            (replacing(paths["records"], "w", encoding="utf-8") if keep else open(os.devnull, "w")) as records_out, \
+            (ImageShardWriter(paths["index"].parent, piece.index) if vision else contextlib.nullcontext()) as images:
         for records, _, nbytes in read_piece(piece, fields, state["batch_bytes"]):
-            ids, mask, doc_ends, first = render_records(records, state["render"], state["dtype"], piece.path)
+            kept: list = []
+            ids, mask, doc_ends, first = render_records(records, state["render"], state["dtype"], piece.path,
+                                                        images=kept if vision else None, base=base)
+            if vision:
+                images.add(kept)
             out.write(ids.tobytes())
             mask_out.write(mask.tobytes())
             if keep:  # one line per prompt: a prompt renders to one example, never to none
@@ -153,16 +174,20 @@ def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Pa
             np.save(answers_out, first_answers)
     lengths = np.diff(all_ends, prepend=0)
     marker = {"piece": piece.key(), "tokens": tokens, "docs": docs, "bytes": piece.nbytes, "trained": trained,
-              "no_answer": int((first_answers >= lengths).sum())}
+              "no_answer": int((first_answers >= lengths).sum()), **(images.counts if vision else {})}
     write_json_atomic(paths["marker"], marker)
     if piece.kind == "spool":
         Path(piece.path).unlink(missing_ok=True)
     return marker
 
 
-def render_records(records: list[dict], render: Any, dtype: np.dtype,
-            where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Ids and mask of the records, where each example ends, and where its answer starts (see shard_paths)."""
+def render_records(records: list[dict], render: Any, dtype: np.dtype, where: str, images: list | None = None,
+                   base: Path | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Ids and mask of the records, where each example ends, and where its answer starts (see shard_paths). A
+    renderer that keeps images (`bigtrain.data.vision.VisionRenderer`, reading relative paths from `base`) adds each
+    example's to `images`."""
+    if images is not None:
+        render.base = base
     flat: list[int] = []
     mask: list[int] = []
     ends: list[int] = []
@@ -177,6 +202,8 @@ def render_records(records: list[dict], render: Any, dtype: np.dtype,
                              f"{shown[:80]}{'...' if len(shown) > 80 else ''}: {e}") from None
         if not any(ids for ids, _ in examples):
             continue
+        if images is not None:
+            images.extend(render.last)
         for ids, trained in examples:
             answer = next((i for i in range(1, len(trained)) if trained[i]), len(ids))
             flat.extend(ids)
