@@ -252,7 +252,9 @@ class OnlineObjective(Objective):
             self.times = {}
             (piece,) = self.round(policy, item, 1, self.eval_rng)
             step = self.begin_step(policy, [piece])
-            step.micro_batches = 1
+            # a rank's loss as TRL's evaluation has it (the ranks' are then averaged, not summed): no share of a
+            # step, and dapo's kind divides by the tokens of every rank over the ranks (num_items / processes)
+            step.micro_batches, step.step_tokens = 1, step.step_tokens / _world()
             loss = self.piece_loss(policy, piece, step)
         metrics = {**self.round_metrics, **reduce_sums_local(step.sums)}
         self.times, self.table, self.round_metrics = saved

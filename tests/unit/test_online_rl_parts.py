@@ -146,35 +146,70 @@ def test_rewards_reach_the_advantages_group_by_group(tmp_path, tok):
     assert objective.sample_table() is None  # each round's rows once
 
 
+class Answers:
+    """A policy that answers every prompt with 1-4 random digits and its end-of-text (the same draws each call),
+    its logits a fixed table of the token: what an objective asks of the engine, without a model."""
+
+    def __init__(self, tok):
+        self.tokenizer, self.device, self.seed = tok, "cpu", 0
+        self.logits = torch.randn(len(tok), len(tok), generator=torch.Generator().manual_seed(0))
+
+    def generate(self, prompt_ids, prompt_mask, sampling, rng, **kw):
+        from bigtrain.rollout.generate import Rollout
+        n, g = sampling.num_generations, torch.Generator().manual_seed(1)
+        rows, width = prompt_ids.shape[0] * n, sampling.max_new_tokens
+        lengths = torch.randint(1, 5, (rows,), generator=g)
+        ids = torch.randint(8, 18, (rows, width), generator=g)  # the digits' ids
+        positions = torch.arange(width).unsqueeze(0)
+        ids = torch.where(positions == lengths.unsqueeze(1), 1, ids).masked_fill(positions > lengths.unsqueeze(1), 0)
+        return Rollout(prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0), ids,
+                       (positions <= lengths.unsqueeze(1)).long(), torch.zeros(rows, dtype=torch.bool))
+
+    def completion_logits(self, prompt_ids, prompt_mask, completion_ids, completion_mask):
+        return self.logits[completion_ids]
+
+
+def eval_round(tmp_path, tok, prompts: list[str], **settings) -> tuple:
+    """An objective (reward: the completion's length; the prompts of each call kept) and its eval_loss on
+    `prompts`."""
+    objective = grpo_with(tmp_path, "SEEN = []\n"
+                                    "def mine(prompts, completions, **kw):\n"
+                                    "    SEEN.append(list(prompts))\n"
+                                    "    return [float(len(c)) for c in completions]\n", **settings)
+    policy = Answers(tok)
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    item = objective.inputs(policy, {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
+                                     "records": [{"prompt": p} for p in prompts]})
+    return objective, objective.eval_loss(policy, item)
+
+
 @pytest.mark.parametrize("kind, group, eval_group", [("grpo", 4, 2), ("rloo", 2, 1)])
 def test_an_evaluation_samples_num_generations_eval_per_prompt(tmp_path, tok, kind, group, eval_group):
     """objective.num_generations_eval (TRL's): a held-out batch of micro_batch completions holds micro_batch /
     num_generations_eval prompts, each answered num_generations_eval times, scored and grouped so; training keeps
-    num_generations. A tiny Llama samples for real (bigtrain.rollout.generate on the plain model)."""
-    import rl_task
-
-    from bigtrain.rollout.forward import completion_logits
-    from bigtrain.rollout.generate import generate
-    objective = grpo_with(tmp_path, "SEEN = []\n"
-                                    "def mine(prompts, completions, **kw):\n"
-                                    "    SEEN.append(list(prompts))\n"
-                                    "    return [float(len(c)) for c in completions]\n",
-                          kind=kind, num_generations=group, num_generations_eval=eval_group, beta=0.0)
-    assert objective.eval_data_batch(8) == 8 // eval_group and objective.data_batch(8, 1) == 8 // group
-    model = rl_task.make_model(0)
-    policy = SimpleNamespace(device="cpu", tokenizer=tok, seed=0,
-                             generate=lambda ids, mask, sampling, rng, **kw: generate(model, tok, ids, mask, sampling,
-                                                                                      rng),
-                             completion_logits=lambda *rows: completion_logits(model, *rows))
+    num_generations."""
     prompts = [f"say {d}" for d in range(8 // eval_group)]
-    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
-    item = objective.inputs(policy, {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
-                                     "records": [{"prompt": p} for p in prompts]})
-    loss, _, metrics = objective.eval_loss(policy, item)
+    objective, (loss, _, metrics) = eval_round(tmp_path, tok, prompts, kind=kind, num_generations=group,
+                                               num_generations_eval=eval_group, beta=0.0)
+    assert objective.eval_data_batch(8) == 8 // eval_group and objective.data_batch(8, 1) == 8 // group
     (seen,) = objective.functions[0].fn.__globals__["SEEN"]
     assert seen == [p for p in prompts for _ in range(eval_group)]  # 8 completions, eval_group a prompt
     assert torch.isfinite(loss) and "reward" in metrics
     assert (objective.group, objective.sampling.num_generations) == (group, group)  # training's again
+
+
+def test_an_evaluations_dapo_loss_is_trls_on_every_rank(tmp_path, tok, monkeypatch):
+    """TRL's evaluation divides dapo's token sum by num_items_in_batch / processes, and averages the ranks' losses:
+    with 2 ranks holding as many tokens each (played here), a rank's dapo loss is its own token mean, bnpo's."""
+    import bigtrain.objectives.online as online
+    import bigtrain.rollout.losses as losses
+    count = losses.global_count
+    monkeypatch.setattr(losses, "global_count", lambda masks: 2 * count(masks))
+    monkeypatch.setattr(online, "_world", lambda: 2)
+    prompts = ["say 1", "say 2"]
+    dapo = eval_round(tmp_path, tok, prompts, loss_type="dapo")[1][0]
+    bnpo = eval_round(tmp_path, tok, prompts, loss_type="bnpo")[1][0]
+    assert dapo.item() == pytest.approx(bnpo.item(), rel=1e-6) and abs(dapo.item()) > 1e-3
 
 
 def test_the_objectives_checkpoint_state_loads_weights_only(tmp_path):
