@@ -15,7 +15,8 @@ bigtrain.rollout's, the step online.py's).
 Rewards (objective.rewards, objective.reward_model; bigtrain.rollout.rewards): each function is called on this
 rank's completions with TRL's keywords (prompts, completions, completion_ids, every other column of the records),
 the scores of all ranks gathered (a few floats) so that a group's and the batch's statistics are the global
-batch's; a completion every function scores None gets advantage 0. The reward model is the frozen model beside
+batch's; a completion every function scores None gets advantage 0; what they log (log_metric, log_extra) goes to
+the step's metrics and the sample table. The reward model is the frozen model beside
 the policy (partitioned like it under ZeRO-3), reading the text re-tokenized with its own tokenizer.
 
 Metrics: reward, reward_std, rewards/<function>/mean|std, frac_reward_zero_std, completions/mean_length|
@@ -157,7 +158,7 @@ class RewardedObjective(OnlineObjective):
     def score_round(self, policy: Policy, batch: dict, rollout: Any, pieces: list[Piece]) -> Metrics:
         import torch
 
-        from bigtrain.rollout.metrics import reward_metrics
+        from bigtrain.rollout.metrics import logged_metrics, reward_metrics
         from bigtrain.rollout.rewards import RewardFunction, score
         if self.settings.reward_model is not None and len(self.functions) == len(self.settings.rewards or []):
             self.functions.append(RewardFunction(*_reward_model(policy)))
@@ -179,11 +180,13 @@ class RewardedObjective(OnlineObjective):
         for i, piece in enumerate(pieces):
             piece.advantages = mine[i * size:(i + 1) * size]
         names = [f.name for f in self.functions]
-        self.table = [{"prompt": p if isinstance(p, str) else p[-1].get("content", ""), "completion": t,
+        self.table = [{**{column: values[i] for column, values in scores.extra.items()},
+                       "prompt": p if isinstance(p, str) else p[-1].get("content", ""), "completion": t,
                        "reward": float(torch.nansum(row * weights.cpu())), "advantage": float(a),
                        **{f"rewards/{name}": float(v) for name, v in zip(names, row)}}
-                      for p, t, row, a in zip(prompts, texts, local.cpu(), mine.cpu())]
-        return {**reward_metrics(table[:, :-1], names, weights, std_zero), **extra}
+                      for i, (p, t, row, a) in enumerate(zip(prompts, texts, local.cpu(), mine.cpu()))]
+        return {**logged_metrics(scores.metrics, policy.device),
+                **reward_metrics(table[:, :-1], names, weights, std_zero), **extra}
 
     def penalty(self, pieces: list[Piece]) -> torch.Tensor:
         """Per completion, what the rewards are penalised by before the advantages (RLOO's KL); 0 by default."""

@@ -7,7 +7,9 @@ step.
                         ZeRO-3 weights stay partitioned, gathered once a round otherwise), a per-rank sampling
                         stream saved with the checkpoint, eval mode and the model's generation_config set aside
     forward.py          the logits that predict a completion's tokens (policy, old policy, reference, teacher)
-    rewards.py          reward functions by file or module name, called with TRL's keywords; one line when bad
+    rewards.py          reward functions by file or module name, called with TRL's keywords (async ones together);
+                        what they log kept; one line when bad
+    event_loop.py       the process's event loop for async reward functions (a daemon thread, as TRL's)
     builtin_rewards.py  accuracy (against the record's answer), format[=REGEX], length (DAPO's overlong penalty)
     reward_model.py     a reward-model directory scored at each row's last real token
     advantages.py       GRPO's group advantages (scale_rewards), RLOO's leave-one-out, its k1 KL penalty

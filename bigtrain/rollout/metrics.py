@@ -5,6 +5,7 @@
     frac_reward_zero_std               the share of completions whose group's rewards were all alike: no signal
     completions/mean_length|min_length|max_length, completions/clipped_ratio (cut by max_completion_length)
     kl, entropy, clip_ratio/low_mean|high_mean|region_mean   from the loss (bigtrain.rollout.losses' Sums)
+    what the reward functions logged with log_metric      each name's mean over every value of every rank
 
 The reward and completion metrics come from the global batch's tensors (gathered for the advantages anyway);
 the loss's come as (sum, count) pairs per micro-batch, reduced over ranks in one all-reduce (`reduce_sums`).
@@ -57,3 +58,17 @@ def reduce_sums(sums: Sums) -> dict[str, float]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(flat)
     return {n: _item(flat[i, 0] / flat[i, 1].clamp(min=1.0)) for i, n in enumerate(names)}
+
+
+def logged_metrics(logged: dict[str, list[float]], device: torch.device | str) -> dict[str, float]:
+    """What this rank's reward functions logged with log_metric in a round -> each name's mean over every value
+    every rank logged (TRL's). A collective: the names are gathered first (a rank may log what another does not)."""
+    names = set(logged)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        everyone: list = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(everyone, sorted(names))
+        names = {name for theirs in everyone for name in theirs}
+    sums = {name: (torch.tensor(sum(logged.get(name, [])), dtype=torch.float64, device=device),
+                   torch.tensor(float(len(logged.get(name, []))), dtype=torch.float64, device=device))
+            for name in names}
+    return reduce_sums(sums)

@@ -17,7 +17,11 @@ completions as TRL calls it:
 
 one value per completion (None: this function does not score it). A completion that every function scores None
 is unscorable: left out of its group's statistics, advantage 0 (TRL's rule). `completions` are strings, or for
-conversational prompts (message lists) a list of one assistant message each, as in TRL.
+conversational prompts (message lists) a list of one assistant message each, as in TRL. As in TRL, a function may
+call `log_metric(name, value)` (a number: the step's metric `name` is the mean of every value all ranks logged in
+the round) and `log_extra(column, values)` (one value per completion it was given: a column of the sample table,
+OUT/samples.jsonl). The `async def` functions run together, after the others, on one event loop of the process
+that outlives the round (TRL's asyncio.gather on its loop's thread: bigtrain.rollout.event_loop).
 
 A reward file that does not import, a name that is not there, a function that raises, returns the wrong count,
 a NaN or something that is not a number: each is one ValueError line naming the function and the record.
@@ -25,7 +29,6 @@ a NaN or something that is not a number: each is one ValueError line naming the 
 from __future__ import annotations
 
 import ast
-import asyncio
 import importlib
 import importlib.util
 import inspect
@@ -211,46 +214,83 @@ def _describe(e: BaseException) -> str:
 
 def score(functions: list[RewardFunction], prompts: list, completions: list, completion_ids: list[list[int]],
           records: list[dict], step: int = 0) -> RewardScores:
-    """Every function on this rank's completions: [N, F] scores (NaN: None). `records[i]` is completion i's
-    record (its columns; repeated for the completions of one prompt)."""
+    """Every function on this rank's completions: [N, F] scores (NaN: None), what they logged. `records[i]` is
+    completion i's record (its columns; repeated for the completions of one prompt). The synchronous functions run
+    in order, then the async ones together (TRL's asyncio.gather)."""
     n = len(completions)
     assert len(prompts) == n == len(completion_ids) == len(records), (len(prompts), n, len(records))
     keys = sorted({k for r in records for k in r if k not in RESERVED})
     columns = {k: [r.get(k) for r in records] for k in keys}
     out = RewardScores(torch.full((n, len(functions)), float("nan"), dtype=torch.float32))
-    for j, f in enumerate(functions):
-        logged: dict[str, list] = {}
-        kwargs = {**columns, "trainer_state": SimpleNamespace(global_step=step),
-                  "log_metric": lambda name, value: out.metrics.setdefault(name, []).append(float(value)),
-                  "log_extra": lambda column, values: logged.setdefault(column, list(values))}
-        values = _call(f, dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs),
-                       records, prompts, completions)
-        out.per_function[:, j] = torch.tensor([float("nan") if v is None else v for v in values])
-        out.extra.update(logged)
-    unscored = torch.isnan(out.per_function).all(dim=1)
-    if functions and unscored.any() and not _said_unscored:
+    shared = {**columns, "trainer_state": SimpleNamespace(global_step=step),
+              "log_metric": lambda name, value: out.metrics.setdefault(name, []).append(float(value)),
+              "log_extra": lambda column, values: out.extra.setdefault(column, []).extend(values)}
+    where = (records, prompts, completions)
+    pending: list[tuple[int, RewardFunction, dict, Any]] = []
+    try:
+        for j, f in enumerate(functions):
+            kwargs = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **shared)
+            started = _start(f, kwargs, *where)
+            if inspect.isawaitable(started):
+                pending.append((j, f, kwargs, started))
+            else:
+                out.per_function[:, j] = _tensor(_checked(f, started, *where))
+    except ValueError:
+        for *_, awaitable in pending:  # never awaited now: closed, not left to warn
+            getattr(awaitable, "close", lambda: None)()
+        raise
+    from bigtrain.rollout.event_loop import settle_all
+    for (j, f, kwargs, _), values in zip(pending, settle_all([p[-1] for p in pending])):
+        if isinstance(values, BaseException):
+            raise _raised(f, values, kwargs, *where)
+        out.per_function[:, j] = _tensor(_checked(f, values, *where))
+    for column, values in out.extra.items():
+        if len(values) != n:
+            raise ValueError(f"log_extra({column!r}, ...) got {len(values)} values for {n} completions in all: a "
+                             "reward function logs one value per completion of the batch it was given, once")
+    _say_unscored(out.per_function, step, *where)
+    return out
+
+
+def _say_unscored(per_function: torch.Tensor, step: int, records: list[dict], prompts: list,
+                  completions: list) -> None:
+    unscored = torch.isnan(per_function).all(dim=1)
+    if per_function.shape[1] and unscored.any() and not _said_unscored:
         _said_unscored.append(True)  # once a process: TRL warns each time, which floods a long run
         i = int(unscored.nonzero()[0])
         log.warning("every reward function returned None for %d of %d completions at step %d (first: %s): they get "
                     "no reward and teach nothing; have at least one function score every completion",
-                    int(unscored.sum()), n, step, _record_line(i, records, prompts, completions))
-    return out
+                    int(unscored.sum()), len(completions), step, _record_line(i, records, prompts, completions))
 
 
 _said_unscored: list[bool] = []
 
 
-def _call(f: RewardFunction, kwargs: dict, records: list[dict], prompts: list, completions: list) -> list:
-    n = len(completions)
+def _tensor(values: list) -> torch.Tensor:
+    return torch.tensor([float("nan") if v is None else v for v in values])
+
+
+def _start(f: RewardFunction, kwargs: dict, records: list[dict], prompts: list, completions: list) -> Any:
+    """f called on the batch: its values, or the awaitable an async function gives."""
     if missing := _missing_columns(f.fn, kwargs):
         raise ValueError(f"reward function {f.name!r} ({f.spec}) asks for {', '.join(map(repr, missing))}, which "
                          f"neither the records nor bigtrain give: it gets {', '.join(sorted(kwargs))}; rename the "
                          "parameter, give it a default, or add the column to the data")
     try:
-        values = _invoke(f.fn, kwargs)
+        return f.fn(**_accepted(f.fn, kwargs))
     except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's code: name the function and where it fails
-        raise ValueError(f"reward function {f.name!r} ({f.spec}) raised {_describe(e)} on "
-                         f"{_culprit(f, kwargs, n, records, prompts, completions)}") from None
+        raise _raised(f, e, kwargs, records, prompts, completions) from None
+
+
+def _raised(f: RewardFunction, e: BaseException, kwargs: dict, records: list[dict], prompts: list,
+            completions: list) -> ValueError:
+    return ValueError(f"reward function {f.name!r} ({f.spec}) raised {_describe(e)} on "
+                      f"{_culprit(f, kwargs, len(completions), records, prompts, completions)}")
+
+
+def _checked(f: RewardFunction, values: Any, records: list[dict], prompts: list, completions: list) -> list:
+    """The values a function returned as floats (None kept), or one line saying what is wrong with them."""
+    n = len(completions)
     try:
         if isinstance(values, (str, bytes, Mapping, set)):  # iterable, but not one value per completion in order
             raise TypeError  # (a dict would give its keys)
@@ -285,13 +325,14 @@ def _as_float(v: Any) -> float:
 
 
 def _invoke(fn: Callable, kwargs: dict) -> Any:
-    """fn's result on the keywords it takes; an async def reward's awaited, as TRL runs them."""
+    """fn's result on the keywords it takes; an async def reward's awaited."""
+    from bigtrain.rollout.event_loop import settle_all
     values = fn(**_accepted(fn, kwargs))
-    return asyncio.run(_awaited(values)) if inspect.isawaitable(values) else values
-
-
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
+    if inspect.isawaitable(values):
+        (values,) = settle_all([values])
+        if isinstance(values, BaseException):
+            raise values
+    return values
 
 
 def _missing_columns(fn: Callable, kwargs: dict) -> list[str]:

@@ -127,9 +127,14 @@ def test_a_reward_that_returns_the_wrong_count_or_nan_is_one_line_naming_it(tmp_
 
 def test_rewards_reach_the_advantages_group_by_group(tmp_path, tok):
     """The record's columns reach the function, the weighted reward its group's advantages (TRL's: (r - mean) /
-    (std + 1e-4)), and the sample table shows each completion with its reward."""
+    (std + 1e-4)), and the sample table shows each completion with its reward; what the function logs (TRL's
+    log_metric, log_extra) is a metric of the step and a column of OUT/samples.jsonl."""
+    from bigtrain.metrics.samples import SampleLog
     from bigtrain.objectives.online import Piece
-    objective = grpo_with(tmp_path, "def mine(completions, answer, **kw):\n"
+    objective = grpo_with(tmp_path, "def mine(completions, answer, log_metric, log_extra, **kw):\n"
+                                    "    log_metric('mine/calls', 1.0)\n"
+                                    "    log_metric('mine/calls', 3.0)\n"
+                                    "    log_extra('expected', list(answer))\n"
                                     "    return [float(c == a) for c, a in zip(completions, answer)]\n")
     policy = SimpleNamespace(tokenizer=tok, device="cpu")
     pieces = [Piece(*(torch.zeros((2, 1), dtype=torch.long),) * 2, torch.ones((2, 1), dtype=torch.long),
@@ -140,10 +145,14 @@ def test_rewards_reach_the_advantages_group_by_group(tmp_path, tok):
     assert torch.allclose(pieces[0].advantages, torch.tensor([0.5, -0.5]) / (std + 1e-4))
     assert torch.equal(pieces[1].advantages, torch.zeros(2))  # both right: no signal
     assert metrics["reward"] == 0.75 and metrics["frac_reward_zero_std"] == 0.5
+    assert metrics["mine/calls"] == 2.0  # the mean of what it logged
     table = objective.sample_table()
-    assert [(r["prompt"], r["completion"], r["reward"]) for r in table] == [
-        ("say 3", "3", 1.0), ("say 3", "5", 0.0), ("say 4", "4", 1.0), ("say 4", "4", 1.0)]
+    assert [(r["prompt"], r["completion"], r["reward"], r["expected"]) for r in table] == [
+        ("say 3", "3", 1.0, "3"), ("say 3", "5", 0.0, "3"), ("say 4", "4", 1.0, "4"), ("say 4", "4", 1.0, "4")]
     assert objective.sample_table() is None  # each round's rows once
+    SampleLog(tmp_path).write(1, table)
+    written = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["expected"] for r in written] == ["3", "3", "4", "4"]
 
 
 class Answers:

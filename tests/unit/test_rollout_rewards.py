@@ -178,6 +178,14 @@ def test_rewards_a_stranger_writes_that_passed_or_crashed_are_one_line_or_scored
 
         async def remote(completions, answer, **kwargs):
             return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+        async def remote_fails(completions, answer, **kwargs):
+            if "red" in answer:
+                raise ConnectionError("judge unreachable")
+            return [1.0] * len(completions)
+
+        async def remote_leaves(completions, **kwargs):
+            sys.exit(4)
         """)
 
     def error(name: str) -> str:
@@ -194,6 +202,61 @@ def test_rewards_a_stranger_writes_that_passed_or_crashed_are_one_line_or_scored
     assert "'answers'" in typo and "answer" in typo and "level" in typo and "completion 0" not in typo
     scored = score(load_rewards([f"{rewards}:remote"], max_completion_length=8), PROMPTS, COMPLETIONS, IDS, RECORDS)
     assert scored.per_function[:, 0].tolist() == [1.0, 0.0, 1.0, 0.0]
+    fails = error("remote_fails")  # awaited with the others: still the function and the record named
+    assert "'remote_fails'" in fails and "ConnectionError: judge unreachable" in fails and "completion 2" in fails
+    assert "raised SystemExit: 4" in error("remote_leaves")  # and the loop still serves the next round
+    assert score(load_rewards([f"{rewards}:remote"], max_completion_length=8), PROMPTS, COMPLETIONS, IDS,
+                 RECORDS).per_function[:, 0].tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_what_rewards_log_is_kept_and_async_rewards_run_together(tmp_path):
+    """TRL's log_metric(name, value) and log_extra(column, values) are kept (the objective reports them: the step's
+    metrics, the sample table); the async def functions are awaited together, as TRL's asyncio.gather does: two
+    that each sleep 0.4 s take one sleep, not two, beside a synchronous one; and on one loop that outlives the
+    round (a client kept between calls still works at the next step)."""
+    import time
+    rewards = write(tmp_path / "logging.py", """
+        import asyncio
+
+        LOOPS = []
+
+        async def slow_a(completions, log_metric, log_extra, **kwargs):
+            LOOPS.append(asyncio.get_running_loop())
+            await asyncio.sleep(0.4)
+            log_metric("judge/latency", 0.4)
+            log_extra("judge_said", ["ok"] * len(completions))
+            return [1.0] * len(completions)
+
+        async def slow_b(completions, log_metric, **kwargs):
+            await asyncio.sleep(0.4)
+            log_metric("judge/latency", 0.2)
+            return [2.0] * len(completions)
+
+        def fast(completions, log_metric, log_extra, **kwargs):
+            log_metric("fast/calls", 1)
+            log_extra("length", [len(c) for c in completions])
+            return [0.5] * len(completions)
+
+        def twice(completions, log_extra, **kwargs):
+            log_extra("length", [0] * len(completions))
+            return [0.0] * len(completions)
+        """)
+    functions = load_rewards([f"{rewards}:slow_a", f"{rewards}:fast", f"{rewards}:slow_b"], max_completion_length=8)
+    started = time.perf_counter()
+    out = score(functions, PROMPTS, COMPLETIONS, IDS, RECORDS)
+    seconds = time.perf_counter() - started
+    assert 0.4 <= seconds < 0.75, seconds  # one after the other: 0.8
+    assert out.per_function[0].tolist() == [1.0, 0.5, 2.0]
+    assert out.metrics == {"fast/calls": [1.0], "judge/latency": [0.4, 0.2]}
+    assert out.extra == {"length": [2, 5, 4, 0], "judge_said": ["ok"] * 4}
+    score(functions, PROMPTS, COMPLETIONS, IDS, RECORDS)
+    loops = functions[0].fn.__globals__["LOOPS"]
+    assert len(loops) == 2 and loops[0] is loops[1] and loops[0].is_running()
+    with pytest.raises(ValueError) as info:
+        score(load_rewards([f"{rewards}:fast", f"{rewards}:twice"], max_completion_length=8), PROMPTS, COMPLETIONS,
+              IDS, RECORDS)
+    assert "\n" not in str(info.value) and "log_extra('length'" in str(info.value) and "8 values for 4" in str(
+        info.value)
 
 
 def test_a_reward_file_imports_its_helpers_beside_it_and_unscored_completions_are_said(tmp_path, caplog):
@@ -231,6 +294,20 @@ def test_reward_metrics_are_trls():
     assert metrics["rewards/a/mean"] == pytest.approx(1.0) and metrics["rewards/b/mean"] == pytest.approx(2 / 3)
     # the first group scored alike (no signal); the second has one scorable completion, whose std is undefined
     assert metrics["frac_reward_zero_std"] == 0.5
+
+
+def test_logged_metrics_are_the_mean_of_every_ranks_values(monkeypatch):
+    """log_metric's values of every rank averaged (TRL's: their sum over their count), for a name some rank did
+    not log too: rank 0 logged a twice, rank 1 (its side of the two collectives played here) a once and b once."""
+    from bigtrain.rollout.metrics import logged_metrics
+    theirs = {"a": (2.0, 1.0), "b": (5.0, 1.0)}
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "all_gather_object", lambda out, mine: out.__setitem__(
+        slice(None), [mine, sorted(theirs)]))
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flat: flat.add_(torch.tensor(
+        [theirs[name] for name in ("a", "b")], dtype=flat.dtype)))
+    assert logged_metrics({"a": [1.0, 3.0]}, "cpu") == {"a": 2.0, "b": 5.0}
 
 
 def reward_model_dir(root, pad_token: str | None, config_pad: str | None):
