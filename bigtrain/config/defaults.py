@@ -1,9 +1,10 @@
-"""The learning rate, weight decay and warm-up a run trains with when it sets none, chosen by what the run is:
+"""The learning rate, weight decay, Adam's betas and warm-up a run trains with when it sets none, chosen by what the
+run is:
 
     from random weights (no model.pretrained, or a directory holding a config and no weights): pretraining's,
-        lr 6e-4, weight decay 0.1, 20 warm-up steps (GPT-2-style pretraining, as nanoGPT trains it)
+        lr 6e-4, weight decay 0.1, betas (0.9, 0.95), 20 warm-up steps (GPT-2-style pretraining, as nanoGPT trains it)
     from a pretrained model: the objective's own (`Objective.fine_tuning`: TRL's trainer's rate for it, 10 x with
-        LoRA adapters, weight decay 0, 1 warm-up step)
+        LoRA adapters, weight decay 0, betas (0.9, 0.999) as TRL and the HF Trainer, 1 warm-up step)
 
 docs/fine-tuning.md has the table beside TRL's. The run config fills the fields left unset (None) when it is built
 (`filled`); whatever a user gives (--set, the config file, a DeepSpeed JSON's optimizer or scheduler) is kept as
@@ -18,7 +19,9 @@ from bigtrain.models.names import starts_from_weights
 from bigtrain.objectives import objective_class
 
 PRETRAINING_LR, PRETRAINING_WEIGHT_DECAY, PRETRAINING_WARMUP_STEPS = 6e-4, 0.1, 20
-CHOSEN = ("optimizer.lr", "optimizer.weight_decay", "schedule.warmup_steps")  # decided by what the run is
+PRETRAINING_BETAS = (0.9, 0.95)  # GPT-3's and nanoGPT's: a shorter memory of the second moment, for loss spikes
+# decided by what the run is
+CHOSEN = ("optimizer.lr", "optimizer.weight_decay", "optimizer.betas", "schedule.warmup_steps")
 
 
 @dataclass(frozen=True)
@@ -27,19 +30,25 @@ class Chosen:
 
     lr: float
     weight_decay: float
+    betas: tuple[float, float]
     warmup_steps: int
     why: str
+
+    def value(self, field: str) -> object:
+        """The default of `field`, one of `CHOSEN`."""
+        return {"optimizer.lr": self.lr, "optimizer.weight_decay": self.weight_decay, "optimizer.betas": self.betas,
+                "schedule.warmup_steps": self.warmup_steps}[field]
 
 
 def choose(pretrained: str | None, kind: str, lora: bool) -> Chosen:
     """The defaults for a run from `pretrained` (None: random weights) training objective `kind`, with LoRA or not."""
     if not starts_from_weights(pretrained):
         start = "no model.pretrained" if not pretrained else f"{pretrained} holds no weights"
-        return Chosen(PRETRAINING_LR, PRETRAINING_WEIGHT_DECAY, PRETRAINING_WARMUP_STEPS,
+        return Chosen(PRETRAINING_LR, PRETRAINING_WEIGHT_DECAY, PRETRAINING_BETAS, PRETRAINING_WARMUP_STEPS,
                       f"the pretraining defaults: {start}, random weights")
     tuning = objective_class(kind).fine_tuning
     assert tuning is not None, f"objective {kind} declares no fine_tuning (bigtrain.objectives.base.FineTuning)"
-    return Chosen(tuning.rate(lora), tuning.weight_decay, tuning.warmup_steps,
+    return Chosen(tuning.rate(lora), tuning.weight_decay, tuning.betas, tuning.warmup_steps,
                   f"the fine-tuning defaults of objective.kind={kind} from a pretrained model"
                   + (" with LoRA adapters" if lora else ""))
 
@@ -52,6 +61,8 @@ def filled(optimizer: OptimizerConfig, schedule: ScheduleConfig, chosen: Chosen
         optimizer = replace(optimizer, lr=chosen.lr)
     if optimizer.weight_decay is None:
         optimizer = replace(optimizer, weight_decay=chosen.weight_decay)
+    if optimizer.betas is None:
+        optimizer = replace(optimizer, betas=chosen.betas)
     if schedule.warmup_steps is None:
         schedule = replace(schedule, warmup_steps=chosen.warmup_steps)
     return optimizer, schedule
@@ -59,4 +70,4 @@ def filled(optimizer: OptimizerConfig, schedule: ScheduleConfig, chosen: Chosen
 
 def unset(optimizer: OptimizerConfig, schedule: ScheduleConfig) -> bool:
     """Whether any field of `CHOSEN` is left for the defaults."""
-    return None in (optimizer.lr, optimizer.weight_decay, schedule.warmup_steps)
+    return None in (optimizer.lr, optimizer.weight_decay, optimizer.betas, schedule.warmup_steps)

@@ -1,5 +1,5 @@
-"""Where a run's rate, weight decay and schedule came from: a user's (--set, the config file, a DeepSpeed JSON), the
-checkpoint a resume continues (`keep_recorded`), or the defaults chosen by what the run is
+"""Where a run's rate, weight decay, Adam's betas and schedule came from: a user's (--set, the config file, a DeepSpeed
+JSON), the checkpoint a resume continues (`keep_recorded`), or the defaults chosen by what the run is
 (`bigtrain.config.defaults`); `describe` says it in the job's start line and under `bigtrain estimate`'s command.
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ def keep_recorded(run: RunConfig, recorded: Mapping[str, Any], sources: Mapping[
     for field in KEPT_ON_RESUME:
         section, name = field.split(".")
         saved = (recorded.get(section) or {}).get(name)
+        saved = tuple(saved) if isinstance(saved, list) else saved  # a recorded pair (the betas) reads back a list
         if field not in given and saved is not None and saved != value(run, field):
             changed.setdefault(section, {})[name] = saved
     if not changed:
@@ -61,8 +62,8 @@ def provenance(sources: Mapping[str, str] | None, json_fields: frozenset[str] | 
 
 
 def describe(run: RunConfig, given: Mapping[str, str], json_schedule: str | None = None) -> str:
-    """The start line's account of the rate, weight decay and schedule: each value and where it came from (`given`:
-    `provenance`; a default says why it was chosen). `json_schedule`: the type of a DeepSpeed JSON scheduler the run
+    """The start line's account of the rate, weight decay, betas and schedule: each value and where it came from
+    (`given`: `provenance`; a default says why it was chosen). `json_schedule`: the type of a DeepSpeed JSON scheduler the run
     config has no name for, which then decides the warm-up and decay."""
     opt, schedule = run.optimizer, run.schedule
     warmup = "1 warm-up step" if schedule.warmup_steps == 1 else f"{schedule.warmup_steps} warm-up steps"
@@ -71,6 +72,9 @@ def describe(run: RunConfig, given: Mapping[str, str], json_schedule: str | None
     items = [(f"lr {opt.lr:.3g}", _source(given, "optimizer.lr"), ["optimizer.lr"]),
              (f"weight decay {opt.weight_decay:g}", _source(given, "optimizer.weight_decay"),
               ["optimizer.weight_decay"])]
+    if opt.name != "sgd":  # Adam's (Muon's Adam half's); SGD has none
+        items.append((f"betas ({opt.betas[0]:g}, {opt.betas[1]:g})", _source(given, "optimizer.betas"),
+                      ["optimizer.betas"]))
     if json_schedule is None:
         items += [(warmup, _source(given, "schedule.warmup_steps"), ["schedule.warmup_steps"]),
                   (decay, _source(given, "schedule.kind", "schedule.min_lr_ratio", otherwise=EVERY_RUNS), [])]
@@ -109,8 +113,6 @@ def value(run: RunConfig, field: str) -> Any:
 def default(run: RunConfig, field: str) -> Any:
     """What `field` is when a user gives nothing: the chosen default, or the section's own."""
     if field in CHOSEN:
-        chosen = chosen_for(run)
-        return {"optimizer.lr": chosen.lr, "optimizer.weight_decay": chosen.weight_decay,
-                "schedule.warmup_steps": chosen.warmup_steps}[field]
+        return chosen_for(run).value(field)
     section, name = field.split(".")
     return {f.name: f.default for f in dataclasses.fields(getattr(run, section))}[name]

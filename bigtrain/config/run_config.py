@@ -48,7 +48,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        if unset(self.optimizer, self.schedule):  # the rate, weight decay and warm-up: by what the run is
+        if unset(self.optimizer, self.schedule):  # the rate, weight decay, betas and warm-up: by what the run is
             chosen = choose(self.model.pretrained, self.objective.kind, self.lora.r > 0)
             self.optimizer, self.schedule = filled(self.optimizer, self.schedule, chosen)
         check_combinations(self)

@@ -106,7 +106,10 @@ class OptimizerConfig:
     muon_lr: float = doc(0.02, "optimizer.name=muon: peak learning rate of the weights Muon trains (the schedule "
                          "scales it like optimizer.lr).")
     momentum: float = doc(0.95, "optimizer.name=muon: Muon's momentum.")
-    betas: tuple[float, float] = doc((0.9, 0.95), "Adam betas.")
+    betas: tuple[float, float] | None = doc(None, "Adam's betas. Unset: chosen by what the run is "
+                                            "(bigtrain.config.defaults, docs/fine-tuning.md): (0.9, 0.95) from random "
+                                            "weights; (0.9, 0.999) from model.pretrained (TRL's and the HF "
+                                            "Trainer's).")
     eps: float = doc(1e-8, "Adam epsilon.")
     weight_decay: float | None = doc(None, "Decoupled weight decay (AdamW). Unset: 0.1 from random weights, 0 from "
                                      "model.pretrained (TRL's).")
@@ -119,7 +122,7 @@ class OptimizerConfig:
             raise ValueError(f"optimizer.momentum={self.momentum}: must be in [0, 1), e.g. 0.95")
         if self.grad_clip < 0 or (self.weight_decay or 0.0) < 0:
             raise ValueError("optimizer.grad_clip and optimizer.weight_decay must be >= 0")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+        if self.betas is not None and (len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas)):
             raise ValueError(f"optimizer.betas={self.betas}: give two values in [0, 1), e.g. [0.9, 0.95]")
 
 

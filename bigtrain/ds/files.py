@@ -1,8 +1,9 @@
 """Write the checked-in `ds_configs/` directory (JSON files + README table) from the presets.
 
 The keys of the values a run's defaults choose by what it is (`bigtrain.config.defaults.CHOSEN`: the learning rate,
-weight decay, warm-up) are written "auto": each run fills them from its run config (HF-style, as the HF Trainer
-fills them from its arguments), so that a file written for pretraining does not fine-tune at pretraining's rate.
+weight decay, Adam's betas, warm-up) are written "auto": each run fills them from its run config (HF-style, as the HF
+Trainer fills them from its arguments), so that a file written for pretraining does not fine-tune at pretraining's
+rate.
 """
 from __future__ import annotations
 
@@ -81,10 +82,11 @@ def _readme(rows: list[str], world_size: int) -> str:
         "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        "All use AdamW (betas 0.9/0.95), gradient clipping 1.0 and a warm-up then cosine schedule. The",
-        "learning rate, weight decay and warm-up steps are \"auto\": each run fills them from its run config,",
-        "which chooses them by what the run is unless you set them (6e-4, 0.1 and 20 from random weights; from",
-        "model.pretrained the objective's fine-tuning rate, weight decay 0 and 1 warm-up step: docs/fine-tuning.md).",
+        "All use AdamW, gradient clipping 1.0 and a warm-up then cosine schedule. The learning rate, weight",
+        "decay, Adam's betas and warm-up steps are \"auto\": each run fills them from its run config, which",
+        "chooses them by what the run is unless you set them (6e-4, 0.1, betas 0.9/0.95 and 20 from random",
+        "weights; from model.pretrained the objective's fine-tuning rate, weight decay 0, betas 0.9/0.999 and 1",
+        "warm-up step: docs/fine-tuning.md).",
         "`zero3_nvme.json` points at `/local_nvme`, a placeholder: set",
         "`offload.nvme_path` (or edit the two `nvme_path` keys) to a directory on a real NVMe drive;",
         "`bigtrain lint` refuses a path that does not exist. NVMe offload needs a GPU host with libaio.",

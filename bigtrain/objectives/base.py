@@ -44,12 +44,14 @@ LORA_RATE_FACTOR = 10.0  # TRL's PEFT guide (docs/source/peft_integration.md): L
 class FineTuning:
     """What an objective trains a pretrained model with when the run sets none (bigtrain.config.defaults reads it;
     docs/fine-tuning.md has the table beside TRL's): the peak learning rate of full weights (TRL's trainer's default
-    for the objective), of LoRA adapters (None: 10 x lr, TRL's PEFT guide), the weight decay (TRL's: 0) and the
-    warm-up steps (TRL's: none; 1 is the shortest DeepSpeed's schedulers take)."""
+    for the objective), of LoRA adapters (None: 10 x lr, TRL's PEFT guide), the weight decay (TRL's: 0), Adam's betas
+    (TRL's and the HF Trainer's: 0.9, 0.999) and the warm-up steps (TRL's: none; 1 is the shortest DeepSpeed's
+    schedulers take)."""
 
     lr: float
     lora_lr: float | None = None
     weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 1
 
     def __post_init__(self) -> None:

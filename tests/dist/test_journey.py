@@ -83,8 +83,8 @@ def test_zero3_run_on_text_exits_with_its_sample_and_says_which_setting_won(tmp_
     # one line per field: what each source gives, and which wins
     assert naming(log, "precedence: optimizer.eps:", "JSON gives 1e-08", "--config 1e-07", "JSON wins"), log[-5000:]
     assert naming(log, "precedence: optimizer.grad_clip:", "--set gives 0.5", "JSON 1.0", "--set wins"), log[-5000:]
-    assert naming(log, "adamw: lr 0.0003 (your config file); weight decay 0.1, 2 warm-up steps (the pretraining "
-                  "defaults: no model.pretrained, random weights;"), log[-5000:]
+    assert naming(log, "adamw: lr 0.0003 (your config file); weight decay 0.1, betas (0.9, 0.95), 2 warm-up steps "
+                  "(the pretraining defaults: no model.pretrained, random weights;"), log[-5000:]
     s = summary(out)
     assert s["steps"] == 2 and all(l == l for l in s["losses"])  # finite, not NaN
     assert s["run_config"]["optimizer"]["lr"] == 0.0003 and s["run_config"]["optimizer"]["grad_clip"] == 0.5

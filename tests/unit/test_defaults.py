@@ -63,6 +63,7 @@ def test_each_objective_fine_tunes_at_trls_rate_with_trls_weight_decay(kind, wei
     run = load_run_config(None, [f"model.pretrained={weights}", *kind_sets(kind)])
     assert run.optimizer.lr == fields["learning_rate"].default == STATED.get(kind, run.optimizer.lr)
     assert run.optimizer.weight_decay == fields["weight_decay"].default == 0.0
+    assert run.optimizer.betas == (fields["adam_beta1"].default, fields["adam_beta2"].default) == (0.9, 0.999)
     # TRL warms up none (0 steps); DeepSpeed's schedulers take 1 at least
     assert fields["warmup_steps"].default == 0 and run.schedule.warmup_steps == 1
 
@@ -85,7 +86,8 @@ def test_the_docs_table_gives_each_objectives_defaults():
         tuning = cls.fine_tuning
         assert (float(row[1]), float(row[2]), float(row[3])) == pytest.approx(
             (tuning.lr, tuning.rate(lora=True), tuning.weight_decay), rel=1e-9), (kind, row)
-        assert row[4].strip() == f"{tuning.warmup_steps} step" + ("s" if tuning.warmup_steps > 1 else ""), row
+        assert tuple(map(float, row[4].split(","))) == tuning.betas, row
+        assert row[5].strip() == f"{tuning.warmup_steps} step" + ("s" if tuning.warmup_steps > 1 else ""), row
 
 
 def test_trls_peft_guide_rates_for_lora():
@@ -98,7 +100,7 @@ def test_trls_peft_guide_rates_for_lora():
 @pytest.mark.parametrize("kind", sorted(OBJECTIVES))
 def test_from_random_weights_the_pretraining_defaults_whatever_the_objective(kind):
     run = load_run_config(None, kind_sets(kind))
-    assert hyper(run) == (6e-4, 0.1, 20)
+    assert hyper(run) == (6e-4, 0.1, 20) and run.optimizer.betas == (0.9, 0.95)
     assert "the pretraining defaults: no model.pretrained" in provenance.describe(run, {})
 
 
@@ -112,9 +114,10 @@ def test_a_directory_without_weights_trains_from_random_weights_at_the_pretraini
 def test_a_fine_tuning_run_says_its_defaults_and_why(weights):
     run = load_run_config(None, [f"model.pretrained={weights}", "objective.kind=dpo", "lora.r=8", "train.steps=50"])
     line = provenance.describe(run, {})
-    assert line.startswith("adamw: lr 1e-05, weight decay 0, 1 warm-up step (the fine-tuning defaults of "
-                           "objective.kind=dpo from a pretrained model with LoRA adapters; set optimizer.lr, "
-                           "optimizer.weight_decay, schedule.warmup_steps to change: docs/fine-tuning.md)"), line
+    assert line.startswith("adamw: lr 1e-05, weight decay 0, betas (0.9, 0.999), 1 warm-up step (the fine-tuning "
+                           "defaults of objective.kind=dpo from a pretrained model with LoRA adapters; set "
+                           "optimizer.lr, optimizer.weight_decay, optimizer.betas, schedule.warmup_steps to change: "
+                           "docs/fine-tuning.md)"), line
     assert line.endswith("cosine decay to 10% of the peak by step 50 (bigtrain's default)"), line
 
 
@@ -125,9 +128,10 @@ def test_what_a_user_sets_in_a_file_or_by_set_is_kept_and_said_as_theirs(weights
     run = load_run_config(yaml, sets)
     assert hyper(run) == (3e-5, 0.05, 1)
     line = provenance.describe(run, provenance.provenance(field_sources(yaml, sets), frozenset()))
-    assert line == ("adamw: lr 3e-05 (your --set); weight decay 0.05 (your config file); 1 warm-up step (the "
-                    "fine-tuning defaults of objective.kind=lm from a pretrained model; set schedule.warmup_steps to "
-                    "change: docs/fine-tuning.md); then constant (your config file)"), line
+    assert line == ("adamw: lr 3e-05 (your --set); weight decay 0.05 (your config file); betas (0.9, 0.999), 1 "
+                    "warm-up step (the fine-tuning defaults of objective.kind=lm from a pretrained model; set "
+                    "optimizer.betas, schedule.warmup_steps to change: docs/fine-tuning.md); then constant (your "
+                    "config file)"), line
 
 
 def resolved_with(user_json: dict | None, sets: list[str]):
@@ -144,14 +148,17 @@ def test_a_deepspeed_jsons_optimizer_and_scheduler_are_kept_and_said_as_theirs(w
     assert resolved.ds_config["optimizer"]["params"]["lr"] == 3e-5
     line = provenance.describe(resolved.run, provenance.provenance({}, resolved.json_fields))
     # its scheduler's other parameters are DeepSpeed's defaults (warmup_min_ratio 0); train.steps is the length
-    assert line == ("adamw: lr 3e-05, weight decay 0.01, 7 warm-up steps, cosine decay to 0% of the peak by step 200 "
-                    "(your DeepSpeed JSON)"), line
+    assert line == ("adamw: lr 3e-05, weight decay 0.01 (your DeepSpeed JSON); betas (0.9, 0.999) (the fine-tuning "
+                    "defaults of objective.kind=lm from a pretrained model; set optimizer.betas to change: "
+                    "docs/fine-tuning.md); 7 warm-up steps, cosine decay to 0% of the peak by step 200 (your "
+                    "DeepSpeed JSON)"), line
+    assert resolved.ds_config["optimizer"]["params"]["betas"] == [0.9, 0.999]  # what the JSON leaves out
     # a --set wins over the JSON and says so
     resolved = resolved_with(user, [f"model.pretrained={weights}", "precision=fp32", "optimizer.lr=5e-5"])
     sources = field_sources(None, ["optimizer.lr=5e-5"])
     assert resolved.run.optimizer.lr == resolved.ds_config["optimizer"]["params"]["lr"] == 5e-5
     assert provenance.describe(resolved.run, provenance.provenance(sources, resolved.json_fields)).startswith(
-        "adamw: lr 5e-05 (your --set); weight decay 0.01, 7 warm-up steps, cosine decay")
+        "adamw: lr 5e-05 (your --set); weight decay 0.01 (your DeepSpeed JSON); betas (0.9, 0.999) (the fine-tuning")
 
 
 def test_a_json_that_leaves_the_rate_out_or_auto_gets_the_fine_tuning_default(weights):
@@ -167,7 +174,7 @@ def test_a_json_that_leaves_the_rate_out_or_auto_gets_the_fine_tuning_default(we
 
 @pytest.mark.parametrize("name", ["zero2", "zero3", "zero3_offload", "pipeline"])
 def test_the_shipped_deepspeed_configs_fine_tune_at_the_fine_tuning_defaults(name, weights):
-    """Written for pretraining, they leave the rate, weight decay and warm-up "auto": the run's own."""
+    """Written for pretraining, they leave the rate, weight decay, betas and warm-up "auto": the run's own."""
     shipped = json.loads((REPO / "ds_configs" / f"{name}.json").read_text())
     sets = [f"model.pretrained={weights}", "objective.kind=dpo", "precision=fp32"]
     sets += ["pipeline.stages=2", "objective.kind=lm"] if name == "pipeline" else []
@@ -176,12 +183,13 @@ def test_the_shipped_deepspeed_configs_fine_tune_at_the_fine_tuning_defaults(nam
     assert resolved.ds_config["optimizer"]["params"]["lr"] == expected == resolved.run.optimizer.lr
     assert resolved.ds_config["optimizer"]["params"]["weight_decay"] == 0.0
     assert resolved.ds_config["scheduler"]["params"]["warmup_num_steps"] == 1
+    assert resolved.ds_config["optimizer"]["params"]["betas"] == [0.9, 0.999]
     scratch = resolve(load_run_config(None, ["precision=fp32"]), shipped, 8, CPU)
-    assert hyper(scratch.run) == (6e-4, 0.1, 20)
+    assert hyper(scratch.run) == (6e-4, 0.1, 20) and scratch.ds_config["optimizer"]["params"]["betas"] == [0.9, 0.95]
 
 
-RECORDED = {"optimizer": {"lr": 6e-4, "weight_decay": 0.1}, "schedule": {"warmup_steps": 20, "kind": "cosine",
-                                                                         "min_lr_ratio": 0.1}}
+RECORDED = {"optimizer": {"lr": 6e-4, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+            "schedule": {"warmup_steps": 20, "kind": "cosine", "min_lr_ratio": 0.1}}
 
 
 def test_a_resume_keeps_the_values_its_run_started_with(weights):
@@ -190,9 +198,10 @@ def test_a_resume_keeps_the_values_its_run_started_with(weights):
     assert hyper(run) == (2e-5, 0.0, 1)
     kept, fields = provenance.keep_recorded(run, RECORDED, {})
     assert hyper(kept) == (6e-4, 0.1, 20) and set(fields) == {"optimizer.lr", "optimizer.weight_decay",
-                                                               "schedule.warmup_steps"}
-    assert "lr 0.0006, weight decay 0.1, 20 warm-up steps (kept from the run it resumes)" in provenance.describe(
-        kept, provenance.provenance({}, frozenset(), fields))
+                                                               "optimizer.betas", "schedule.warmup_steps"}
+    assert kept.optimizer.betas == (0.9, 0.95)  # a tuple, as the run config holds it (the record has a list)
+    assert "lr 0.0006, weight decay 0.1, betas (0.9, 0.95), 20 warm-up steps (kept from the run it resumes)" in \
+        provenance.describe(kept, provenance.provenance({}, frozenset(), fields))
     # what the user gives again wins; with the sources unknown, a value other than today's default counts as given
     run = load_run_config(None, [f"model.pretrained={weights}", "optimizer.lr=1e-5"])
     for sources in ({"optimizer.lr": "--set"}, None):
@@ -246,13 +255,16 @@ def test_a_job_from_a_directory_says_its_fine_tuning_defaults_and_a_resume_keeps
 
     summary, line = job("--steps", "3", "--stop-after", "1")
     assert summary["run_config"]["optimizer"]["lr"] == summary["ds_config"]["optimizer"]["params"]["lr"] == 2e-5
-    assert line.startswith("adamw: lr 2e-05, weight decay 0, 1 warm-up step (the fine-tuning defaults of "
-                           "objective.kind=lm from a pretrained model;"), line
+    assert line.startswith("adamw: lr 2e-05, weight decay 0, betas (0.9, 0.999), 1 warm-up step (the fine-tuning "
+                           "defaults of objective.kind=lm from a pretrained model;"), line
+    assert summary["ds_config"]["optimizer"]["params"]["betas"] == [0.9, 0.999]
     lm = OBJECTIVES["lm"]
-    monkeypatch.setattr(lm, "fine_tuning", FineTuning(lr=5e-5, weight_decay=0.01, warmup_steps=2))
+    monkeypatch.setattr(lm, "fine_tuning", FineTuning(lr=5e-5, weight_decay=0.01, betas=(0.8, 0.99), warmup_steps=2))
     assert load_run_config(None, [f"model.pretrained={directory}"]).optimizer.lr == 5e-5  # today's default moved
     summary, line = job("--steps", "3", "--resume")
     assert summary["run_config"]["optimizer"]["lr"] == summary["ds_config"]["optimizer"]["params"]["lr"] == 2e-5
     assert summary["run_config"]["optimizer"]["weight_decay"] == 0.0
-    assert line.startswith("adamw: lr 2e-05, weight decay 0, 1 warm-up step (kept from the run it resumes)"), line
+    assert line.startswith("adamw: lr 2e-05, weight decay 0, betas (0.9, 0.999), 1 warm-up step (kept from the run it "
+                           "resumes)"), line
+    assert summary["ds_config"]["optimizer"]["params"]["betas"] == [0.9, 0.999]
     assert len(summary["losses"]) == 3
