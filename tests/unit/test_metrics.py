@@ -26,6 +26,26 @@ def test_measure_peak_tflops_is_quick_and_plausible():
         measure_peak_tflops("fp64")
 
 
+@pytest.mark.parametrize("product_s, seconds, most_products, most_s", [
+    (0.5, 0.2, 1, 0.7),  # one product outlasts the window (bf16 in software): the first product is the measurement
+    (0.06, 0.2, 6, 0.45),  # slow products: one a batch, ending near the deadline
+])
+def test_measure_peak_tflops_is_bounded_by_time_not_by_products(monkeypatch, product_s, seconds, most_products,
+                                                                most_s):
+    calls = []
+
+    def slow_mm(a, b):
+        calls.append(time.perf_counter())
+        time.sleep(product_s)
+        return a
+
+    monkeypatch.setattr(torch, "mm", slow_mm)
+    t0 = time.perf_counter()
+    peak = measure_peak_tflops("fp32", size=64, seconds=seconds)
+    assert time.perf_counter() - t0 < most_s and len(calls) <= most_products, (time.perf_counter() - t0, calls)
+    assert peak == pytest.approx(2 * 64 ** 3 / product_s / 1e12, rel=0.3)
+
+
 def test_mfu_is_job_rate_over_ranks_times_per_rank_peak():
     # 6 GFLOP per sample at 100 samples/s over the job = 0.6 TFLOP/s; 2 ranks x 0.5 peak = 1.0
     assert achieved_tflops(6e9, 100) == pytest.approx(0.6)
