@@ -82,7 +82,14 @@ def _capacity(args: argparse.Namespace, workdir: Path) -> int:
     from bigtrain.bench.doc import capacity_section, update_page
     from bigtrain.bench.hostenv import job_env
     from bigtrain.bench.sweep import save_results
-    plan = CapacityPlan(budget_bytes=default_budget(args.budget_gib), precision=args.capacity_precision)
+    precision = args.capacity_precision
+    if precision is None:  # bf16 where this host multiplies it natively: in software it is many times slower
+        from bigtrain.distributed.device import bf16_not_native
+        why = bf16_not_native("cpu")
+        precision = "fp32" if why else "bf16"
+        if why:
+            _log(f"capacity search in fp32: {why} (--capacity-precision bf16 to insist)")
+    plan = CapacityPlan(budget_bytes=default_budget(args.budget_gib), precision=precision)
     _log(f"capacity search: budget {plan.budget_bytes / 2**30:.1f} GiB, {plan.precision}, up to "
          f"{plan.max_probes} probes per strategy")
     result = search_capacity(plan, workdir, job_env(2), log=_log)
@@ -117,5 +124,6 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                    help="skip the remaining jobs after this long (a safety valve: --full takes ~45 min on 2 cores)")
     p.add_argument("--budget-gib", type=float, default=None,
                    help="capacity: memory budget of the whole job (default: what is free now, less 1.5 GiB)")
-    p.add_argument("--capacity-precision", choices=("bf16", "fp32"), default="bf16", help="capacity: precision")
+    p.add_argument("--capacity-precision", choices=("bf16", "fp32"), default=None,
+                   help="capacity: precision (default bf16 where the CPU has native bf16, else fp32)")
     p.set_defaults(func=cmd_bench)

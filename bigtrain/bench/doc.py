@@ -56,7 +56,9 @@ def conditions(meta: dict) -> str:
         f"{meta['env_summary']}.",
         f"- Matmul peak per rank, measured in this run by every rank multiplying {sizes} squares at once "
         f"(best rate reached, at the start{where}): "
-        f"**bf16 {peaks['bf16']:.3f} TFLOP/s, fp32 {peaks['fp32']:.3f} TFLOP/s**"
+        + (f"**bf16 {peaks['bf16']:.3f} TFLOP/s, fp32 {peaks['fp32']:.3f} TFLOP/s**" if peaks["bf16"] is not None
+           else f"**fp32 {peaks['fp32']:.3f} TFLOP/s**; bf16 not measured: {peaks.get('bf16_not_measured')}"
+           + ("" if meta["mode"] == "gpu-dry" else ", so the bf16 workloads trained in fp32"))
         + ("." if device == "cpu" else " (fp32 matmuls as torch runs them by default: no TF32)."),
     ]
     if peaks.get("datasheet_bf16"):

@@ -10,6 +10,7 @@ import platform
 import time
 from pathlib import Path
 
+from bigtrain.distributed.device import cpu_flags
 from bigtrain.launch.train import thread_env
 
 HF_OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -22,16 +23,6 @@ def job_env(num_ranks: int = 2, timeout_minutes: int = 5, extra: dict | None = N
     env.update(PYTHONUNBUFFERED="1", DEEPSPEED_TIMEOUT=str(int(timeout_minutes)))  # DeepSpeed parses an int
     env.update(extra or {})
     return env
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def cpu_model() -> str:

@@ -90,8 +90,9 @@ def _paired_bars(rows: list[dict], path: Path, title: str, bars: tuple, xlabel: 
 
 
 def _mfu(rows: list[dict], path: Path) -> bool:
+    bf16 = "vs bf16 peak" if any(r.get("mfu_bf16") for r in rows) else "vs bf16 peak (not measured: no native bf16)"
     return _paired_bars(rows, path, "MFU against the measured matmul peaks",
-                        (("vs bf16 peak", lambda r: 100 * r["mfu_bf16"]), ("vs fp32 peak", lambda r: 100 * r["mfu_fp32"])),
+                        ((bf16, lambda r: 100 * (r["mfu_bf16"] or 0)), ("vs fp32 peak", lambda r: 100 * r["mfu_fp32"])),
                         "MFU %", lambda r: f"{r['strategy']} ({r['precision']})", mark=30)
 
 

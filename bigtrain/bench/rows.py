@@ -25,9 +25,10 @@ def make_row(result: dict, peaks: dict) -> dict[str, Any]:
         samples_per_s=sps, tokens_per_s=sps * result["tokens_per_sample"] if result["tokens_per_sample"] else None,
         step_s=result["step_s_median"], tflops=tflops, world_size=world, global_batch=result["global_batch"],
         num_params=result["num_params"], tokens_per_sample=result["tokens_per_sample"],
-        mfu_bf16=tflops / (peaks["bf16"] * world), mfu_fp32=tflops / (peaks["fp32"] * world),
-        # against the peak of the precision it trained in (fp16 matmuls: no peak measured, use bf16's)
-        mfu=tflops / (peaks["fp32" if result["precision"] == "fp32" else "bf16"] * world),
+        mfu_bf16=_share(tflops, peaks["bf16"], world), mfu_fp32=_share(tflops, peaks["fp32"], world),
+        # against the peak of the precision it trained in (fp16 matmuls: no peak measured, use bf16's); None where
+        # that peak was not measured (bf16 on a device without native bf16)
+        mfu=_share(tflops, peaks["fp32" if result["precision"] == "fp32" else "bf16"], world),
         # against the device's datasheet dense bf16 peak (peak.datasheet_bf16_tflops), where it is listed
         mfu_datasheet=tflops / (peaks["datasheet_bf16"] * world) if peaks.get("datasheet_bf16") else None,
         model_state_bytes=max(result["model_state_bytes_per_rank"]),
@@ -38,6 +39,10 @@ def make_row(result: dict, peaks: dict) -> dict[str, Any]:
     if "online" in result:  # an online-RL job: its step's parts and generation tokens/s (bench/online.py)
         row["online"] = result["online"]
     return row
+
+
+def _share(tflops: float, peak_per_rank: float | None, world: int) -> float | None:
+    return tflops / (peak_per_rank * world) if peak_per_rank else None
 
 
 def loop_overhead_ms(step_s: float, split_ms: dict) -> float | None:
@@ -103,7 +108,9 @@ def check_rows(rows: list[dict], peaks: dict) -> list[str]:
     a different model. Empty when all is sane."""
     problems = []
     for name in ("bf16", "fp32"):
-        if not (math.isfinite(peaks.get(name, float("nan"))) and peaks[name] > 0):
+        if name == "bf16" and peaks.get("bf16") is None and peaks.get("bf16_not_measured"):
+            continue  # a device without native bf16: not measured, and said so
+        if not (isinstance(peaks.get(name), (int, float)) and math.isfinite(peaks[name]) and peaks[name] > 0):
             problems.append(f"{name} peak {peaks.get(name)} is not a positive number")
     for row in rows:
         if not row.get("ok"):
@@ -114,7 +121,7 @@ def check_rows(rows: list[dict], peaks: dict) -> list[str]:
             value = row[key]
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 problems.append(f"{row['case']}: {key}={value} is not a positive finite number")
-        if not SANE_MFU[0] < row["mfu"] <= SANE_MFU[1]:
+        if row["mfu"] is not None and not SANE_MFU[0] < row["mfu"] <= SANE_MFU[1]:
             problems.append(f"{row['case']}: MFU {row['mfu']:.3f} against the {row['precision']} peak is outside (0, 1]")
         if row["final_loss"] is None or not math.isfinite(row["final_loss"]):
             problems.append(f"{row['case']}: final loss {row['final_loss']} is not finite")

@@ -77,6 +77,29 @@ def objective_line(metrics: dict[str, float]) -> str:
     return " | ".join(shown)
 
 
+def peak_for_mfu(run: RunConfig, is_main: bool) -> float:
+    """The per-rank peak TFLOP/s that MFU is against: `train.peak_tflops`, else measured now by every rank at once
+    in the run's precision; fp32's where the device has no native bf16 (a bf16 rate computed in software is no
+    bound a model could reach), which the line says."""
+    if run.train.peak_tflops:
+        if is_main:
+            log.info("peak %.2f TFLOP/s per rank for MFU, given", run.train.peak_tflops)
+        return run.train.peak_tflops
+    from bigtrain.distributed.device import bf16_not_native
+    why = bf16_not_native() if run.precision == "bf16" else None
+    precision = "fp32" if why else run.precision
+    torch.distributed.barrier()  # all ranks measure at once, as they will train: shared cores
+    peak = measure_peak_tflops(PRECISION_DTYPE[precision], seconds=1.0)
+    if is_main:
+        log.info("peak %.2f TFLOP/s per rank for MFU, measured (%s matmul, %d threads, 1 s: it varies with what "
+                 "else runs on the machine; --peak-tflops fixes it to compare MFU across runs)", peak, precision,
+                 torch.get_num_threads())
+        if why:
+            log.warning("precision=bf16 here runs its matmuls in software, many times slower than fp32: %s "
+                        "(precision=auto picks fp32 on this machine); MFU is against the fp32 peak", why)
+    return peak
+
+
 class Reporter:
     """Rank 0 talks; every rank measures (the summary gathers per-rank memory)."""
 
@@ -101,14 +124,7 @@ class Reporter:
         self.prior_wall_s = float(history.get("wall_s", 0.0))  # the earlier processes' share of the run
         self.first_step = prior.step + 1 if prior is not None else 1
         self.meter = ThroughputMeter(warmup=2)
-        if not run.train.peak_tflops:
-            torch.distributed.barrier()  # all ranks measure at once, as they will train: shared cores
-        self.peak_tflops = run.train.peak_tflops or measure_peak_tflops(PRECISION_DTYPE[run.precision], seconds=1.0)
-        if world.is_main:
-            source = "given" if run.train.peak_tflops else (
-                f"measured ({run.precision} matmul, {torch.get_num_threads()} threads, 1 s: it varies with what else "
-                "runs on the machine; --peak-tflops fixes it to compare MFU across runs)")
-            log.info("peak %.2f TFLOP/s per rank for MFU, %s", self.peak_tflops, source)
+        self.peak_tflops = peak_for_mfu(run, world.is_main)
         self.monitor = MetricsLogger(monitor=getattr(engine.ds, "monitor", None), run_config=asdict(run))
         if prior is not None:
             self.monitor.continue_from(prior.step, prior.step * self.global_batch)
