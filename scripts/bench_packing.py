@@ -13,57 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import random
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
-
-
-def make_data(root: Path, examples: int = 2000) -> tuple[Path, Path]:
-    from bigtrain.data.builtin import builtin_documents
-    from bigtrain.data.tokenizer import train_bpe
-    words = " ".join(builtin_documents()).split()
-    tok = train_bpe(builtin_documents()[:200], 4096)
-    tok.add_special_tokens({"additional_special_tokens": SPECIALS})
-    tok.bos_token = "<|begin_of_text|>"
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(str(root / "tok"))
-    rng = random.Random(0)
-
-    def span(n: int) -> str:
-        start = rng.randrange(len(words) - n)
-        return " ".join(words[start:start + n])
-
-    path = root / "chat.jsonl"
-    with path.open("w") as f:
-        for _ in range(examples):
-            answer = int(math.exp(rng.uniform(math.log(8), math.log(400))))
-            f.write(json.dumps({"messages": [{"role": "user", "content": span(rng.randint(5, 40))},
-                                             {"role": "assistant", "content": span(answer)}]}) + "\n")
-    return path, root / "tok"
-
-
-def make_pairs(chats: Path, out: Path) -> Path:
-    """Preference pairs from the chats of make_data: the chosen answer the chat's own, the rejected one another
-    chat's (for scripts/bench_preference.py and the DPO journey of scripts/gpu_journeys.py)."""
-    records = [json.loads(line) for line in chats.read_text().splitlines()]
-    rng = random.Random(1)
-    with out.open("w") as f:
-        for record in records:
-            other = rng.choice(records)["messages"][-1]["content"]
-            prompt, answer = record["messages"][:-1], record["messages"][-1]["content"]
-            f.write(json.dumps({"prompt": prompt, "chosen": [{"role": "assistant", "content": answer}],
-                                "rejected": [{"role": "assistant", "content": other}]}) + "\n")
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bigtrain from this checkout
+from bigtrain.bench.chat_data import make_data, make_pairs  # noqa: E402,F401  (gpu_journeys, bench_preference)
 
 
 def bigtrain_command() -> str:

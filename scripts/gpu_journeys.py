@@ -24,28 +24,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_packing  # noqa: E402  (scripts/: the chat data, tokenizer and packing run live there)
+import bench_packing  # noqa: E402  (scripts/: the packing run lives there)
+from bigtrain.bench.chat_data import make_base  # noqa: E402
 
 GPU = {"hidden": 1024, "layers": 12, "heads": 16, "kv": 8, "ffn": 2816, "seq": 1024, "micro": 8, "steps": 20,
        "precision": "bf16", "examples": 2000}
 TINY = {"hidden": 64, "layers": 2, "heads": 4, "kv": 2, "ffn": 176, "seq": 256, "micro": 2, "steps": 6,
         "precision": "bf16", "examples": 300}
-
-
-def make_base(root: Path, tok_dir: Path, size: dict) -> Path:
-    """A Llama directory as another tool would leave it: config, safetensors weights, tokenizer."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-    tok = AutoTokenizer.from_pretrained(str(tok_dir))
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=size["hidden"], num_hidden_layers=size["layers"],
-                         num_attention_heads=size["heads"], num_key_value_heads=size["kv"],
-                         intermediate_size=size["ffn"], max_position_embeddings=size["seq"],
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.convert_tokens_to_ids("<|eot_id|>"))
-    base = root / "base-llama"
-    LlamaForCausalLM(config).save_pretrained(str(base))
-    tok.save_pretrained(str(base))
-    return base
 
 
 def bigtrain(args: list[str], timeout_s: float) -> dict:
