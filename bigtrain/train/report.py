@@ -134,6 +134,8 @@ class Reporter:
         if not run.logging.progress_bar:
             self.bar.tty = False  # plain log lines every interval instead of a redrawn bar
         self.started = time.perf_counter()
+        self.lrs: list[float] = []  # this process's steps: the rate each applied
+        self.first_step_end_unix: float | None = None  # when this process's first step ended (time.time())
 
     def history(self) -> dict:
         """The curves and run time so far, for a checkpoint (a resume continues them)."""
@@ -156,6 +158,9 @@ class Reporter:
         tokens = self.global_batch * self.spec.tokens_per_sample
         self.meter.step(self.global_batch, tokens)
         self.losses.append(loss)
+        self.lrs.append(lr)
+        if self.first_step_end_unix is None:
+            self.first_step_end_unix = time.time()
         router_loss = objective_metrics.pop("router_aux_loss", None)
         if router_loss is not None:
             self.router_losses.append((step, router_loss))
@@ -255,6 +260,9 @@ class Reporter:
             # the run's seconds over every process that trained it; the rates above are this process's steps
             "wall_s": self.prior_wall_s + time.perf_counter() - self.started,
             "rates_from_step": self.first_step,
+            # this process's steps, from rates_from_step on: each one's seconds (the first from the clock's start
+            # before it), the rate it applied, and when the first ended (`bigtrain bench --trl`: time to first step)
+            "step_times": list(self.meter.times), "lrs": self.lrs, "first_step_end_unix": self.first_step_end_unix,
         }
         if self.spec.tokens_per_sample:
             summary["tokens_per_s"] = samples_per_s * self.spec.tokens_per_sample
