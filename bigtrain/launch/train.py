@@ -138,18 +138,25 @@ def unknown_flag_line(flag: str, run_parser: argparse.ArgumentParser, following:
 
 def cmd_train(args: argparse.Namespace) -> int:
     checked = rank_0_here(args.hostfile)
-    if problem := check_run_args(args.run_args, files_here=checked):
+    num_ranks = args.num_gpus or (ranks_here(args.hostfile) if args.hostfile else default_num_ranks())
+    direct = one_rank_here(args, num_ranks)
+    # one rank started directly checks its files itself, first thing (run.py): the same check, imported once
+    if problem := check_run_args(args.run_args, files_here=checked and not direct):
         print(f"bigtrain: {problem}", file=sys.stderr)
         return 2
-    num_ranks = args.num_gpus or (ranks_here(args.hostfile) if args.hostfile else default_num_ranks())
-    # One machine: a free port, so that two jobs side by side do not both take DeepSpeed's 29500.
-    port = args.master_port or (None if args.hostfile else free_port())
-    cmd = launcher_command(args.run_args, args.num_gpus or (None if args.hostfile else num_ranks), args.hostfile,
-                           port, args.launcher_arg, args.verbose)
-    env = launch_env(num_ranks, args.verbose)
-    if checked:
-        from bigtrain.train.precheck import CHECKED_ENV
-        env[CHECKED_ENV] = "1"  # the ranks need not look again before their process group
+    if direct:
+        cmd, env = direct_command(args.run_args, args.verbose), thread_env(1)
+        if args.master_port:
+            env["MASTER_PORT"] = str(args.master_port)
+    else:
+        # One machine: a free port, so that two jobs side by side do not both take DeepSpeed's 29500.
+        port = args.master_port or (None if args.hostfile else free_port())
+        cmd = launcher_command(args.run_args, args.num_gpus or (None if args.hostfile else num_ranks), args.hostfile,
+                               port, args.launcher_arg, args.verbose)
+        env = launch_env(num_ranks, args.verbose)
+        if checked:
+            from bigtrain.train.precheck import CHECKED_ENV
+            env[CHECKED_ENV] = "1"  # the ranks need not look again before their process group
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     # a session of its own, whose ranks get SIGTERM/SIGINT from us (`bigtrain.launch.signals`), so every rank saves
     piped = None if args.verbose else subprocess.PIPE
@@ -174,6 +181,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     for console in consoles:
         console.join(timeout=10)  # the launcher's last lines; a rank left holding a pipe does not hold us
     return exit_code(code, forwarded)
+
+
+def one_rank_here(args: argparse.Namespace, num_ranks: int) -> bool:
+    """One rank on this machine, nothing asked of the deepspeed launcher: the rank is started without it."""
+    return args.hostfile is None and num_ranks == 1 and not args.launcher_arg
+
+
+def direct_command(run_args: list[str], verbose: bool = False) -> list[str]:
+    """`python -m bigtrain.run RUN_ARGS`: a world of one (bigtrain.distributed.rendezvous.single_process_env) needs no
+    launcher, whose two processes each import DeepSpeed and torch before the rank starts to (about 6 CPU seconds
+    of a one-rank job's start, docs/benchmarks.md); the rank's output, exit code and signals are the launcher's
+    rank's."""
+    return [sys.executable, "-m", RUN_MODULE, *run_args, *(["--verbose"] if verbose and "--verbose" not in run_args
+                                                          else [])]
 
 
 def exit_code(launcher: int, forwarded: list[int]) -> int:

@@ -302,6 +302,37 @@ def test_bigtrain_train_on_one_machine_takes_a_free_port(monkeypatch):
         sock.bind(("127.0.0.1", chosen))  # it was free
 
 
+def test_one_rank_here_starts_without_the_deepspeed_launcher(monkeypatch):
+    """One rank on this machine: `python -m bigtrain.run` itself (the launcher's two processes each import DeepSpeed
+    and torch first), in the ranks' environment, its files checked by the rank (run.py) rather than imported here
+    as well; a --launcher-arg, a hostfile or two ranks keep the launcher."""
+    from bigtrain import cli
+    from bigtrain.launch import train
+    from bigtrain.train.precheck import CHECKED_ENV
+    started = []
+
+    class Launched:
+        pid = -1
+
+        def __init__(self, cmd, env, **kwargs):
+            started.append((cmd, env))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(train.subprocess, "Popen", Launched)
+    monkeypatch.setattr(train, "wait_for_session", lambda session: None)
+    monkeypatch.setattr(train, "check_run_args", lambda args, files_here: "files" if files_here else None)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for extra in ([], ["--launcher-arg=--bind_cores_to_rank"]):
+        args = cli.build_parser().parse_known_args(["train", "--num-gpus", "1", "--verbose", *extra])[0]
+        args.run_args = ["--size", "tiny"]
+        assert train.cmd_train(args) == (0 if not extra else 2)  # the launcher's path checks the files here
+    (cmd, env), = started
+    assert cmd == [sys.executable, "-m", "bigtrain.run", "--size", "tiny", "--verbose"]
+    assert env["OMP_NUM_THREADS"] == str(os.cpu_count()) and CHECKED_ENV not in env and "GLIBC_TUNABLES" in env
+
+
 @pytest.mark.parametrize("launcher, forwarded, code", [(-15, [], 143), (-2, [], 130), (0, [15], 143), (0, [2], 130),
                                                        (0, [], 0), (1, [], 1), (1, [15], 1)])
 def test_bigtrain_train_exits_as_the_shell_would_for_a_job_stopped_by_a_signal(launcher, forwarded, code):
