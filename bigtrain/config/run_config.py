@@ -82,6 +82,10 @@ def check_combinations(run: RunConfig) -> None:
         raise ValueError(f"data.packing=true with pipeline.stages={run.pipeline.stages}: pipeline stages number the "
                          "positions themselves, so packed examples would attend to each other; set data.packing=false "
                          "or pipeline.stages=1")
+    if run.data.padding == "longest" and (run.pipeline.stages > 1 or run.parallel.sequence > 1):
+        raise ValueError(f"data.padding=longest with pipeline.stages={run.pipeline.stages} / parallel.sequence="
+                         f"{run.parallel.sequence}: pipeline stages and sequence-parallel ranks need rows of one "
+                         "length; set data.padding to auto or max_length")
     if run.batch.micro_batch == "auto" and run.parallel.tensor * run.parallel.sequence > 1:
         raise ValueError(f"batch.micro_batch=auto with parallel.tensor={run.parallel.tensor} / parallel.sequence="
                          f"{run.parallel.sequence}: the probe sizes one rank's own batch; give batch.micro_batch as "

@@ -80,6 +80,11 @@ class DataConfig:
         "truncate", "Chat/instruction examples longer than seq_len: keep their first seq_len tokens, or drop them.")
     packing: bool = doc(False, "Chat/instruction data: several examples per sequence, attention kept within each "
                         "(position ids restart per example).")
+    padding: Literal["auto", "longest", "max_length"] = doc(
+        "auto", "Chat, instruction and preference rows: each micro-batch cut after the last token any of its rows "
+        "trains on (longest: TRL's collators pad to the batch's longest row; the loss is the same), or every row "
+        "data.seq_len long (max_length: fixed shapes); auto = longest, max_length under pipeline stages or sequence "
+        "parallelism, which need fixed shapes.")
 
     def __post_init__(self) -> None:
         from bigtrain.data.formats import ExampleOptions

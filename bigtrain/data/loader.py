@@ -10,6 +10,7 @@ import math
 from typing import Iterator
 
 import numpy as np
+import torch
 
 from bigtrain.data.dataset import Batch, IndexedDataset
 from bigtrain.data.sampler import ResumableSampler
@@ -23,6 +24,22 @@ def batches(dataset: IndexedDataset, sampler: ResumableSampler, micro_batch: int
     indices = iter(sampler)
     while True:
         yield dataset.take([next(indices) for _ in range(micro_batch)])
+
+
+def trim_padding(batch: Batch, ignore: int = -100) -> Batch:
+    """`batch` with its rows cut after the last column any of them trains on (`labels` != `ignore`; data.padding=
+    longest): what TRL's collators do by padding to the batch's longest row. A causal model's loss at a column reads
+    only the columns before it, so the columns cut change no loss, log-probability or gradient; only the tensors
+    shaped like `labels` are cut ([rows, L], or [pairs, 2, L]). A batch without labels is returned as it is."""
+    labels, ids = batch.get("labels"), batch.get("input_ids")
+    if not isinstance(labels, torch.Tensor) or labels.dim() < 2 or getattr(ids, "shape", None) != labels.shape:
+        return batch  # not rows of examples (a text block's labels are one longer than its inputs)
+    trained = (labels != ignore).reshape(-1, labels.shape[-1]).any(dim=0)
+    width = int(trained.nonzero().max()) + 1 if bool(trained.any()) else 1
+    if width == labels.shape[-1]:
+        return batch
+    return {key: value[..., :width] if isinstance(value, torch.Tensor) and value.shape == labels.shape else value
+            for key, value in batch.items()}
 
 
 def eval_batch_count(num_samples: int, micro_batch: int, world_size: int, max_batches: int | None = None) -> int:

@@ -10,6 +10,7 @@ from bigtrain.checkpoint.state import ModelBuild
 from bigtrain.config.run_config import DataConfig, ModelConfig, RunConfig
 from bigtrain.data import DataBundle, batches, build_data, iter_eval_batches
 from bigtrain.data.formats import PROMPT_FORMATS, ExampleOptions
+from bigtrain.data.loader import trim_padding
 from bigtrain.distributed.patient import patient_barrier
 from bigtrain.distributed.world import World
 from bigtrain.objectives import Needs
@@ -55,8 +56,9 @@ def _data_brings_tokenizer(source: str) -> bool:
 class TrainingData:
     """Train/val data with a resumable order; the data-parallel shard is fixed when batches are first asked for."""
 
-    def __init__(self, bundle: DataBundle, seed: int, tokenizer_dir: Path | None):
+    def __init__(self, bundle: DataBundle, seed: int, tokenizer_dir: Path | None, longest: bool = False):
         self.bundle = bundle
+        self.longest = longest  # each micro-batch cut after the last column it trains on (data.padding)
         self.seed = seed
         self.tokenizer_dir = tokenizer_dir
         self.sampler: Any = None  # a ResumableSampler, or a MixtureSampler for a data mixture
@@ -75,11 +77,14 @@ class TrainingData:
         self.sampler = self.bundle.sampler(rank, size, self.seed)
         if self._pending_state is not None:
             self.sampler.load_state_dict(self._pending_state)
-        return batches(self.bundle.train, self.sampler, micro_batch)
+        return self._padded(batches(self.bundle.train, self.sampler, micro_batch))
 
     def eval_batches(self, micro_batch: int, max_batches: int | None = None) -> Iterator[dict]:
         rank, size = self._dp
-        return iter_eval_batches(self.bundle.val, micro_batch, rank, size, max_batches)
+        return self._padded(iter_eval_batches(self.bundle.val, micro_batch, rank, size, max_batches))
+
+    def _padded(self, stream: Iterator[dict]) -> Iterator[dict]:
+        return (trim_padding(b) for b in stream) if self.longest else stream
 
     def state_dict(self) -> dict:
         assert self.sampler is not None, "state_dict() before training started"
@@ -90,6 +95,13 @@ class TrainingData:
         self._pending_state = state
         if self.sampler is not None:
             self.sampler.load_state_dict(state)
+
+
+def pads_to_longest(run: RunConfig) -> bool:
+    """data.padding: auto pads to each micro-batch's longest row, but under pipeline stages or sequence parallelism."""
+    if run.data.padding == "auto":
+        return run.pipeline.stages == 1 and run.parallel.sequence == 1
+    return run.data.padding == "longest"
 
 
 def example_options(data: DataConfig, needs: Needs | None = None) -> ExampleOptions:

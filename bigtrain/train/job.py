@@ -40,7 +40,8 @@ from bigtrain.parallel.lora import check_same_lora, training_flops
 from bigtrain.train import autobatch
 from bigtrain.train.engine import Engine, EngineOptions, start_schedule
 from bigtrain.train.job_config import JobConfig
-from bigtrain.train.inputs import TrainingData, build_training_data, local_models, overrides_for_run
+from bigtrain.train.inputs import (TrainingData, build_training_data, local_models, overrides_for_run,
+                                    pads_to_longest)
 from bigtrain.train.loop import Diverged, LoopResult, LoopSettings, train_loop
 from bigtrain.train.process import end_of_run_bound_s
 from bigtrain.train.reference_logps import attach_reference_logps
@@ -120,6 +121,7 @@ def resolve_job(run: RunConfig, world: World, ds_config_path: str | None, source
 def load_data(run: RunConfig, out: Path, world: World) -> TrainingData:
     """The run's data, of the layout its objective reads (one line if not)."""
     data = build_training_data(run.data, run.model, out, world, run.train.seed, run.objective.declared)
+    data.longest = pads_to_longest(run)
     problem = objectives.data_problem(run.objective.kind, run.objective.declared, data.bundle.layout,
                                       plain_text=data.bundle.stats is None)
     if problem:
