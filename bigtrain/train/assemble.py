@@ -10,6 +10,8 @@ which is why the run config refuses sequence parallelism with a frozen model bes
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +107,7 @@ def parallelize(model: torch.nn.Module, spec: ModelSpec, ds_config: dict, option
         fast_path.install_loss_forward(model, fast_path.loss_function(spec, loss_impl))
     params = [p for p in model.parameters() if p.requires_grad]
     with output_capture_lookups() if split.topology.expert > 1 else contextlib.nullcontext():
+        muon_compiled_at_first_use()
         ds, optimizer, _, scheduler = deepspeed.initialize(  # ds_config: what resolve returned
             model=model, model_parameters=params, config=ds_config, mpu=split.mpu)
     if split.sequence_parallel:  # each rank's loss share is scaled for how the engine reduces the group's gradients
@@ -113,6 +116,39 @@ def parallelize(model: torch.nn.Module, spec: ModelSpec, ds_config: dict, option
         fast_path.register_head_for_zero3(ds, model)
     fast_path.compile_engine(ds, compile_mode)
     return Assembled(ds, optimizer, scheduler, split, lora, loss_in_forward)
+
+
+def muon_compiled_at_first_use() -> None:
+    """Import DeepSpeed's Muon module with each of its torch.compile decorations deferred to the kernel's first call.
+
+    DeepSpeed imports the module wherever it asks whether the optimizer is Muon (the ZeRO optimizers' set-up and
+    every gradient reduction, the bf16 optimizer, `is_zero_supported_optimizer`), and its kernels are decorated with
+    torch.compile, whose decoration imports torch's inductor: 1-2 CPU seconds of every ZeRO job's start that only a
+    Muon run uses (a fifth of a small one-process job's: `bigtrain bench --trl`). Deferred, a Muon run compiles each
+    kernel when it first runs it, the others never."""
+    if "deepspeed.runtime.zero.muon.original_muon" in sys.modules:
+        return
+    from deepspeed.runtime import compiler
+    eager = compiler.compile
+
+    def deferred() -> Any:
+        def decorate(fn: Any) -> Any:
+            compiled = None
+
+            @functools.wraps(fn)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                nonlocal compiled
+                if compiled is None:
+                    compiled = eager()(fn)
+                return compiled(*args, **kwargs)
+            return call
+        return decorate
+
+    compiler.compile = deferred
+    try:
+        import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    finally:
+        compiler.compile = eager
 
 
 def pipeline_engine(spec: ModelSpec, ds_config: dict, options: EngineOptions) -> Assembled:

@@ -35,3 +35,17 @@ def test_schedule_length_follows_the_job_and_monitors_go_to_out():
     short = fit_to_device(given, run_with(steps=10), "/out", "cuda")["scheduler"]["params"]
     assert short["total_num_steps"] == 10 and short["warmup_num_steps"] == 10
     assert ZERO1["scheduler"]["params"]["total_num_steps"] == 200  # the input is not modified
+
+
+def test_deepspeeds_muon_module_is_imported_without_torchs_inductor_and_compiles_at_first_use():
+    """DeepSpeed imports its Muon module to ask whether the optimizer is Muon (engine set-up, every ZeRO-1/2 gradient
+    reduction); its torch.compile decorations imported torch's inductor there, in every ZeRO job. A fresh process:
+    bigtrain.train.assemble's import leaves inductor out, and the kernel is the function itself until first called."""
+    import subprocess
+    import sys
+    code = ("import sys; from bigtrain.train.assemble import muon_compiled_at_first_use as m; m(); "
+            "from deepspeed.runtime.zero.muon import original_muon as o; "
+            "print('torch._inductor.compile_fx' in sys.modules, o.muon_update.__wrapped__.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split()[-2:] == ["False", "muon_update"], out.stdout[-2000:] + out.stderr[-2000:]
