@@ -61,6 +61,11 @@ class GenerationSettings:
                                   "loss uses).")
     top_p: float = doc(1.0, "grpo/rloo/distill: nucleus sampling's probability mass (1.0: off).")
     top_k: int = doc(0, "grpo/rloo/distill: sample among the k likeliest tokens (0: off).")
+    decode: Literal["compact", "generate"] = doc(
+        "compact", "grpo/rloo/distill: compact drops a completion that ended from the batch and the KV cache, so the "
+        "rows still decoding pay for no finished one (the same completions as generate under the same seed until the "
+        "first ends, the same distribution after); generate is transformers' generate, which decodes every row until "
+        "the longest ends. With ZeRO-3 weights left partitioned every rank decodes max_completion_length steps.")
     ds3_gather_for_generation: Literal["auto"] | bool = doc(
         "auto", "grpo/rloo/distill at ZeRO-3: true gathers the weights once per round of generation (fast; the model "
         "must fit one device), false leaves them partitioned (one all-gather per layer and decode step); auto = "
@@ -133,7 +138,8 @@ class OnlineObjective(Objective):
         self.group = s.num_generations  # completions per prompt (in an evaluation, eval_group's while it runs)
         self.eval_group = getattr(s, "num_generations_eval", None) or s.num_generations
         self.iterations = getattr(s, "num_iterations", 1)  # optimizer steps over one round
-        self.sampling = Sampling(s.max_completion_length, s.temperature, s.top_p, s.top_k, s.num_generations)
+        self.sampling = Sampling(s.max_completion_length, s.temperature, s.top_p, s.top_k, s.num_generations,
+                                 s.decode)
         self.eval_sampling = replace(self.sampling, num_generations=self.eval_group)
         self.rng: Any = None  # the SampleRNG of training rounds, and of evaluations (made at the first round)
         self.eval_rng: Any = None

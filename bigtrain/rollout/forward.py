@@ -27,10 +27,15 @@ def completion_logits(module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     width = completion_ids.shape[1]
     kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask), "use_cache": False}
-    if _takes(module, "logits_to_keep"):
+    if takes_logits_to_keep(module):
         kwargs["logits_to_keep"] = width + 1  # no [N, P, V] logits for the prompt's positions
     logits = module(**kwargs).logits
     return logits[:, -width - 1:-1, :]
+
+
+def takes_logits_to_keep(module: Any) -> bool:
+    """Whether the model computes the head on the last positions only when asked (transformers' logits_to_keep)."""
+    return _takes(module, "logits_to_keep")
 
 
 def _takes(module: Any, name: str) -> bool:

@@ -31,6 +31,8 @@ Where bigtrain does otherwise, and why:
 - The policy is put in eval mode for the round (no dropout; transformers skips gradient checkpointing in eval),
   and back after; a peft model generates with its adapters active.
 - Several end-of-text ids (a model's generation_config may list more than the tokenizer's eos) all stop.
+- With whole weights a completion that ended leaves the batch and the KV cache (Sampling.decode="compact",
+  bigtrain.rollout.decode): transformers' generate would decode it, on padding, until the round's longest ends.
 """
 from __future__ import annotations
 
@@ -47,14 +49,16 @@ from bigtrain.rollout.losses import token_logps
 
 @dataclass(frozen=True)
 class Sampling:
-    """How completions are drawn (objective.max_completion_length, temperature, top_p, top_k, num_generations).
-    temperature <= 0 is greedy decoding; top_k 0 and top_p 1.0 leave the distribution whole."""
+    """How completions are drawn (objective.max_completion_length, temperature, top_p, top_k, num_generations,
+    decode). temperature <= 0 is greedy decoding; top_k 0 and top_p 1.0 leave the distribution whole; decode
+    "compact" drops a completion that ended from the batch (bigtrain.rollout.decode), "generate" is transformers'."""
 
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     num_generations: int = 1
+    decode: str = "compact"
 
     @property
     def greedy(self) -> bool:
@@ -157,6 +161,8 @@ def generate(engine: Any, tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask:
                 rng.active():
             if partitioned and not gather:
                 ids = _deepspeed_rollout(module, tokenizer, prompt_ids, prompt_mask, sampling)
+            elif sampling.decode == "compact":
+                ids = _compact_steps(module, prompt_ids, prompt_mask, sampling, stops, pad)
             else:
                 ids = _own_steps(module, prompt_ids, prompt_mask, sampling, stops, pad)
             rollout = _cut(prompt_ids, prompt_mask, ids, sampling, stops, pad)
@@ -245,6 +251,17 @@ def _own_steps(module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     out = module.generate(input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
                           eos_token_id=stops, pad_token_id=pad, synced_gpus=False, **kwargs)
     return out[:, prompt_ids.shape[1]:]
+
+
+def _compact_steps(module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling,
+                   stops: list[int], pad: int) -> torch.Tensor:
+    """bigtrain.rollout.decode's loop: the rows still decoding only, each rank stopping when its own have ended."""
+    from bigtrain.rollout.decode import compact_decode
+    from bigtrain.rollout.forward import takes_logits_to_keep
+    n = sampling.num_generations
+    return compact_decode(module, prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0),
+                          sampling.max_new_tokens, stops, pad, greedy=sampling.greedy, temperature=sampling.temperature,
+                          top_k=sampling.top_k, top_p=sampling.top_p, takes_logits_to_keep=takes_logits_to_keep(module))
 
 
 def _cut(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ids: torch.Tensor, sampling: Sampling,

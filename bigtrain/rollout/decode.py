@@ -1,0 +1,73 @@
+"""A round's completions decoded without paying for the ones that have ended (objective.decode=compact).
+
+transformers' `generate` decodes every row of the batch until the longest completion ends: a row that drew its
+end-of-text keeps running the model (on padding) at every later step. Here a row that ended leaves the batch, and
+its keys and values leave the KV cache (`DynamicCache.batch_select_indices`, what DeepSpeed's
+`runtime.rollout.ContinuousBatchScheduler` calls compacting the cache to the surviving slots): each decode step
+runs on the rows still decoding only. A round's requests all start together, so no row is admitted later; the
+prompts' prefill is generate's (left padding, position ids counting the real tokens).
+
+Sampling is generate's: the same logits warpers (temperature, then top-k, then top-p: transformers' own classes,
+in generate's order), softmax in fp32 and one `torch.multinomial` draw per row and step from the device's default
+generator (greedy: argmax). So under the same seed the completions are generate's exactly until the first row
+ends; after that the remaining rows draw from a smaller batch, so the draws differ but each completion is a
+sample of the same distribution (greedy decoding stays generate's to the end: tests/unit/test_rollout_decode.py).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def warpers(temperature: float, top_k: int, top_p: float) -> list[Any]:
+    """transformers' logits warpers for these settings, in generate's order (none for greedy decoding)."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    out: list[Any] = []
+    if temperature != 1.0:
+        out.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        out.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        out.append(TopPLogitsWarper(top_p))
+    return out
+
+
+def compact_decode(module: Any, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, stops: list[int],
+                   pad: int, *, greedy: bool, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   takes_logits_to_keep: bool = True) -> torch.Tensor:
+    """[N, max_new_tokens] completion ids for the left-padded `ids` / `mask` ([N, P]): each row's tokens up to and
+    including its first stop id, `pad` after it. `module`: a causal LM called like transformers' (a plain or
+    peft model, or an engine's module with its weights whole)."""
+    from transformers import DynamicCache
+    config = getattr(module, "config", None)
+    cache = DynamicCache(config=config) if config is not None else DynamicCache()
+    steps = warpers(temperature, top_k, top_p) if not greedy else []
+    stop = torch.tensor(stops, device=ids.device)
+    out = torch.full((ids.shape[0], max_new_tokens), pad, dtype=ids.dtype, device=ids.device)
+    positions = mask.long().cumsum(-1) - 1
+    positions = positions.masked_fill(mask == 0, 1)  # generate's numbering: padding at 1, never attended
+    extra = {"logits_to_keep": 1} if takes_logits_to_keep else {}
+    logits = module(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                    use_cache=True, **extra).logits[:, -1].float()
+    rows = torch.arange(ids.shape[0], device=ids.device)  # which of the round's rows each batch row is
+    last = positions[:, -1]
+    for step in range(max_new_tokens):
+        for warp in steps:
+            logits = warp(None, logits)
+        chosen = logits.argmax(-1) if greedy else torch.multinomial(torch.softmax(logits, -1), 1).squeeze(1)
+        out[rows, step] = chosen
+        if step == max_new_tokens - 1:
+            break
+        going = ~torch.isin(chosen, stop)
+        if not bool(going.all()):
+            keep = going.nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            cache.batch_select_indices(keep)
+            rows, mask, chosen, last = rows[keep], mask[keep], chosen[keep], last[keep]
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        last = last + 1
+        logits = module(input_ids=chosen.unsqueeze(1), attention_mask=mask, position_ids=last.unsqueeze(1),
+                        past_key_values=cache, use_cache=True).logits[:, -1].float()
+    return out
