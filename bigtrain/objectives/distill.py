@@ -80,13 +80,13 @@ class Distill(OnlineObjective):
 
     # -- the round -------------------------------------------------------------------------------------------------
 
-    def round(self, policy: Policy, batch: dict, pieces: int, rng: Any) -> list[Piece]:
+    def round(self, policy: Policy, batch: dict, pieces: int, rng: Any, shuffle: bool = False) -> list[Piece]:
         if not self.checked:
             check_teacher(policy, policy.frozen(TEACHER.setting).directory)
             self.checked = True
         evaluation = rng is self.eval_rng
         self.on_policy = evaluation or sampled_step(policy.seed, self.steps_done, self.settings.lmbda)
-        return super().round(policy, batch, pieces, rng)
+        return super().round(policy, batch, pieces, rng, shuffle)
 
     def completions(self, policy: Policy, batch: dict, rng: Any) -> Any:
         if self.on_policy:

@@ -51,6 +51,14 @@ class RewardSettings(GenerationSettings):
                                                  "num_generations.")
     epsilon: float = doc(0.2, "grpo/rloo: the clip of the importance ratio below 1.")
     epsilon_high: float | None = doc(None, "grpo/rloo: the clip above 1 (None: epsilon; DAPO suggests 0.28).")
+    generation_batch_size: int | None = doc(
+        None, "grpo/rloo: completions sampled in one round over all ranks (TRL's): more than batch.global_batch makes "
+        "a round serve several optimizer steps (fewer, fuller generation passes; its rows shuffled, each step on its "
+        "share, the policy's log-probabilities kept from before the round's first update); None: one step's. Or "
+        "give objective.steps_per_generation.")
+    steps_per_generation: int | None = doc(
+        None, "grpo/rloo: micro-batches of one round on each rank (TRL's), a multiple of batch.grad_accum; None: "
+        "batch.grad_accum (a round per optimizer step).")
     mask_truncated_completions: bool = doc(False, "grpo/rloo: completions cut by max_completion_length are left out "
                                                   "of the loss (DAPO's overlong filtering).")
     rewards: str | list[str] | None = doc(None, "grpo/rloo: the reward functions: path/to/file.py:function, "
@@ -66,6 +74,12 @@ class RewardSettings(GenerationSettings):
         super().__post_init__()
         from bigtrain.objectives.base import check_positive
         check_positive(self, "num_iterations", "epsilon")
+        for name in ("generation_batch_size", "steps_per_generation"):
+            if getattr(self, name) is not None:
+                check_positive(self, name)
+        if self.generation_batch_size is not None and self.steps_per_generation is not None:
+            raise ValueError("objective.generation_batch_size and objective.steps_per_generation both set: give one "
+                             "(TRL refuses both too); the other follows from batch.micro_batch x ranks")
         if self.num_generations < 2:  # TRL refuses it too: one completion per prompt has no group to compare with
             raise ValueError(f"objective.num_generations={self.num_generations}: grpo and rloo score each completion "
                              "against the others of its prompt, so every advantage would be 0 and nothing would "
@@ -217,7 +231,7 @@ class GRPO(RewardedObjective):
 
     @property
     def uses_old_logps(self) -> bool:  # the ratio is 1 in value while each round trains one step
-        return self.iterations > 1
+        return self.iterations > 1 or self.steps_per_round > 1
 
     @property
     def uses_reference(self) -> bool:

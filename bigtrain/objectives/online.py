@@ -144,8 +144,11 @@ class OnlineObjective(Objective):
         self.rng: Any = None  # the SampleRNG of training rounds, and of evaluations (made at the first round)
         self.eval_rng: Any = None
         self.pending: dict | None = None  # a checkpoint's state, applied at the first round
-        self.held: list[Piece] = []  # the round the next steps reuse (num_iterations)
+        self.held: list[Piece] = []  # the round the next steps train on (num_iterations, steps_per_generation)
         self.iteration = 0  # steps taken on the held round
+        self.round_pieces: int | None = None  # micro-batches of a round on this rank (data_batch: TRL's
+        self.steps_per_round = 1  # steps_per_generation), and the optimizer steps they make
+        self.round_tokens: torch.Tensor | None = None  # a round's completion tokens over every rank
         self.steps_done = 0  # optimizer steps this run has taken (TRL's trainer_state.global_step), in the checkpoint
         self.round_metrics: Metrics = {}
         self.table: list[dict] | None = None
@@ -168,7 +171,15 @@ class OnlineObjective(Objective):
     # -- the step ------------------------------------------------------------------------------------------------
 
     def data_batch(self, micro_batch: int, micro_batches: int) -> int:
-        return max(1, micro_batch * micro_batches // self.group)
+        """Prompts a round reads on this rank (a round: objective.steps_per_generation / generation_batch_size's
+        micro-batches, by default one step's: bigtrain.rollout.generation_batch)."""
+        from bigtrain.rollout.generation_batch import round_micro_batches
+        s = self.settings
+        self.round_pieces = round_micro_batches(micro_batch, micro_batches, _world(),
+                                                getattr(s, "steps_per_generation", None),
+                                                getattr(s, "generation_batch_size", None))
+        self.steps_per_round = self.round_pieces // micro_batches
+        return max(1, micro_batch * self.round_pieces // self.group)
 
     def eval_data_batch(self, micro_batch: int) -> int:
         return max(1, micro_batch // self.eval_group)
@@ -179,16 +190,19 @@ class OnlineObjective(Objective):
 
     def read_step(self, policy: Policy, batches: Iterator[dict], micro_batches: int) -> list[Piece]:
         self.times = dict.fromkeys(("generation", "reference", "rewards"), 0.0)
+        from bigtrain.rollout.generation_batch import steps_over
         self.streams(policy)  # first: a checkpoint's held round is put back here
-        if self.held and self.iteration < self.iterations:
+        if self.held and self.iteration < self.iterations * self.steps_per_round:
             self.iteration += 1
-            return self.held
-        self.held = self.round(policy, self.inputs(policy, next(batches)), micro_batches, self.rng)
-        self.iteration = 1
-        return self.held
+            return steps_over(self.held, micro_batches, self.iteration - 1)
+        self.held = self.round(policy, self.inputs(policy, next(batches)), self.round_pieces or micro_batches,
+                               self.rng, shuffle=self.steps_per_round > 1)
+        self.round_tokens, self.iteration = None, 1
+        return steps_over(self.held, micro_batches, 0)
 
-    def round(self, policy: Policy, batch: dict, pieces: int, rng: Any) -> list[Piece]:
-        """A round of completions for `batch`'s prompts, cut into `pieces` micro-batches, scored."""
+    def round(self, policy: Policy, batch: dict, pieces: int, rng: Any, shuffle: bool = False) -> list[Piece]:
+        """A round of completions for `batch`'s prompts, cut into `pieces` micro-batches, scored; `shuffle`: their
+        rows in an order drawn from `rng`, as TRL shuffles a round that serves several steps."""
         clock = Clock(policy.device)
         rollout = self.completions(policy, batch, rng)
         self.times["generation"] = clock.lap()
@@ -201,6 +215,13 @@ class OnlineObjective(Objective):
         self.round_metrics = self.score_round(policy, batch, rollout, cut)
         self.round_metrics.update(self.completion_metrics(rollout))
         self.times["rewards"] = clock.lap()
+        if shuffle:
+            import torch
+
+            from bigtrain.rollout.generation_batch import shuffled
+            with rng.active():
+                order = torch.randperm(rollout.completion_ids.shape[0], device=rng.device)
+            cut = shuffled(cut, order.to(rollout.completion_ids.device), len(cut))
         return cut
 
     def completions(self, policy: Policy, batch: dict, rng: Any) -> Any:
@@ -234,7 +255,13 @@ class OnlineObjective(Objective):
     def begin_step(self, policy: Policy, micro: list[Piece]) -> StepState:
         from bigtrain.rollout.losses import global_count
         world = _world()
-        return StepState(global_count([p.completion_mask for p in micro]), len(micro) * world, time.perf_counter())
+        if self.steps_per_round > 1 and any(p is micro[0] for p in self.held):  # TRL: the round's over its steps
+            if self.round_tokens is None:
+                self.round_tokens = global_count([p.completion_mask for p in self.held])
+            tokens = self.round_tokens / self.steps_per_round
+        else:
+            tokens = global_count([p.completion_mask for p in micro])
+        return StepState(tokens, len(micro) * world, time.perf_counter())
 
     def micro_loss(self, policy: Policy, item: Piece, step: StepState) -> tuple[torch.Tensor, Metrics]:
         share = self.piece_loss(policy, item, step)
@@ -292,11 +319,12 @@ class OnlineObjective(Objective):
             self.pending = None
 
     def state_dict(self) -> dict:
-        """The random streams, and the round the next steps reuse (num_iterations) with how far they are."""
+        """The random streams, and the round the next steps train on (num_iterations, steps_per_generation) with how
+        far they are."""
         if self.rng is None:
             return dict(self.pending or {})
         state: dict = {"rng": self.rng.state_dict(), "eval_rng": self.eval_rng.state_dict(), "steps": self.steps_done}
-        if self.held and self.iteration < self.iterations:
+        if self.held and self.iteration < self.iterations * self.steps_per_round:
             state.update(iteration=self.iteration, held=[p.state() for p in self.held],
                          round_metrics={k: float(v) for k, v in self.round_metrics.items()})
         return state

@@ -1,0 +1,79 @@
+"""TRL's generation batch (GRPOConfig / RLOOConfig `generation_batch_size`, `steps_per_generation`): one round of
+completions that serves one optimizer step or several.
+
+In TRL a round holds `generation_batch_size` completions over all processes, `steps_per_generation` micro-batches
+on each; by default one optimizer step's worth (steps_per_generation = gradient_accumulation_steps). A larger round
+is generated in one go (a larger generation batch: fewer, fuller decode passes), its rows shuffled, and split into
+the micro-batches of the next steps_per_generation / gradient_accumulation_steps optimizer steps, each on its own
+share; the policy's log-probabilities are kept from before the round's first update (the later steps are off-policy
+by then), and dapo divides each step's loss by the round's completion tokens over its steps. bigtrain does the same
+(bigtrain.objectives.online), with rounds that cover whole optimizer steps: steps_per_generation a multiple of
+batch.grad_accum.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as F
+
+P = TypeVar("P")
+LEFT = ("prompt_ids", "prompt_mask")  # left-padded: cut and padded on the left
+ROW = ("advantages",)  # one value per row
+
+
+def round_micro_batches(micro_batch: int, grad_accum: int, world: int, steps_per_generation: int | None,
+                        generation_batch_size: int | None) -> int:
+    """Micro-batches of one round on each rank (TRL's steps_per_generation): batch.grad_accum unless one of the two
+    settings says otherwise; a one-line ValueError for a round that does not cover whole optimizer steps."""
+    if steps_per_generation is not None and generation_batch_size is not None:
+        raise ValueError("objective.generation_batch_size and objective.steps_per_generation both set: give one (TRL "
+                         "refuses both too); the other follows from batch.micro_batch x ranks")
+    if generation_batch_size is not None:
+        per_micro = micro_batch * world
+        if generation_batch_size % per_micro:
+            raise ValueError(f"objective.generation_batch_size={generation_batch_size} is not a multiple of "
+                             f"batch.micro_batch x ranks = {micro_batch} x {world}: a round is whole micro-batches "
+                             "on every rank")
+        steps_per_generation = generation_batch_size // per_micro
+    count = steps_per_generation or grad_accum
+    if count % grad_accum:
+        what = (f"objective.generation_batch_size={generation_batch_size} ({count} micro-batches a rank)"
+                if generation_batch_size is not None else f"objective.steps_per_generation={count}")
+        raise ValueError(f"{what} with batch.grad_accum={grad_accum}: bigtrain's rounds cover whole optimizer steps; "
+                         f"give a multiple of {grad_accum} micro-batches")
+    return count
+
+
+def shuffled(pieces: list[P], order: torch.Tensor, count: int) -> list[P]:
+    """The rows of `pieces` (bigtrain.objectives.online.Piece) in `order`, cut again into `count` equal pieces, each
+    trimmed to its longest prompt and completion: TRL shuffles a round's rows before splitting it into the steps it
+    serves. Every per-row tensor (ids, masks, advantages, log-probabilities) moves with its row."""
+    names = [f.name for f in fields(pieces[0]) if getattr(pieces[0], f.name) is not None]  # type: ignore[arg-type]
+    rows = {name: _joined([getattr(p, name) for p in pieces], left=name in LEFT)[order] for name in names}
+    size = len(order) // count
+    out = []
+    for start in range(0, len(order), size):
+        part = {name: value[start:start + size] for name, value in rows.items()}
+        prompt, completion = part["prompt_mask"], part["completion_mask"]
+        left = int((prompt.sum(0) > 0).nonzero().min()) if prompt.any() else 0
+        right = max(1, int(completion.sum(-1).max()))
+        out.append(replace(pieces[0], **{name: value if name in ROW else value[:, left:] if name in LEFT
+                                         else value[:, :right] for name, value in part.items()}))
+    return out
+
+
+def _joined(parts: list[torch.Tensor], left: bool) -> torch.Tensor:
+    """Pieces of different widths as one tensor of rows, padded with 0 (masked) on their padded side."""
+    if parts[0].dim() == 1:
+        return torch.cat(parts)
+    width = max(t.shape[1] for t in parts)
+    return torch.cat([F.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1])) for t in parts])
+
+
+def steps_over(pieces: list[Any], grad_accum: int, taken: int) -> list[Any]:
+    """The micro-batches of a round's `taken`-th step (0-based; over num_iterations the round's steps repeat)."""
+    count = len(pieces) // grad_accum
+    start = (taken % count) * grad_accum
+    return pieces[start:start + grad_accum]
