@@ -64,7 +64,11 @@ def test_sampling_restarts_from_its_seed_and_its_saved_state(reports):
             assert sampled["second_restored"] == sampled["second"], (world, mode)
             assert sampled["second"] != sampled["first"], (world, mode)  # the stream moved on
             assert all(a != b for a, b in sampled["first"]), (world, mode)  # a prompt's 2 completions differ
-            assert sampled["first"] == zero0["first"], (world, mode)  # one stream, whatever the stage or mode
+            # one stream, whatever the stage or mode: transformers' generate (objective.decode=generate) and
+            # DeepSpeed's HybridEngineRollout (partitioned, which always decodes every row) draw alike; compact
+            # decoding draws alike at every stage whose weights are whole
+            assert sampled["first_padded"] == zero0["first_padded"], (world, mode)
+            assert sampled["first"] == zero0["first" if mode != "zero3_partitioned" else "first_padded"], (world, mode)
 
 
 

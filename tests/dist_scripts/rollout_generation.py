@@ -11,7 +11,8 @@ Rank 0 writes OUT_DIR/world{W}.json:
                 "logps": their log-probs, "truncated": flags, "sampled": {"first", "again", "second",
                 "second_restored"}: each prompt's 2 sampled completions in two rounds from one seed, the first
                 round again from a fresh generator of the same seed, and the second round again from the
-                generator state saved after the first}, "seconds": the greedy round's time, "forwards": each
+                generator state saved after the first, "first_padded": the first round with objective.decode=
+                generate}, "seconds": the greedy round's time, "forwards": each
                 rank's forward calls in it (decode steps + the log-probs' forward)}
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import deepspeed
@@ -103,13 +105,16 @@ def run_mode(plain: torch.nn.Module, stage: int, gather: bool, tokenizer, rank: 
     restored = SampleRNG(123, rank, "cpu")
     restored.load_state_dict(saved)
     second_restored = generate(engine, tokenizer, ids, mask, sampling, restored, gather=gather)
+    padded = generate(engine, tokenizer, ids, mask, replace(sampling, decode="generate"), SampleRNG(7, rank, "cpu"),
+                      gather=gather)
     lengths = greedy.lengths.tolist()
     local = {"forwards": len(forwards), "prompts": mine, "greedy": greedy.completion_lists(),
              "truncated": greedy.truncated.tolist(),
              "logps": [row[:n].tolist() for row, n in zip(greedy.logps, lengths)],
              "sampled": {name: r.completion_lists() for name, r in (("first", first), ("again", again),
                                                                     ("second", second),
-                                                                    ("second_restored", second_restored))}}
+                                                                    ("second_restored", second_restored),
+                                                                    ("first_padded", padded))}}
     gathered = [None] * world
     dist.all_gather_object(gathered, local)
     merged: dict = {"greedy": [None] * len(PROMPTS), "logps": [None] * len(PROMPTS),
