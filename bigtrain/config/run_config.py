@@ -150,6 +150,12 @@ def vision_problems(run: RunConfig) -> list[str]:
         problems.append("objective.reference=precomputed with --model vlm: the table is computed over the answers' "
                         "tokens without their images; use objective.reference=auto (a copy, or the adapters switched "
                         "off with LoRA)")
+    needs = run.objective.declared
+    readers = [f"objective.{f.setting}" for f in needs.frozen_models
+               if f.head == "own" and f.directory(run.objective.settings) is not None]
+    if readers:  # a teacher scores the policy's completions token by token, as it reads them: without the images
+        problems.append(f"{readers[0]} with --model vlm: the frozen model would read the completions without their "
+                        f"images; not supported for a vision-language policy")
     return problems
 
 

@@ -76,6 +76,9 @@ def vision_processor(parts: list[Any], formats: list[str], tokenizer: str | None
         raise ValueError("data.packing=true with a vision-language model: packed rows keep their examples apart by "
                          "restarting positions, which the families' image-token attention does not follow; set "
                          "data.packing=false")
+    if formats[0] in UNPAIRED_FORMATS:
+        raise ValueError(f"data.format={formats[0]}: kto answers with images are not built (their KL counterpart is "
+                         "another record's answer, without this one's images); train preference pairs (DPO) instead")
     if formats[0] == "text":
         raise ValueError("a vision-language model trains on records with images (TRL's vision formats: 'messages' "
                          "with {\"type\": \"image\"} items and an 'images' column; docs/vision.md); this data is plain "
@@ -202,8 +205,8 @@ def _image_bytes(ref: Any, base: Path | None) -> tuple[bytes, str]:
     path = Path(ref).expanduser()
     path = path if path.is_absolute() or base is None else base / path
     if not path.is_file():
-        raise ValueError(f"the image {ref!r} is no file ({path} does not exist): relative paths are read from the "
-                         "folder of the data file that names them")
+        where = "the current directory" if base is None else "the folder of the data file that names them"
+        raise ValueError(f"the image {ref!r} is no file ({path} does not exist): relative paths are read from {where}")
     return path.read_bytes(), repr(ref)
 
 

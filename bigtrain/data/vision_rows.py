@@ -3,12 +3,12 @@ preference pairs, prompts: `bigtrain.data.examples`, `pairs`, `prompt_rows`), bu
 its images.
 
 A batch gets, beside its tokens (the placeholders already expanded at prepare):
-    "pixels"          the processor's image tensors for its rows (`bigtrain.models.pixels.PixelInputs`), made from
+    "pixels"          the processor's image tensors for its rows (`bigtrain.models.pixels.PixelInputs`: with the
+                      image-token marks a family takes, Gemma 3's token_type_ids), made from
                       the images kept at prepare (`bigtrain.data.vision_store`) by the processor's image part, as the
                       processor's own call makes them: for a pair, the chosen rows' then the rejected rows' (the order
                       `pairs.flat_pairs` puts their tokens in)
     "attention_mask"  1 on each row's tokens, 0 on its padding (as the processor's batch has it)
-    token types       where the processor gives them (Gemma 3's token_type_ids: 1 on image tokens)
 and its labels never train an image token (TRL masks them too; with data.train_on_prompt they would be targets).
 Prompt rows (online RL) get their images instead: each record's image column holds the images themselves, opened, as
 TRL hands a reward function the dataset's decoded images.
@@ -30,8 +30,6 @@ from bigtrain.data.prompt_rows import PromptRows
 from bigtrain.data.vision import IMAGE_COLUMNS, decode_image
 from bigtrain.models.pixels import image_inputs
 
-TOKEN_TYPES = ("token_type_ids", "mm_token_type_ids")
-
 
 class ImageRows:
     """Rows of `rows` (one layout's) with their images; a subclass says which examples a batch's rows are."""
@@ -39,7 +37,6 @@ class ImageRows:
     def __init__(self, rows: Any, processor: Any):
         self.rows, self.processor = rows, processor
         self.image_ids = torch.tensor([i for i in processor.image_token_ids if i is not None], dtype=torch.long)
-        self.types = next((k for k in TOKEN_TYPES if k in processor.model_input_names), None)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -58,10 +55,6 @@ class ImageRows:
             ids = batch["input_ids"]
             batch["attention_mask"] = (torch.arange(ids.shape[-1]) < torch.from_numpy(lengths)[..., None]).long()
             batch["labels"] = batch["labels"].masked_fill(torch.isin(ids, self.image_ids), IGNORE)
-            if self.types:
-                flat = ids.reshape(-1, ids.shape[-1])
-                types = torch.tensor(self.processor.create_mm_token_type_ids(flat.tolist()), dtype=torch.long)
-                batch[self.types] = types.view_as(ids)
         return batch
 
 

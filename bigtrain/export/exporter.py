@@ -2,7 +2,8 @@
 
 GPT-2, Llama and `hf` models become Hugging Face directories (`AutoModelForCausalLM` or
 `AutoModelForSequenceClassification.from_pretrained(out)` and `AutoTokenizer.from_pretrained(out)`
-load them offline; sharded safetensors above `max_shard_size`); other families become
+load them offline; sharded safetensors above `max_shard_size`; a `vlm` model's directory loads with
+`AutoModelForImageTextToText` and `AutoProcessor`, its processor saved whole); other families become
 `model.safetensors` + `bigtrain_model.json` (see `load_exported`). A single process, no
 process group; the checkpoint is only read.
 """
@@ -32,6 +33,7 @@ from bigtrain.export.write import (
     write_recipe,
     write_safetensors,
 )
+from bigtrain.data.vision import load_processor
 from bigtrain.parallel.lora import saved_lora
 
 log = logging.getLogger("bigtrain")
@@ -72,24 +74,30 @@ def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None,
     lora = saved_lora(found.state.run_config)
     if adapter:
         check_adapter_export(spec, lora, found.tag_dir)
-    tok_source = tokenizer_source(found, tokenizer) if spec.modality in ("text", "classify") else None
+    tok_source = tokenizer_source(found, tokenizer) if spec.modality in ("text", "classify", "vision") else None
     check_not_an_input(out, {"the base model": mb.overrides.get("pretrained"), "the tokenizer": tok_source})
-    tok = load_tokenizer(tok_source) if tok_source else None  # before the slow part: fail early
+    # before the slow part: fail early. A vision-language model's processor is saved whole (its image processor, its
+    # tokenizer, its chat template): AutoProcessor loads the export as it loaded the base.
+    processor = load_processor(tok_source, "the run's processor") if tok_source and spec.modality == "vision" \
+        else None
+    tok = processor.tokenizer if processor is not None else load_tokenizer(tok_source) if tok_source else None
     if tok is not None:
         pad_like_the_model(tok, spec.config)
+    saved = processor if processor is not None else tok
     with checkpoint_loading(found.tag_dir, trust_checkpoint):
         consolidated = consolidate(found.tag_dir, spec, found.state.pipeline_stages)
     hf = spec.hf_class is not None
     with staging_dir(out) as tmp:
         if lora is not None:
-            return _export_lora(tmp, out, found, spec, consolidated, lora, tok, tok_source, max_shard_size, adapter)
+            return _export_lora(tmp, out, found, spec, consolidated, lora, tok, tok_source, max_shard_size, adapter,
+                                saved)
         if hf:
             model = write_hf(tmp, spec, consolidated.tensors, tok, max_shard_size)
         else:
             model = write_safetensors(tmp, spec, consolidated.tensors)
         del consolidated.tensors  # the model holds the only copy now
-        if tok is not None:
-            tok.save_pretrained(str(tmp))
+        if saved is not None:
+            saved.save_pretrained(str(tmp))
         result = ExportResult(out=out.resolve(), checkpoint=found.tag_dir, layout=consolidated.layout,
                               format="huggingface" if hf else "safetensors",
                               num_params=sum(p.numel() for p in model.parameters()), tokenizer=tok_source,
@@ -106,13 +114,14 @@ def export_checkpoint(path: str | Path, out: str | Path, tag: str | None = None,
 
 def _export_lora(tmp: Path, out: Path, found: Located, spec: models.ModelSpec, consolidated: Consolidated,
                  lora: LoraConfig, tok: Any, tok_source: str | None, max_shard_size: str | int,
-                 adapter: bool) -> ExportResult:
-    """The LoRA run's merged model or adapter directory into the staging directory `tmp`, verified."""
+                 adapter: bool, saved: Any = None) -> ExportResult:
+    """The LoRA run's merged model or adapter directory into the staging directory `tmp`, verified; `saved`: what is
+    saved beside it (the tokenizer, or a vision-language model's processor)."""
     written = write_lora(tmp, spec, consolidated.tensors, lora, tok, max_shard_size, adapter_only=adapter,
                          hub=found.state.model_build.hub)
     del consolidated.tensors
-    if tok is not None:
-        tok.save_pretrained(str(tmp))
+    if saved is not None:
+        saved.save_pretrained(str(tmp))
     result = ExportResult(out=out.resolve(), checkpoint=found.tag_dir, layout=consolidated.layout,
                           format=written.format, num_params=written.num_params, tokenizer=tok_source,
                           notes=[*consolidated.notes, *written.notes], max_logit_diff=written.max_logit_diff,

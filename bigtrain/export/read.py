@@ -16,12 +16,16 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 def reload_hf(directory: str | Path) -> nn.Module:
-    """The Hugging Face export in `directory` through the Auto class its config's architecture names."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+    """The Hugging Face export in `directory` through the Auto class its config's architecture names (a
+    vision-language model's: AutoModelForImageTextToText)."""
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
+                              AutoModelForSequenceClassification)
 
+    from bigtrain.models.hf_dir import is_vision_language
     config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     classifier = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
-    auto = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
+    auto = (AutoModelForSequenceClassification if classifier else AutoModelForImageTextToText
+            if is_vision_language(config) else AutoModelForCausalLM)
     return auto.from_pretrained(str(directory), local_files_only=True, dtype=torch.float32).eval()
 
 

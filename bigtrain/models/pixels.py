@@ -10,18 +10,24 @@ rows) without knowing the family, as TRL's GRPO trainer cuts its pixel tensors.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+TOKEN_TYPES = ("token_type_ids", "mm_token_type_ids")  # what a family calls its marks of the image tokens
+
 
 @dataclass(frozen=True)
 class PixelInputs:
-    """Image tensors for `len(counts)` rows; `counts[i]` images belong to row i."""
+    """Image tensors for `len(counts)` rows; `counts[i]` images belong to row i. A family that marks its image
+    tokens (Gemma 3's token_type_ids) names the input (`types`) and the token ids it marks (`image_ids`): the marks
+    are made from whatever token rows go in (`inputs_for`), a prompt alone or with its completion."""
 
     tensors: dict[str, torch.Tensor]
     counts: tuple[int, ...]
+    types: str | None = None
+    image_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         rows, images = len(self.counts), sum(self.counts)
@@ -30,6 +36,14 @@ class PixelInputs:
                 raise ValueError(f"the processor's {name} has {value.shape[0]} entries for {rows} rows of {images} "
                                  "images: this family lays its image tensors out otherwise (tiles, crops), which "
                                  "bigtrain does not cut into rows")
+
+    def inputs_for(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The model's image inputs for these rows of tokens: the tensors, and the image-token marks where the family
+        takes them."""
+        if self.types is None:
+            return dict(self.tensors)
+        ids = torch.tensor(self.image_ids, dtype=input_ids.dtype, device=input_ids.device)
+        return {**self.tensors, self.types: torch.isin(input_ids, ids).long()}
 
     def _per_row(self, value: torch.Tensor) -> bool:
         return value.shape[0] == len(self.counts)
@@ -42,8 +56,8 @@ class PixelInputs:
         """Rows [start, stop) alone."""
         ranges = self._image_ranges()
         first, last = (ranges[start][0], ranges[stop - 1][1]) if stop > start else (0, 0)
-        return PixelInputs({k: v[start:stop] if self._per_row(v) else v[first:last] for k, v in self.tensors.items()},
-                           self.counts[start:stop])
+        return replace(self, tensors={k: v[start:stop] if self._per_row(v) else v[first:last]
+                                      for k, v in self.tensors.items()}, counts=self.counts[start:stop])
 
     def repeat_rows(self, n: int) -> "PixelInputs":
         """Each row n times in a row (row 0 n times, then row 1, ...), as a prompt's completions are laid out."""
@@ -54,29 +68,29 @@ class PixelInputs:
                              dtype=torch.long)
         tensors = {k: v.repeat_interleave(n, dim=0) if self._per_row(v) else v.index_select(0, index.to(v.device))
                    for k, v in self.tensors.items()}
-        return PixelInputs(tensors, tuple(c for c in self.counts for _ in range(n)))
+        return replace(self, tensors=tensors, counts=tuple(c for c in self.counts for _ in range(n)))
 
     def then(self, other: "PixelInputs") -> "PixelInputs":
         """These rows, then `other`'s (a pair's chosen rows, then its rejected ones)."""
         assert self.tensors.keys() == other.tensors.keys(), (sorted(self.tensors), sorted(other.tensors))
-        return PixelInputs({k: _stack(v, other.tensors[k]) for k, v in self.tensors.items()},
-                           self.counts + other.counts)
+        return replace(self, tensors={k: _stack(v, other.tensors[k]) for k, v in self.tensors.items()},
+                       counts=self.counts + other.counts)
 
     def to(self, device: Any, float_dtype: torch.dtype | None = None) -> "PixelInputs":
         """On `device`, floating tensors (the pixels) in `float_dtype` when given."""
         moved = {k: v.to(device) for k, v in self.tensors.items()}
         if float_dtype is not None:
             moved = {k: v.to(float_dtype) if v.is_floating_point() else v for k, v in moved.items()}
-        return PixelInputs(moved, self.counts)
+        return replace(self, tensors=moved)
 
     def state(self) -> dict[str, Any]:
-        """Plain tensors, as a checkpoint keeps them (`from_state` gives them back)."""
-        return {"counts": torch.tensor(self.counts, dtype=torch.long), **{f"t.{k}": v for k, v in self.tensors.items()}}
+        """Plain values, as a checkpoint keeps them (`from_state` gives them back)."""
+        return {"counts": list(self.counts), "types": self.types, "image_ids": list(self.image_ids),
+                "tensors": dict(self.tensors)}
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> "PixelInputs":
-        return PixelInputs({k[2:]: v for k, v in state.items() if k.startswith("t.")},
-                           tuple(int(c) for c in state["counts"]))
+        return PixelInputs(dict(state["tensors"]), tuple(state["counts"]), state["types"], tuple(state["image_ids"]))
 
 
 def _stack(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -92,14 +106,17 @@ def image_inputs(processor: Any, images: list[list[Any]]) -> PixelInputs:
     """The processor's image tensors for rows of PIL images (one list per row): its image processor on the nested
     list, as the processor's own call makes them, keeping what the model takes (`processor.model_input_names`)."""
     out = processor.image_processor(images=images, return_tensors="pt")
-    keep = set(processor.model_input_names) - {"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"}
+    types = next((k for k in TOKEN_TYPES if k in processor.model_input_names), None)
+    keep = set(processor.model_input_names) - {"input_ids", "attention_mask", *TOKEN_TYPES}
     return PixelInputs({k: v for k, v in out.items() if k in keep and isinstance(v, torch.Tensor)},
-                       tuple(len(row) for row in images))
+                       tuple(len(row) for row in images), types,
+                       tuple(i for i in processor.image_token_ids if i is not None) if types else ())
 
 
-def fixed_vision_inputs(directory: str, rows: int = 2) -> dict[str, torch.Tensor]:
+def fixed_vision_inputs(directory: str, rows: int = 2, with_image_ids: bool = False) -> Any:
     """The same inputs every time for a vision-language model: `rows` prompts of an image placeholder and a few
-    words, each with its own random image, through the processor saved in `directory` (an export's logits check)."""
+    words, each with its own random image, through the processor saved in `directory` (an export's logits check);
+    `with_image_ids`: with the ids of the processor's image tokens beside them."""
     import numpy as np
     from PIL import Image
     from transformers import AutoProcessor
@@ -109,4 +126,5 @@ def fixed_vision_inputs(directory: str, rows: int = 2) -> dict[str, torch.Tensor
     images = [[Image.fromarray(generator.integers(0, 256, (24 + 8 * r, 32, 3), dtype=np.uint8))] for r in range(rows)]
     text = [f"{processor.image_token} describe the image" for _ in range(rows)]
     batch = processor(text=text, images=images, return_tensors="pt", padding=True)
-    return {k: v for k, v in batch.items() if k in processor.model_input_names and isinstance(v, torch.Tensor)}
+    inputs = {k: v for k, v in batch.items() if k in processor.model_input_names and isinstance(v, torch.Tensor)}
+    return (inputs, [i for i in processor.image_token_ids if i is not None]) if with_image_ids else inputs

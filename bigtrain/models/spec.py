@@ -94,6 +94,7 @@ class ModelSpec:
     image_size: int | None = None  # image models: the side of a square input
     source_dir: str | None = None  # the pretrained directory the shape came from (with weights or not)
     weights_note: str | None = None  # what a directory without weights means for the initial weights
+    frozen_parts: tuple[str, ...] = ()  # parts whose weights do not train (a vlm's "vision" tower, "projector")
     fixed_inputs: Callable[[], Any] | None = None
     """The same inputs every time, where tokens alone do not exercise the model (a vision-language model's prompts
     with images): what an export's logits are checked on."""

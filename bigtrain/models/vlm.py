@@ -119,14 +119,14 @@ def lora_targets(model: nn.Module, targets: str | list[str], vision_tower: bool)
 
 
 def vision_batch(batch: dict) -> tuple[dict, torch.Tensor]:
-    """{"input_ids", "labels", "attention_mask"[, "token_type_ids"], "pixels": PixelInputs} -> (the model's keyword
-    inputs, labels): the tokens with the processor's pixel tensors beside them (none for a text-only batch)."""
+    """{"input_ids", "labels", "attention_mask", "pixels": PixelInputs} -> (the model's keyword inputs, labels): the
+    tokens with the processor's pixel tensors (and image-token marks) beside them (none for a text-only batch)."""
     if "input_ids" not in batch or "labels" not in batch:
         raise ValueError(f"vlm batches need keys 'input_ids' and 'labels'; got {sorted(batch)}")
-    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in batch}
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask") if key in batch}
     pixels = batch.get("pixels")
     if pixels is not None:
-        inputs.update(pixels.tensors)
+        inputs.update(pixels.inputs_for(batch["input_ids"]))
     return inputs, batch["labels"]
 
 
@@ -148,12 +148,15 @@ def _no_pipeline() -> list[LayerDef]:
                      "set pipeline.stages=1 (ZeRO-3 partitions it instead)")
 
 
+def frozen_parts(s: VLMSettings) -> tuple[str, ...]:
+    return tuple(part for part, on in (("vision", s.freeze_vision), ("projector", s.freeze_projector)) if on)
+
+
 def _construct(s: VLMSettings, cls: type, config: Any, weights: bool, drop: tuple[str, ...]) -> nn.Module:
     model = (hf_dir.load_pretrained(cls, s.pretrained, config, drop, **({"trust_remote_code": True}
                                                                       if s.trust_remote_code else {}))
              if weights else hf_common.construct_hf(cls, config))
-    frozen = tuple(part for part, on in (("vision", s.freeze_vision), ("projector", s.freeze_projector)) if on)
-    return freeze(model, frozen) if frozen else model
+    return freeze(model, frozen_parts(s)) if frozen_parts(s) else model
 
 
 def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
@@ -187,7 +190,7 @@ def make_spec(size: str, fields: dict[str, Any]) -> ModelSpec:
         num_params=n_all, flops_per_sample=seq_len * per_token, tokens_per_sample=seq_len, modality="vision",
         checkpoint_blocks=hf_common.decoder_blocks, enable_native_checkpointing=hf_common.native_checkpointing,
         pretrained=s.pretrained if weights else None, hf_class=cls, seq_len=seq_len, vocab_size=text.vocab_size,
-        source_dir=s.pretrained, weights_note=hf_dir.weights_note(s.pretrained),
+        source_dir=s.pretrained, weights_note=hf_dir.weights_note(s.pretrained), frozen_parts=frozen_parts(s),
         fixed_inputs=lambda: fixed_vision_inputs(s.pretrained))
 
 

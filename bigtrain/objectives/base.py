@@ -147,12 +147,14 @@ class Policy(Protocol):
         """Per row: the same sum under the frozen reference (objective.reference), without a graph."""
 
     def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                          completion_mask: torch.Tensor) -> torch.Tensor:
+                          completion_mask: torch.Tensor, pixels: Any = None) -> torch.Tensor:
         """[N, C, V]: the policy's logits that predict each completion token (`bigtrain.rollout.forward`), with their
-        graph: left-padded prompts, right-padded completions."""
+        graph: left-padded prompts, right-padded completions (`pixels`: a vision-language model's images of the
+        rows)."""
 
     def reference_completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                                    completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+                                    completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                                    pixels: Any = None) -> torch.Tensor:
         """The same under the frozen reference (objective.reference), without a graph."""
 
     def frozen(self, setting: str) -> Any:
@@ -160,12 +162,13 @@ class Policy(Protocol):
         without a graph, `.ds` (its forward-only engine, called like a transformers model), `.directory`."""
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Any, rng: Any, *,
-                 gather: bool | None = None, logps: bool = False) -> Any:
+                 gather: bool | None = None, logps: bool = False, pixels: Any = None) -> Any:
         """Completions sampled from the policy for left-padded prompts, every rank calling it together: a
         `bigtrain.rollout.generate.Rollout` drawn with `Sampling` from the objective's own `SampleRNG` (with the
         sampling distribution's log-probabilities when `logps`). `gather`: at ZeRO-3, the weights gathered once
         for the round (True) or left partitioned (False); None: gathered where they fit one device
-        (`bigtrain.rollout.generate.gathered_weights_fit`)."""
+        (`bigtrain.rollout.generate.gathered_weights_fit`). `pixels`: a vision-language model's images of the prompts,
+        repeated for their completions (the Rollout's `pixels`)."""
 
 
 class Objective:

@@ -89,13 +89,16 @@ class Piece:
     advantages: torch.Tensor | None = None  # [rows]
     old_logps: torch.Tensor | None = None  # [rows, C] the policy's before the round's updates
     ref_logps: torch.Tensor | None = None  # [rows, C] the reference's
+    pixels: Any = None  # a vision-language model's image inputs of the rows (bigtrain.models.pixels.PixelInputs)
 
     @property
-    def rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
+    def rows(self) -> tuple:
+        """What a forward over the rows takes: prompts, completions (and a vision-language model's images)."""
+        rows = (self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask)
+        return rows if self.pixels is None else (*rows, self.pixels)
 
     def state(self) -> dict:
-        return {k: v for k, v in vars(self).items() if v is not None}
+        return {k: v.state() if k == "pixels" else v for k, v in vars(self).items() if v is not None}
 
 
 @dataclass
@@ -185,8 +188,9 @@ class OnlineObjective(Objective):
         return max(1, micro_batch // self.eval_group)
 
     def inputs(self, policy: Policy, batch: dict) -> dict:
+        pixels = batch.get("pixels")  # a vision-language model's images of the prompts
         return {"prompt_ids": batch["prompt_ids"].to(policy.device), "prompt_mask": batch["prompt_mask"].to(
-            policy.device), "records": batch["records"]}
+            policy.device), "records": batch["records"], **({"pixels": pixels.to(policy.device)} if pixels is not None else {})}
 
     def read_step(self, policy: Policy, batches: Iterator[dict], micro_batches: int) -> list[Piece]:
         self.times = dict.fromkeys(("generation", "reference", "rewards"), 0.0)
@@ -229,8 +233,9 @@ class OnlineObjective(Objective):
         per prompt, every rank together; a subclass may take them from elsewhere (distillation: the records'
         answers on some steps)."""
         gather = self.settings.ds3_gather_for_generation
+        images = {"pixels": batch["pixels"]} if batch.get("pixels") is not None else {}
         return policy.generate(batch["prompt_ids"], batch["prompt_mask"], self.sampling, rng,
-                               gather=None if gather == "auto" else gather)
+                               gather=None if gather == "auto" else gather, **images)
 
     def reference_logps(self, policy: Policy, pieces: list[Piece]) -> None:
         import torch
@@ -338,7 +343,9 @@ class OnlineObjective(Objective):
         self.steps_done = int(state.get("steps", 0))
         if "held" in state:
             self.iteration, self.round_metrics = int(state["iteration"]), dict(state["round_metrics"])
-            self.held = [Piece(**{k: v.to(device) for k, v in p.items()}) for p in state["held"]]
+            from bigtrain.models.pixels import PixelInputs
+            self.held = [Piece(**{k: PixelInputs.from_state(v).to(device) if k == "pixels" else v.to(device)
+                                  for k, v in p.items()}) for p in state["held"]]
 
     def sample_table(self) -> list[dict] | None:
         table, self.table = self.table, None  # each round's rows once
@@ -382,8 +389,9 @@ def split_rollout(rollout: Any, pieces: int) -> list[Piece]:
         pm, cm = rollout.prompt_mask[part], rollout.completion_mask[part]
         left = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else 0
         right = max(1, int(cm.sum(-1).max()))
+        pixels = None if rollout.pixels is None else rollout.pixels.rows(start, start + size)
         out.append(Piece(rollout.prompt_ids[part, left:], pm[:, left:], rollout.completion_ids[part, :right],
-                         cm[:, :right]))
+                         cm[:, :right], pixels=pixels))
     return out
 
 

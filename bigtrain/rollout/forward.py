@@ -20,13 +20,15 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def completion_logits(module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                      completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+                      completion_ids: torch.Tensor, completion_mask: torch.Tensor, pixels: Any = None) -> torch.Tensor:
     """[N, C, V]: row i, position t holds the logits that predict completion_ids[i, t]. `module` is anything
-    that is called like a transformers causal LM (a DeepSpeed engine, a peft model, a plain model)."""
+    that is called like a transformers causal LM (a DeepSpeed engine, a peft model, a plain model); `pixels`: a
+    vision-language model's image inputs of the rows (`bigtrain.models.pixels.PixelInputs`)."""
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)
     width = completion_ids.shape[1]
-    kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask), "use_cache": False}
+    kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask), "use_cache": False,
+              **(pixels.inputs_for(ids) if pixels is not None else {})}
     if takes_logits_to_keep(module):
         kwargs["logits_to_keep"] = width + 1  # no [N, P, V] logits for the prompt's positions
     logits = module(**kwargs).logits

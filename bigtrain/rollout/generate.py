@@ -75,6 +75,7 @@ class Rollout:
     completion_mask: torch.Tensor  # [N, C] 1 up to and including the first end-of-text
     truncated: torch.Tensor  # [N] bool: no end-of-text within max_new_tokens
     logps: torch.Tensor | None = None  # [N, C] log-probs under the sampling distribution, 0 on padding
+    pixels: Any = None  # a vision-language model's image inputs, each prompt's repeated for its completions
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -86,7 +87,7 @@ class Rollout:
         loss's forward, nor counted among the step's tokens (dapo's normaliser)."""
         keep = (~self.truncated).long().unsqueeze(1)
         return Rollout(self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask * keep,
-                       self.truncated, None if self.logps is None else self.logps * keep)
+                       self.truncated, None if self.logps is None else self.logps * keep, self.pixels)
 
     def completion_lists(self) -> list[list[int]]:
         """Each completion's tokens, without padding (the end-of-text kept): TRL's completion_ids."""
@@ -146,10 +147,13 @@ def stop_ids(module: Any, tokenizer: Any) -> list[int]:
 
 
 def generate(engine: Any, tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling,
-             rng: SampleRNG, *, gather: bool = True, logps: bool = False) -> Rollout:
+             rng: SampleRNG, *, gather: bool = True, logps: bool = False, pixels: Any = None) -> Rollout:
     """One generation round on this rank (see the module's docstring). `engine`: a DeepSpeed engine (every rank
     calls this together at ZeRO-3), or a plain / peft model. `gather`: at ZeRO-3, gather the weights once for the
-    round (they must fit one device) instead of gathering each layer at every decode step."""
+    round (they must fit one device) instead of gathering each layer at every decode step. `pixels`: a
+    vision-language model's image inputs of the prompts (`bigtrain.models.pixels.PixelInputs`), which neither
+    HybridEngineRollout nor the compact decode take: transformers' generate decodes instead (with the weights left
+    partitioned, in step on every rank: synced_gpus)."""
     module = getattr(engine, "module", engine)
     partitioned = _zero3(engine)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -159,13 +163,16 @@ def generate(engine: Any, tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask:
     try:
         with torch.no_grad(), _gathered(engine, partitioned and gather), _plain_generation_config(module, stops, pad), \
                 rng.active():
-            if partitioned and not gather:
+            each = None if pixels is None else pixels.repeat_rows(sampling.num_generations)
+            if partitioned and not gather and each is None:
                 ids = _deepspeed_rollout(module, tokenizer, prompt_ids, prompt_mask, sampling)
-            elif sampling.decode == "compact":
+            elif sampling.decode == "compact" and each is None:  # a prompt's images: transformers' generate
                 ids = _compact_steps(module, prompt_ids, prompt_mask, sampling, stops, pad)
             else:
-                ids = _own_steps(module, prompt_ids, prompt_mask, sampling, stops, pad)
+                ids = _own_steps(module, prompt_ids, prompt_mask, sampling, stops, pad, each,
+                                 synced=partitioned and not gather)
             rollout = _cut(prompt_ids, prompt_mask, ids, sampling, stops, pad)
+            rollout.pixels = each
             if logps:
                 rollout.logps = _logps(module, rollout, sampling)
     finally:
@@ -238,18 +245,18 @@ def _deepspeed_rollout(module: Any, tokenizer: Any, prompt_ids: torch.Tensor, pr
 
 
 def _own_steps(module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling,
-               stops: list[int], pad: int) -> torch.Tensor:
-    """transformers' generate, each rank stopping when its own completions have ended."""
+               stops: list[int], pad: int, pixels: Any = None, synced: bool = False) -> torch.Tensor:
+    """transformers' generate, each rank stopping when its own completions have ended (`synced`: decoding in step
+    with the others until all have, as partitioned weights need)."""
     n = sampling.num_generations
     ids, mask = prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0)
-    kwargs: dict[str, Any] = {"do_sample": False}
+    kwargs: dict[str, Any] = {"do_sample": False, **(pixels.inputs_for(ids) if pixels is not None else {})}
     if not sampling.greedy:
-        kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                  "top_k": sampling.top_k}
+        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
     # synced_gpus off: transformers would turn it on under ZeRO-3 (extra forwards until every rank is done),
     # which whole weights do not need
     out = module.generate(input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
-                          eos_token_id=stops, pad_token_id=pad, synced_gpus=False, **kwargs)
+                          eos_token_id=stops, pad_token_id=pad, synced_gpus=synced, **kwargs)
     return out[:, prompt_ids.shape[1]:]
 
 
@@ -280,6 +287,6 @@ def _cut(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ids: torch.Tensor,
 
 def _logps(module: Any, rollout: Rollout, sampling: Sampling) -> torch.Tensor:
     logits = completion_logits(module, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
-                               rollout.completion_mask)
+                               rollout.completion_mask, rollout.pixels)
     temperature = 1.0 if sampling.greedy else sampling.temperature
     return token_logps(logits, rollout.completion_ids, temperature) * rollout.completion_mask

@@ -113,22 +113,23 @@ class PolicyModel:
         return self.reference.logps(self.ds, inputs, labels)
 
     def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                          completion_mask: torch.Tensor) -> torch.Tensor:
+                          completion_mask: torch.Tensor, pixels: Any = None) -> torch.Tensor:
         from bigtrain.rollout.forward import completion_logits
-        return completion_logits(self.ds, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        return completion_logits(self.ds, prompt_ids, prompt_mask, completion_ids, completion_mask, pixels)
 
     def reference_completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                                    completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+                                    completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                                    pixels: Any = None) -> torch.Tensor:
         assert self.reference is not None, "the objective was built without a reference (objective.reference)"
-        return self.reference.completion_logits_beside(self.ds, prompt_ids, prompt_mask, completion_ids,
-                                                      completion_mask)
+        rows = (prompt_ids, prompt_mask, completion_ids, completion_mask) + (() if pixels is None else (pixels,))
+        return self.reference.completion_logits_beside(self.ds, *rows)
 
     def frozen(self, setting: str) -> Any:
         assert setting in self.frozen_models, f"no frozen model was built for objective.{setting}"
         return self.frozen_models[setting]
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Any, rng: Any, *,
-                 gather: bool | None = None, logps: bool = False) -> Any:
+                 gather: bool | None = None, logps: bool = False, pixels: Any = None) -> Any:
         """One generation round on the engine's own module (`bigtrain.rollout.generate`: every rank calls it together;
         eval mode for the round; `gather` the ZeRO-3 weights once instead of at every decode step; None: where
         they fit, decided at the first round)."""
@@ -137,7 +138,8 @@ class PolicyModel:
             if self.gather is None:
                 self.gather = gathered_weights_fit(self.ds)
             gather = self.gather
-        return generate(self.ds, self.tokenizer, prompt_ids, prompt_mask, sampling, rng, gather=gather, logps=logps)
+        return generate(self.ds, self.tokenizer, prompt_ids, prompt_mask, sampling, rng, gather=gather, logps=logps,
+                        pixels=pixels)
 
 def weigh(mean: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor | None,
           router: torch.Tensor | None = None) -> torch.Tensor:

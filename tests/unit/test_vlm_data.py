@@ -164,5 +164,13 @@ def test_bad_input_is_one_line_before_launch(vlm, tmp_path):
         check_run(run_for(vlm, vlm["chat"], model=bare))
     with pytest.raises(ValueError, match="data.packing=true with --model vlm"):
         run_for(vlm, vlm["chat"], data={"source": str(vlm["chat"]), "packing": True})
+    with pytest.raises(ValueError, match="objective.reference=precomputed with --model vlm: .*without their images"):
+        run_for(vlm, vlm["chat"], objective={"kind": "dpo", "reference": "precomputed"})
+    with pytest.raises(ValueError, match="objective.teacher with --model vlm: .*without their images"):
+        run_for(vlm, vlm["chat"], objective={"kind": "distill", "teacher": str(vlm["llava"]), "max_completion_length": 8})
+    kto = write_jsonl(vlm["root"] / "kto.jsonl", [{"prompt": good["messages"][:1], "completion": good["messages"][1:],
+                                                   "label": True, "images": good["images"]}] * 3)
+    with pytest.raises(ValueError, match="data.format=kto: kto answers with images are not built"):
+        check_run(run_for(vlm, kto, objective={"kind": "kto"}))
     manifest = json.loads((vlm[FAMILIES[0]] / "config.json").read_text())
     assert manifest["model_type"] == "llava"
