@@ -14,15 +14,27 @@ from pathlib import Path
 from bigtrain.distributed.world import World
 
 
+def vision_line(target: str) -> str:
+    return (f"{target} is a vision-language model: bigtrain eval runs lm-eval's text tasks through its causal-LM "
+            "model, and lm-eval scores images through its own hf-multimodal model, which bigtrain eval does not "
+            "drive: export the run (bigtrain export) and run lm_eval --model hf-multimodal --model_args "
+            "pretrained=EXPORT --tasks mmmu_val")
+
+
 def run_eval(args: argparse.Namespace, world: World) -> int:
     """Evaluate `args.target` on `args.tasks` as rank `world.rank` of `world.size`; 0 when done (ValueError, one
     line, for a user's mistake)."""
     from bigtrain.eval.tasks import load_tasks, task_manager
     names = check_eval_args(args)
+    from bigtrain.eval.target import vision_target
+    if vision_target(args.target, args.tag):  # known from its files: before the tasks and the weights are read
+        raise ValueError(vision_line(args.target))
     manager = task_manager(args.include_path, names)
     tasks = load_tasks(names, manager)  # before the model: a wrong name or missing data costs no loading
     from bigtrain.eval.partitioned import held_target
     target = held_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint, args.revision, world, args.zero3)
+    if target.processor is not None:  # a Hub name's, known once loaded
+        raise ValueError(vision_line(args.target))
 
     from bigtrain.eval.lm import RankSplitLM
     from bigtrain.eval.runner import evaluate, results_table, write_results

@@ -23,17 +23,18 @@ ZERO3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
 def zero3_target(full: Target | None, world: World) -> Target:
     """The model of `full` (rank 0's; None on the other ranks) partitioned over all ranks, on every rank."""
     import deepspeed
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
     from bigtrain.export.write import no_init
 
-    shared: list[Any] = [full.model.config, full.tokenizer, full.description, full.default_out] if full else [None] * 4
+    shared: list[Any] = ([full.model.config, full.tokenizer, full.description, full.default_out, full.processor]
+                         if full else [None] * 5)
     torch.distributed.broadcast_object_list(shared, src=0)  # the architecture and tokenizer, not the weights
-    config, tokenizer, description, default_out = shared
+    config, tokenizer, description, default_out, processor = shared
     hf_config = HfDeepSpeedConfig(ZERO3)  # while it lives, transformers builds models inside zero.Init
     with no_init():  # every weight is overwritten below: a large model's random init would take minutes
-        model = AutoModelForCausalLM.from_config(config)
+        model = (AutoModelForImageTextToText if processor is not None else AutoModelForCausalLM).from_config(config)
     weights = dict(full.model.named_parameters()) if full else {}
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -45,7 +46,7 @@ def zero3_target(full: Target | None, world: World) -> Target:
     module = engine.module.eval()
     module.bigtrain_hf_ds_config = hf_config  # transformers keeps only a weak reference to it
     return Target(module, tokenizer, f"{description}, as ZeRO-3 partitions over {world.size} ranks", default_out,
-                  full.checkpoint if full else None)
+                  full.checkpoint if full else None, processor)
 
 
 def held_target(path: str, tag: str | None, tokenizer: str | None, trust_checkpoint: bool, revision: str | None,

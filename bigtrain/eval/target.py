@@ -26,6 +26,7 @@ class Target:
     description: str  # one line for the console and the results file
     default_out: Path
     checkpoint: Path | None = None  # the tag directory of a run folder
+    processor: Any = None  # a vision-language model's (its tokenizer is `tokenizer`): `bigtrain generate --image`
 
 
 def target_kind(path: str | Path, tag: str | None = None, revision: str | None = None) -> str:
@@ -52,6 +53,25 @@ def target_kind(path: str | Path, tag: str | None = None, revision: str | None =
     return "run"
 
 
+def vision_target(path: str | Path, tag: str | None = None) -> bool:
+    """Whether `path` holds a vision-language model, read from its files alone (a Hub name: not known here)."""
+    import json
+
+    from bigtrain.data.vision import has_processor
+    kind = target_kind(path, tag)
+    directory = Path(path).expanduser()
+    if kind == "model":
+        if not (directory / "config.json").is_file():  # an adapter: its processor saved beside it
+            return has_processor(directory)
+        raw = json.loads((directory / "config.json").read_text())
+        from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+        return raw.get("model_type") in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and "vision_config" in raw
+    if kind == "run":
+        from bigtrain.export.locate import locate_checkpoint
+        return locate_checkpoint(directory, tag).state.model_build.family == "vlm"
+    return False
+
+
 def load_target(path: str | Path, tag: str | None = None, tokenizer: str | None = None,
                 trust_checkpoint: bool = False, revision: str | None = None, world: Any = None) -> Target:
     """The model at `path`; ValueError (one line) for anything that is not a run folder, a model directory or a Hub
@@ -73,21 +93,29 @@ def load_target(path: str | Path, tag: str | None = None, tokenizer: str | None 
 
 
 def _model_directory(directory: Path, tokenizer: str | None) -> Target:
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from bigtrain.data.vision import has_processor, load_processor
     from bigtrain.export.write import load_tokenizer
-    tok = load_tokenizer(tokenizer or str(directory))  # before the weights: a directory without one fails at once
-    if (directory / "adapter_config.json").is_file() and not (directory / "config.json").is_file():
+    from bigtrain.models.hf_dir import is_vision_language
+    adapter = (directory / "adapter_config.json").is_file() and not (directory / "config.json").is_file()
+    vision = has_processor(tokenizer or directory) if adapter else \
+        is_vision_language(AutoConfig.from_pretrained(str(directory), local_files_only=True))
+    # before the weights: a directory without a tokenizer (a vision-language model's processor) fails at once
+    processor = load_processor(tokenizer or directory, "TARGET") if vision else None
+    tok = processor.tokenizer if processor is not None else load_tokenizer(tokenizer or str(directory))
+    if adapter:
         from bigtrain.export.lora import load_adapter
         model = load_adapter(directory).merge_and_unload(safe_merge=True)
         what = f"peft adapter directory {directory}, merged into its base"
     else:
         config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
         _check_causal(config.architectures or [], str(directory))
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
         # dtype "auto": the dtype the directory's config names, as lm-eval's `--model hf` loads it
-        model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True, dtype="auto")
+        model = auto.from_pretrained(str(directory), local_files_only=True, dtype="auto")
         what = f"model directory {directory}"
-    return Target(model.eval(), tok, what, directory / "eval_results.json")
+    return Target(model.eval(), tok, what, directory / "eval_results.json", processor=processor)
 
 
 def _run_folder(directory: Path, tag: str | None, tokenizer: str | None, trust_checkpoint: bool) -> Target:
@@ -102,13 +130,15 @@ def _run_folder(directory: Path, tag: str | None, tokenizer: str | None, trust_c
     found = locate_checkpoint(directory, tag)
     mb = found.state.model_build.here()  # a Hub model's snapshot fetched again (its commit) where it is gone
     spec = models.build(mb.family, mb.size, **mb.overrides)
-    if spec.hf_class is None or spec.modality != "text":
+    if spec.hf_class is None or spec.modality not in ("text", "vision"):
         raise ValueError(f"{found.tag_dir} holds a {mb.family} {spec.modality} model; evaluation (lm-eval) and "
                          "generation need a causal language model (gpt2, llama, or an hf causal LM)")
     source = tokenizer_source(found, tokenizer)
     if not source:
         raise ValueError(f"{found.tag_dir}: the run recorded no tokenizer; pass --tokenizer DIR")
-    tok = load_tokenizer(source)
+    from bigtrain.data.vision import load_processor
+    processor = load_processor(source, "the run's processor") if spec.modality == "vision" else None
+    tok = processor.tokenizer if processor is not None else load_tokenizer(source)
     with checkpoint_loading(found.tag_dir, trust_checkpoint):
         consolidated = consolidate(found.tag_dir, spec, found.state.pipeline_stages)
     lora = saved_lora(found.state.run_config)
@@ -124,7 +154,7 @@ def _run_folder(directory: Path, tag: str | None, tokenizer: str | None, trust_c
         load_into(model, consolidated.tensors)
     del consolidated.tensors
     run_dir = found.ckpt_dir.parent if found.ckpt_dir.name == "checkpoints" else found.ckpt_dir
-    return Target(model.eval(), tok, what, run_dir / "eval" / f"{found.tag}.json", found.tag_dir)
+    return Target(model.eval(), tok, what, run_dir / "eval" / f"{found.tag}.json", found.tag_dir, processor)
 
 
 def _check_causal(architectures: list[str], where: str) -> None:

@@ -32,6 +32,7 @@ class Session:
         self.target = held_target(args.target, args.tag, args.tokenizer, args.trust_checkpoint, args.revision, world,
                                   args.zero3)
         self.model, self.tokenizer = self.target.model.eval(), self.target.tokenizer
+        self.images = opened_images(args.image, self.target.processor, self.target.description)
         self.template = uses_template(self.tokenizer, args.raw)
         stops = turn_end_ids(self.tokenizer) if self.template else []
         self.config = self.sampling.generation_config(self.model, self.tokenizer, stops)
@@ -42,9 +43,48 @@ class Session:
             say(f"{self.target.description}; prompts as {how}; {_settings_line(self.config)}")
 
     def answer(self, conversation: list[dict] | str, streamer: Any = None) -> str:
-        ids = prompt_ids(self.tokenizer, conversation, self.template)
-        new = generate(self.model, self.tokenizer, ids, self.sampling, self.config, self.synced, streamer)
+        extra: dict = {}
+        if self.images:  # a vision-language model: the images before the first question, through the processor
+            ids, extra = image_prompt(self.target.processor, conversation, self.images, self.template)
+        else:
+            ids = prompt_ids(self.tokenizer, conversation, self.template)
+        new = generate(self.model, self.tokenizer, ids, self.sampling, self.config, self.synced, streamer, extra)
         return self.tokenizer.decode(new, skip_special_tokens=True)
+
+
+def opened_images(paths: list[str], processor: Any, model: str) -> list[Any]:
+    """--image files, opened; one line for an image that does not open, or images given to a text model."""
+    if not paths:
+        return []
+    if processor is None:
+        raise ValueError(f"--image: {model} reads text only (no vision-language model, no processor); give the "
+                         "directory or run of a vision-language model (--model vlm), or drop --image")
+    from bigtrain.data.vision import open_image
+    opened = []
+    for path in paths:
+        try:
+            opened.append(open_image(path, None)[0])
+        except ValueError as err:
+            raise ValueError(f"--image {path}: {err}") from None
+    return opened
+
+
+def image_prompt(processor: Any, conversation: list[dict] | str, images: list[Any],
+                 template: bool) -> tuple[list[int], dict]:
+    """The prompt's ids with the images' placeholders expanded, and the processor's image inputs: the images go
+    before the first user turn's text (TRL's rule for a conversation of strings); without the template, their
+    placeholders before the text."""
+    from bigtrain.data.vision import place_images
+    if template:
+        messages = [{"role": "user", "content": conversation}] if isinstance(conversation, str) else conversation
+        placed, _, _ = place_images(messages, images)
+        text = processor.apply_chat_template(placed, add_generation_prompt=True, tokenize=False)
+    else:
+        text = processor.image_token * len(images) + conversation
+    batch = processor(text=[text], images=[images], return_tensors="pt")
+    ids = batch.pop("input_ids")[0].tolist()
+    batch.pop("attention_mask", None)
+    return ids, {k: v for k, v in batch.items() if k in processor.model_input_names}
 
 
 def run_generate(args: argparse.Namespace, world: World) -> int:

@@ -23,6 +23,9 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
                    help="tokenizer dir or Hub name (default: the run's, or the model directory's)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="unpickle any type in the checkpoint's files (only for checkpoints you trust)")
+    p.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="an image a vision-language model reads with each prompt (chat: with the first question), "
+                        "placed before its text (repeatable)")
     p.add_argument("--zero3", action="store_true",
                    help="a model too large for one device: hold it as ZeRO-3 partitions over the ranks (rank 0 "
                         "consolidates it in host memory); every rank runs every forward pass. Needs --num-gpus N > 1")

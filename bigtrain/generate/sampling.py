@@ -120,23 +120,26 @@ def prompt_ids(tokenizer: Any, messages: list[dict] | str, template: bool) -> li
 
 
 def generate(model: Any, tokenizer: Any, ids: list[int], sampling: Sampling, config: Any, synced: bool = False,
-             streamer: Any = None) -> list[int]:
+             streamer: Any = None, extra: dict | None = None) -> list[int]:
     """The new token ids `model.generate` gives after `ids`. `synced`: every rank of a ZeRO-3 model calls this
-    together (transformers' synced_gpus: the same number of forward passes on each)."""
+    together (transformers' synced_gpus: the same number of forward passes on each). `extra`: more inputs of the
+    prompt (a vision-language model's pixel values)."""
     import torch
     device = next(model.parameters()).device
     room = _positions(model)
     config = copy.deepcopy(config)
     if room and len(ids) + config.max_new_tokens > room:  # learned positions end there: generating past them fails
         config.max_new_tokens = max(1, room - len(ids))
-    padding = range(len(tokenizer), model.config.vocab_size)  # a padded vocabulary's rows are never tokens
+    padding = range(len(tokenizer), model.config.get_text_config().vocab_size)  # a padded vocabulary's rows are never tokens
     if len(padding):
         config.suppress_tokens = list(padding)
     if sampling.seed is not None:
         torch.manual_seed(sampling.seed)
     inputs = torch.tensor([ids], dtype=torch.long, device=device)
+    dtype = next(model.parameters()).dtype  # the pixels in the weights' dtype (a bf16 export's)
+    extra = {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in (extra or {}).items()}
     out = model.generate(inputs, attention_mask=torch.ones_like(inputs), generation_config=config,
-                         synced_gpus=synced, streamer=streamer)
+                         synced_gpus=synced, streamer=streamer, **extra)
     return out[0, len(ids):].tolist()
 
 
