@@ -220,6 +220,10 @@ def run_estimate(args: argparse.Namespace) -> int:
           + objective_line(req))
     print(format_table(rows, gpu_mem, cpu_mem, args.headroom))
     print_notes(base, shape)
+    from bigtrain.estimate.vision import image_line, image_side
+    if spec.modality == "vision":
+        import torch
+        print(image_line(image_side(spec, torch.float32 if PRECISIONS[req.precision] == 4 else torch.bfloat16)))
     print("GiB. GPU/rank = params + optim + the largest of acts (end of forward), the backward's own peak beside the "
           "gradient buckets (from its first gradient on) and grads + buffers (end of backward); buffers: gradient "
           "buckets, ZeRO-3 live parameters, the step's fp32 gradient.\n"

@@ -49,7 +49,7 @@ def _sample_batch(spec: ModelSpec, device: str) -> dict:
             size = spec.image_size
             return {"pixel_values": torch.zeros(1, 3, size, size), "labels": torch.zeros(1, dtype=torch.long)}
         ids = torch.zeros(1, spec.seq_len, dtype=torch.long)
-        if spec.modality == "text":
+        if spec.modality in ("text", "vision"):  # a vision-language model's image tokens: the sequence's own
             return {"input_ids": ids, "labels": ids}
         batch = {"input_ids": ids, "labels": torch.zeros(1, dtype=torch.long)}
         if getattr(spec, "hf_class", None) is not None:
@@ -296,7 +296,7 @@ def _parabola(xs: tuple[int, ...], ys: list[float], x: float) -> float:
 
 def _count_at(spec: ModelSpec, dtype: torch.dtype, tile: int, chunked: bool) -> ActivationCount:
     count = measure_activations(spec, dtype, tile=tile, chunked=chunked)
-    if spec.modality != "text":  # an image or classification model: the saved tensors, as always
+    if spec.modality != "text":  # an image, classification or vision-language model: the saved tensors
         return count
     # The peaks beyond the saved tensors come from a backward, which costs what a forward does and more: where the
     # decoder's blocks are alike, a two-block copy of it holds the same beyond what it saves (the last block's

@@ -5,6 +5,7 @@ the shape).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from bigtrain.estimate.activations import measured_key
@@ -98,6 +99,10 @@ def shape_from_spec(spec: ModelSpec, precision: str | None = None, meta: torch.n
     losses = [chunked] if chunked is not None else [False, True][:1 + (chunked_unsupported(spec, meta) is None)]
     measured = {measured_key(e, t, c): count_activations(spec, dtypes[e], spec.hidden_size if t else 0, c)
                 for e in sizes for t in tilings for c in losses}
+    if spec.modality == "vision":  # the language model's tokens above, and one image through the tower a sample
+        from bigtrain.estimate.vision import image_side
+        saved = {e: image_side(spec, dtypes[e]).saved_bytes for e in sizes}
+        measured = {key: replace(count, outside=count.outside + saved[key[0]]) for key, count in measured.items()}
     return ModelShape(**common, measured=measured)
 
 

@@ -6,6 +6,7 @@ splits the family has no mode for. Data, losses and training: tests/unit/test_vl
 tests/dist/test_vlm_training.py."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,68 @@ def test_wrong_family_and_unsupported_splits_are_one_line(vlm_dirs, tmp_path):
                                     "train": {"out_dir": str(tmp_path / "out")}, **extra})
         with pytest.raises(ValueError, match=needle):
             check_run(run)
+
+
+def test_estimate_counts_the_tower_and_the_image_tokens(vlm_dirs, capsys):
+    import torch
+
+    from bigtrain.cli import main
+    from bigtrain.estimate.vision import image_side
+    tokens = {"llava": 17, "idefics3": 4, "gemma3": 4}  # (32 / 8)^2 patches + CLS; a 2x2 pixel shuffle; 4 pooled
+    for family, expected in tokens.items():
+        sides = [image_side(build("vlm", "custom", pretrained=str(vlm_dirs[family]), seq_len=64, **frozen),
+                            torch.float32)
+                 for frozen in ({"freeze_vision": False}, {}, {"freeze_projector": True})]
+        assert [s.trains for s in sides] == ["tower", "projector", "nothing"]
+        assert all(s.image_tokens == expected for s in sides)
+        assert sides[0].saved_bytes > sides[1].saved_bytes > sides[2].saved_bytes == 0  # all saved > features > none
+    from bigtrain.estimate.activations import measured_key
+    from bigtrain.estimate.shape import shape_from_spec
+    trained, frozen = (build("vlm", "custom", pretrained=str(vlm_dirs["llava"]), seq_len=64, **parts)
+                       for parts in ({"freeze_vision": False}, {"freeze_projector": True}))
+    outside = [shape_from_spec(spec, "fp32", tiled=False, chunked=False).measured[measured_key(4)].outside
+               for spec in (trained, frozen)]
+    assert outside[0] - outside[1] == image_side(trained, torch.float32).saved_bytes  # in the table's acts
+    assert main(["estimate", "--model", "vlm", "--set", f"model.pretrained={vlm_dirs['llava']}", "--seq-len", "64",
+                 "--micro-batch", "2", "--gpu-mem", "80GB"]) == 0
+    assert "an image (32x32 pixels) becomes 17 image tokens of data.seq_len" in capsys.readouterr().out
+
+
+def test_generate_and_chat_read_the_images_given(vlm_dirs, capsys, tmp_path):
+    """`bigtrain generate DIR --image PATH` answers as transformers' own greedy generate on the processor's batch of
+    the prompt with the image before its text; a text model given --image, an image that does not open and `bigtrain
+    eval` of a vision-language model are one line each."""
+    import numpy as np
+    from local_hf import decoder_config
+    from local_vlm import noise_image
+    from PIL import Image
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    from bigtrain.cli import main
+    image = tmp_path / "seen.png"
+    noise_image(np.random.default_rng(1)).save(image)
+    directory = vlm_dirs["gemma3"]
+    assert main(["generate", str(directory), "--image", str(image), "--prompt", "the cat", "--max-new-tokens", "5",
+                 "--do-sample", "false"]) == 0
+    ours = capsys.readouterr().out.strip()
+    processor = AutoProcessor.from_pretrained(directory)
+    model = AutoModelForImageTextToText.from_pretrained(directory).eval()
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "the cat"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    batch = processor(text=[text], images=[[Image.open(image).convert("RGB")]], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=5, do_sample=False)
+    theirs = processor.tokenizer.decode(out[0, batch["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    assert ours == theirs and ours
+    AutoModelForCausalLM.from_config(decoder_config("llama", 384)).save_pretrained(tmp_path / "llama")
+    AutoTokenizer.from_pretrained(directory).save_pretrained(tmp_path / "llama")
+    (tmp_path / "broken.png").write_text("no image")
+    for argv, needle in ((["generate", str(tmp_path / "llama"), "--image", str(image), "--prompt", "x"],
+                          "--image: model directory .* reads text only"),
+                         (["generate", str(directory), "--image", str(tmp_path / "broken.png"), "--prompt", "x"],
+                          "--image .*broken.png: the image .* does not open as an image"),
+                         (["eval", str(directory), "--tasks", "lambada_openai"],
+                          "is a vision-language model: bigtrain eval runs lm-eval's text tasks .*hf-multimodal")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.search(needle, err), (needle, err)
