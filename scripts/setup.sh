@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv and install bigtrain into it: torch first (the CPU build where there is no GPU),
-# then the package with its test, ray, eval and docs extras. Safe to re-run; a second run only checks.
+# then the package with its test, ray, eval, docs and vision extras. Safe to re-run; a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -23,7 +23,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   fi
 fi
 echo "setup: installing bigtrain and its dependencies"
-"${PIP[@]}" -e ".[test,ray,eval,docs]"  # the suite runs the Ray verbs, lm-eval (test_ray.py, test_eval*.py) and builds the docs site
+"${PIP[@]}" -e ".[test,ray,eval,docs,vision]"  # the suite runs the Ray verbs, lm-eval (test_ray.py, test_eval*.py) and builds the docs site
 # A C++ compiler: DeepSpeed's CPU ops below and torch.compile's CPU backend (inductor, `train.compile=true`
 # on a CPU) compile C++ at run time. Installed where apt-get can (as root), else one line saying what to do.
 if ! command -v g++ >/dev/null 2>&1 && ! command -v c++ >/dev/null 2>&1; then
