@@ -22,8 +22,6 @@ from bigtrain.models.family import DataFacts, Family
 from bigtrain.models.spec import LayerDef, ModelSpec, classification_batch
 
 log = logging.getLogger("bigtrain")
-DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "attention_dropout", "resid_pdrop",
-                "embd_pdrop", "attn_pdrop", "hidden_dropout", "dropout", "classifier_dropout")
 
 
 @dataclass(frozen=True)
@@ -71,10 +69,7 @@ def _configure(s: HFSettings, config: Any, task: str, cls: type) -> Any:
                 log.info("%s: pad_token_id %s -> %s, the tokenizer's pad that the rows are padded with",
                          s.pretrained, said, s.pad_token_id)
             text.pad_token_id = s.pad_token_id
-    if s.dropout is not None:
-        for key in DROPOUT_KEYS:
-            if isinstance(getattr(config, key, None), float):
-                setattr(config, key, s.dropout)
+    hf_common.set_dropout(config, s.dropout)
     kernel, why = hf_common.choose_attention(cls, s.attn_implementation)
     hf_common.set_training_defaults(config, kernel)
     log.info("%s: attention %s for %s (%s)", s.pretrained, kernel, cls.__name__, why)

@@ -124,6 +124,19 @@ def native_checkpointing(model: nn.Module, every_n: int = 1) -> None:
     model.activation_checkpointing_enable(every_n_layers=every_n)
 
 
+DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "attention_dropout", "resid_pdrop",
+                "embd_pdrop", "attn_pdrop", "hidden_dropout", "dropout", "classifier_dropout")
+
+
+def set_dropout(config: Any, rate: float | None) -> None:
+    """Every dropout rate `config` has set to `rate` (model.overrides.dropout; None keeps the directory's)."""
+    if rate is None:
+        return
+    for key in DROPOUT_KEYS:
+        if isinstance(getattr(config, key, None), float):
+            setattr(config, key, rate)
+
+
 def set_training_defaults(config: Any, attn_implementation: str) -> None:
     """No KV cache (a recomputed block would append to it twice), the attention kernel chosen, and a mixture
     of experts' router logits on, so that its load-balancing loss is trained and reported."""

@@ -26,7 +26,6 @@ from torch import nn
 
 from bigtrain.models import hf_common, hf_dir
 from bigtrain.models.family import DataFacts, Family
-from bigtrain.models.hf import DROPOUT_KEYS
 from bigtrain.models.losses import causal_lm_loss
 from bigtrain.models.spec import LayerDef, ModelSpec
 
@@ -133,12 +132,8 @@ def vision_batch(batch: dict) -> tuple[dict, torch.Tensor]:
 def _configure(s: VLMSettings, config: Any, cls: type) -> Any:
     """No KV cache (in the language model's config too), the attention kernel, the language model's dropout."""
     text = config.get_text_config()
-    if s.dropout is not None:
-        for key in DROPOUT_KEYS:
-            if isinstance(getattr(text, key, None), float):
-                setattr(text, key, s.dropout)
-    kernel, _ = hf_common.choose_attention(cls, s.attn_implementation)
-    hf_common.set_training_defaults(config, kernel)
+    hf_common.set_dropout(text, s.dropout)
+    hf_common.set_training_defaults(config, hf_common.choose_attention(cls, s.attn_implementation)[0])
     text.use_cache = False
     return config
 

@@ -42,6 +42,8 @@ def test_vlm_family_loads_the_directory_with_its_parts_and_freezes_the_tower(vlm
     both = build("vlm", "custom", pretrained=str(vlm_dirs[family]), freeze_projector=True, freeze_vision=False).build()
     trains = {name for name, p in both.named_parameters() if p.requires_grad}
     assert any(n.startswith(tower + ".") for n in trains) and not any(n.startswith(projector + ".") for n in trains)
+    dropped = build("vlm", "custom", pretrained=str(vlm_dirs[family]), dropout=0.2).config.get_text_config()
+    assert dropped.attention_dropout == 0.2 and not dropped.use_cache  # the language model's dropout, no KV cache
     logits = model(**spec.fixed_inputs()).logits  # the prompts with their images, through the saved processor
     assert logits.shape[0] == 2 and torch.isfinite(logits).all()
 
