@@ -59,16 +59,24 @@ class PixelInputs:
         return replace(self, tensors={k: v[start:stop] if self._per_row(v) else v[first:last]
                                       for k, v in self.tensors.items()}, counts=self.counts[start:stop])
 
+    def __getitem__(self, rows: slice) -> "PixelInputs":
+        """Rows `rows` (a slice without a step), as a tensor of rows is sliced."""
+        start, stop, step = rows.indices(len(self.counts))
+        assert step == 1, rows
+        return self.rows(start, stop)
+
+    def take(self, rows: list[int]) -> "PixelInputs":
+        """These rows, in this order (repeats allowed)."""
+        ranges = self._image_ranges()
+        images = torch.tensor([i for r in rows for i in range(*ranges[r])], dtype=torch.long)
+        order = torch.tensor(rows, dtype=torch.long)
+        tensors = {k: v.index_select(0, (order if self._per_row(v) else images).to(v.device))
+                   for k, v in self.tensors.items()}
+        return replace(self, tensors=tensors, counts=tuple(self.counts[r] for r in rows))
+
     def repeat_rows(self, n: int) -> "PixelInputs":
         """Each row n times in a row (row 0 n times, then row 1, ...), as a prompt's completions are laid out."""
-        if n == 1:
-            return self
-        ranges = self._image_ranges()
-        index = torch.tensor([i for first, last in ranges for _ in range(n) for i in range(first, last)],
-                             dtype=torch.long)
-        tensors = {k: v.repeat_interleave(n, dim=0) if self._per_row(v) else v.index_select(0, index.to(v.device))
-                   for k, v in self.tensors.items()}
-        return replace(self, tensors=tensors, counts=tuple(c for c in self.counts for _ in range(n)))
+        return self if n == 1 else self.take([r for r in range(len(self.counts)) for _ in range(n)])
 
     def then(self, other: "PixelInputs") -> "PixelInputs":
         """These rows, then `other`'s (a pair's chosen rows, then its rejected ones)."""

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 P = TypeVar("P")
 LEFT = ("prompt_ids", "prompt_mask")  # left-padded: cut and padded on the left
-ROW = ("advantages",)  # one value per row
+ROW = ("advantages", "pixels")  # one value per row (a vision-language model's images: bigtrain.models.pixels)
 
 
 def round_micro_batches(micro_batch: int, grad_accum: int, world: int, steps_per_generation: int | None,
@@ -51,7 +51,8 @@ def shuffled(pieces: list[P], order: torch.Tensor, count: int) -> list[P]:
     trimmed to its longest prompt and completion: TRL shuffles a round's rows before splitting it into the steps it
     serves. Every per-row tensor (ids, masks, advantages, log-probabilities) moves with its row."""
     names = [f.name for f in fields(pieces[0]) if getattr(pieces[0], f.name) is not None]  # type: ignore[arg-type]
-    rows = {name: _joined([getattr(p, name) for p in pieces], left=name in LEFT)[order] for name in names}
+    rows = {name: _joined([getattr(p, name) for p in pieces], left=name in LEFT)[order] if name != "pixels"
+            else _images([p.pixels for p in pieces], order) for name in names}
     size = len(order) // count
     out = []
     for start in range(0, len(order), size):
@@ -62,6 +63,14 @@ def shuffled(pieces: list[P], order: torch.Tensor, count: int) -> list[P]:
         out.append(replace(pieces[0], **{name: value if name in ROW else value[:, left:] if name in LEFT
                                          else value[:, :right] for name, value in part.items()}))
     return out
+
+
+def _images(parts: list[Any], order: torch.Tensor) -> Any:
+    """The pieces' image inputs (`bigtrain.models.pixels.PixelInputs`) as one, its rows in `order`."""
+    joined = parts[0]
+    for part in parts[1:]:
+        joined = joined.then(part)
+    return joined.take(order.tolist())
 
 
 def _joined(parts: list[torch.Tensor], left: bool) -> torch.Tensor:

@@ -153,3 +153,28 @@ def test_generate_and_chat_read_the_images_given(vlm_dirs, capsys, tmp_path):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and re.search(needle, err), (needle, err)
+
+
+def test_image_inputs_follow_their_rows_in_either_layout():
+    """A batch's image tensors cut, repeated, reordered and stacked by rows, as a round's completions and pairs are:
+    per image (LLaVA, Gemma 3: rows of 2, 1 and 2 images) and per row (Idefics3: padded to the most images a row)."""
+    from bigtrain.models.pixels import PixelInputs
+    from bigtrain.objectives.online import Piece
+    from bigtrain.rollout.generation_batch import shuffled
+    per_image = PixelInputs({"pixel_values": torch.tensor([[0.0], [0.1], [1.0], [2.0], [2.1]])}, (2, 1, 2))
+    per_row = PixelInputs({"pixel_values": torch.tensor([[0.0, 0.1], [1.0, -1], [2.0, 2.1]])}, (2, 1, 2))
+
+    def values(p: PixelInputs) -> list[float]:
+        return [round(v, 1) for v in p.tensors["pixel_values"].reshape(-1).tolist() if v >= 0]
+
+    for pixels in (per_image, per_row):
+        assert values(pixels.repeat_rows(2)) == [0.0, 0.1, 0.0, 0.1, 1.0, 1.0, 2.0, 2.1, 2.0, 2.1]
+        assert values(pixels.take([2, 0])) == [2.0, 2.1, 0.0, 0.1] and pixels.take([2, 0]).counts == (2, 2)
+        assert values(pixels[1:3]) == [1.0, 2.0, 2.1] and values(pixels.then(pixels[1:2])) == [0.0, 0.1, 1.0, 2.0,
+                                                                                             2.1, 1.0]
+    rows = torch.arange(6).view(6, 1)
+    images = PixelInputs({"pixel_values": torch.arange(6.0).view(6, 1)}, (1,) * 6)
+    pieces = [Piece(rows[i:i + 3], torch.ones(3, 1), rows[i:i + 3], torch.ones(3, 1), pixels=images[i:i + 3])
+              for i in (0, 3)]
+    for piece in shuffled(pieces, torch.tensor([4, 1, 5, 0, 3, 2]), 2):  # a round's rows shuffled over two steps
+        assert piece.pixels.tensors["pixel_values"].view(-1).tolist() == piece.prompt_ids.view(-1).float().tolist()
