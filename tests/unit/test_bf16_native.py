@@ -50,6 +50,19 @@ def test_this_hosts_answer_agrees_with_its_flags_and_the_oneDNN_cap(monkeypatch)
     assert bf16_not_native("cpu") is not None
 
 
+def test_precision_auto_takes_bf16_on_a_cpu_only_with_amx_that_onednn_may_use(monkeypatch):
+    from bigtrain.distributed.device import default_precision
+    monkeypatch.setattr(device, "cpu_flags", lambda: SAPPHIRE_RAPIDS)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    assert default_precision("cpu") == "bf16"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert default_precision("cpu") == "fp32"
+    monkeypatch.setattr(device, "cpu_flags", lambda: ZEN3 | {"avx512f", "avx512_bf16"})
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert default_precision("cpu") == "fp32"  # AVX512-BF16 alone: native, but slower than fp32 (docs/benchmarks.md)
+
+
 def test_the_peak_job_measures_fp32_only_and_says_why(monkeypatch, tmp_path):
     from bigtrain.bench import peak
     asked = []
