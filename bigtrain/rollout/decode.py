@@ -35,10 +35,11 @@ def warpers(temperature: float, top_k: int, top_p: float) -> list[Any]:
 
 def compact_decode(module: Any, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, stops: list[int],
                    pad: int, *, greedy: bool, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                   takes_logits_to_keep: bool = True) -> torch.Tensor:
+                   takes_logits_to_keep: bool = True, cache_keyword: str = "cache") -> torch.Tensor:
     """[N, max_new_tokens] completion ids for the left-padded `ids` / `mask` ([N, P]): each row's tokens up to and
     including its first stop id, `pad` after it. `module`: a causal LM called like transformers' (a plain or
-    peft model, or an engine's module with its weights whole)."""
+    peft model, or an engine's module with its weights whole); `cache_keyword`: the name its forward takes the KV
+    cache by (transformers 5.24 renamed past_key_values to cache)."""
     from transformers import DynamicCache
     config = getattr(module, "config", None)
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
@@ -48,8 +49,8 @@ def compact_decode(module: Any, ids: torch.Tensor, mask: torch.Tensor, max_new_t
     positions = mask.long().cumsum(-1) - 1
     positions = positions.masked_fill(mask == 0, 1)  # generate's numbering: padding at 1, never attended
     extra = {"logits_to_keep": 1} if takes_logits_to_keep else {}
-    logits = module(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                    use_cache=True, **extra).logits[:, -1].float()
+    logits = module(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                    **{cache_keyword: cache}, **extra).logits[:, -1].float()
     rows = torch.arange(ids.shape[0], device=ids.device)  # which of the round's rows each batch row is
     last = positions[:, -1]
     for step in range(max_new_tokens):
@@ -69,5 +70,5 @@ def compact_decode(module: Any, ids: torch.Tensor, mask: torch.Tensor, max_new_t
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         last = last + 1
         logits = module(input_ids=chosen.unsqueeze(1), attention_mask=mask, position_ids=last.unsqueeze(1),
-                        past_key_values=cache, use_cache=True).logits[:, -1].float()
+                        use_cache=True, **{cache_keyword: cache}).logits[:, -1].float()
     return out

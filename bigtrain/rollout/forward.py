@@ -37,10 +37,11 @@ def completion_logits(module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.
 
 def takes_logits_to_keep(module: Any) -> bool:
     """Whether the model computes the head on the last positions only when asked (transformers' logits_to_keep)."""
-    return _takes(module, "logits_to_keep")
+    return takes(module, "logits_to_keep")
 
 
-def _takes(module: Any, name: str) -> bool:
+def takes(module: Any, name: str) -> bool:
+    """Whether the model's forward (a DeepSpeed engine's module's, a peft model's base's) has a parameter `name`."""
     target = getattr(module, "module", module)  # a DeepSpeed engine calls its module's forward
     target = target.get_base_model() if hasattr(target, "get_base_model") else target  # a peft model its base's
     try:

@@ -264,11 +264,12 @@ def _compact_steps(module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Ten
                    stops: list[int], pad: int) -> torch.Tensor:
     """bigtrain.rollout.decode's loop: the rows still decoding only, each rank stopping when its own have ended."""
     from bigtrain.rollout.decode import compact_decode
-    from bigtrain.rollout.forward import takes_logits_to_keep
+    from bigtrain.rollout.forward import takes, takes_logits_to_keep
     n = sampling.num_generations
     return compact_decode(module, prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0),
                           sampling.max_new_tokens, stops, pad, greedy=sampling.greedy, temperature=sampling.temperature,
-                          top_k=sampling.top_k, top_p=sampling.top_p, takes_logits_to_keep=takes_logits_to_keep(module))
+                          top_k=sampling.top_k, top_p=sampling.top_p, takes_logits_to_keep=takes_logits_to_keep(module),
+                          cache_keyword="cache" if takes(module, "cache") else "past_key_values")
 
 
 def _cut(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ids: torch.Tensor, sampling: Sampling,
