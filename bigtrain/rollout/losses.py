@@ -20,21 +20,16 @@ Sums = dict[str, tuple[torch.Tensor, torch.Tensor]]  # metric -> (sum, count) of
 
 def token_logps(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(target) under softmax(logits / temperature), per position: [B, T, V], [B, T] -> [B, T] (fp32 or wider). The
-    temperature is the sampling one: the ratio and the KL are of the distribution the tokens were drawn from."""
-    logits = _at_least_fp32(logits) / temperature
-    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    temperature is the sampling one: the ratio and the KL are of the distribution the tokens were drawn from. Chunk by
+    chunk of positions, no fp32 copy of the whole logits (bigtrain.rollout.chunked_logps)."""
+    from bigtrain.rollout.chunked_logps import chunked_token_logps
+    return chunked_token_logps(logits, targets, temperature)
 
 
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """The entropy (nats) of softmax(logits / temperature) per position: [B, T, V] -> [B, T], no gradient."""
-    with torch.no_grad():
-        logp = torch.log_softmax(_at_least_fp32(logits) / temperature, dim=-1)
-        return -(logp.exp() * logp).sum(dim=-1)
-
-
-def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+    """The entropy (nats) of softmax(logits / temperature) per position: [B, T, V] -> [B, T], no gradient (chunked)."""
+    from bigtrain.rollout.chunked_logps import chunked_token_entropy
+    return chunked_token_entropy(logits, temperature)
 
 
 def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
