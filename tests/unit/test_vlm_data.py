@@ -83,7 +83,9 @@ def test_a_micro_batch_loss_equals_transformers_own_forward(vlm, family):
 def test_images_in_content_items_render_as_the_images_column_does(vlm):
     """TRL's two shapes of one record (placeholders + an images column, or items carrying their image, absolute or
     relative) give the same tokens and pixels; so do plain-string messages, whose images go before the first user
-    turn's text (TRL's rule)."""
+    turn's text (TRL's rule), and parquet rows whose images are bytes ({"bytes", "path"}, as `datasets` writes them)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     root, records = vlm["root"], vlm["records"][:6]
     items = []
     for i, record in enumerate(records):
@@ -96,6 +98,9 @@ def test_images_in_content_items_render_as_the_images_column_does(vlm):
                 "images": r["images"]} for r in records]
     made = [bundle(vlm, "llava", write_jsonl(root / f"{name}.jsonl", rows), name).train.take([0, 1])
             for name, rows in (("column", records), ("items", items), ("strings", strings))]
+    as_bytes = [{**r, "images": [{"bytes": (root / p).read_bytes(), "path": p} for p in r["images"]]} for r in records]
+    pq.write_table(pa.Table.from_pylist(as_bytes), root / "bytes.parquet")
+    made.append(bundle(vlm, "llava", root / "bytes.parquet", "parquet").train.take([0, 1]))
     for other in made[1:]:
         assert torch.equal(made[0]["input_ids"], other["input_ids"]) and torch.equal(made[0]["labels"], other["labels"])
         assert torch.equal(made[0]["pixels"].tensors["pixel_values"], other["pixels"].tensors["pixel_values"])
