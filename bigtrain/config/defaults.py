@@ -4,7 +4,8 @@ run is:
     from random weights (no model.pretrained, or a directory holding a config and no weights): pretraining's,
         lr 6e-4, weight decay 0.1, betas (0.9, 0.95), 20 warm-up steps (GPT-2-style pretraining, as nanoGPT trains it)
     from a pretrained model: the objective's own (`Objective.fine_tuning`: TRL's trainer's rate for it, 10 x with
-        LoRA adapters, weight decay 0, betas (0.9, 0.999) as TRL and the HF Trainer, 1 warm-up step)
+        LoRA adapters, weight decay 0, betas (0.9, 0.999) as TRL and the HF Trainer, no warm-up: the peak rate
+        from the first step, as TRL's; 1 step with schedule.kind=linear, whose DeepSpeed schedule needs one)
 
 docs/fine-tuning.md has the table beside TRL's. The run config fills the fields left unset (None) when it is built
 (`filled`); whatever a user gives (--set, the config file, a DeepSpeed JSON's optimizer or scheduler) is kept as
@@ -19,6 +20,7 @@ from bigtrain.models.names import starts_from_weights
 from bigtrain.objectives import objective_class
 
 PRETRAINING_LR, PRETRAINING_WEIGHT_DECAY, PRETRAINING_WARMUP_STEPS = 6e-4, 0.1, 20
+LINEAR_WARMUP_FLOOR = 1  # DeepSpeed's WarmupDecayLR starts at its floor: it cannot start at the peak
 PRETRAINING_BETAS = (0.9, 0.95)  # GPT-3's and nanoGPT's: a shorter memory of the second moment, for loss spikes
 # decided by what the run is
 CHOSEN = ("optimizer.lr", "optimizer.weight_decay", "optimizer.betas", "schedule.warmup_steps")
@@ -64,7 +66,8 @@ def filled(optimizer: OptimizerConfig, schedule: ScheduleConfig, chosen: Chosen
     if optimizer.betas is None:
         optimizer = replace(optimizer, betas=chosen.betas)
     if schedule.warmup_steps is None:
-        schedule = replace(schedule, warmup_steps=chosen.warmup_steps)
+        schedule = replace(schedule, warmup_steps=max(chosen.warmup_steps, LINEAR_WARMUP_FLOOR)
+                           if schedule.kind == "linear" else chosen.warmup_steps)
     return optimizer, schedule
 
 

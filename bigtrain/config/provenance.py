@@ -66,7 +66,7 @@ def describe(run: RunConfig, given: Mapping[str, str], json_schedule: str | None
     (`given`: `provenance`; a default says why it was chosen). `json_schedule`: the type of a DeepSpeed JSON scheduler the run
     config has no name for, which then decides the warm-up and decay."""
     opt, schedule = run.optimizer, run.schedule
-    warmup = "1 warm-up step" if schedule.warmup_steps == 1 else f"{schedule.warmup_steps} warm-up steps"
+    warmup = {0: "no warm-up", 1: "1 warm-up step"}.get(schedule.warmup_steps, f"{schedule.warmup_steps} warm-up steps")
     decay = ("then constant" if schedule.kind == "constant" else
              f"{schedule.kind} decay to {schedule.min_lr_ratio:.0%} of the peak by step {run.train.steps}")
     items = [(f"lr {opt.lr:.3g}", _source(given, "optimizer.lr"), ["optimizer.lr"]),

@@ -134,16 +134,19 @@ class OptimizerConfig:
 @dataclass
 class ScheduleConfig:
     kind: Literal["cosine", "linear", "constant"] = doc("cosine", "LR decay after warm-up.")
-    warmup_steps: int | None = doc(None, "Linear warm-up steps from min_lr_ratio * lr to lr (>= 1; DeepSpeed's "
-                                   "schedulers warm up over at least 2). Unset: 20 from random weights, 1 from "
-                                   "model.pretrained (TRL warms up none).")
+    warmup_steps: int | None = doc(None, "Linear warm-up steps from min_lr_ratio * lr to lr; 0: none, the peak rate "
+                                   "from the first step (cosine and constant; DeepSpeed's linear schedule warms up "
+                                   "over 1 step at least). Unset: 20 from random weights, 0 from model.pretrained "
+                                   "(TRL's; 1 with schedule.kind=linear).")
     min_lr_ratio: float = doc(0.1, "Final (and initial warm-up) LR as a fraction of the peak.")
 
     def __post_init__(self) -> None:
-        # DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR refuse 0 on every rank
-        if self.warmup_steps is not None and self.warmup_steps < 1:
-            raise ValueError(f"schedule.warmup_steps={self.warmup_steps}: must be >= 1 (DeepSpeed's schedulers "
-                             "refuse 0; 1 is the shortest warm-up, which they run over 2 steps)")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError(f"schedule.warmup_steps={self.warmup_steps}: must be >= 0 (0: no warm-up)")
+        if self.warmup_steps == 0 and self.kind == "linear":  # WarmupDecayLR starts at its floor, the decay's end
+            raise ValueError("schedule.warmup_steps=0 with schedule.kind=linear: DeepSpeed's linear schedule "
+                             "(WarmupDecayLR) starts at its floor and warms up over 1 step at least; give "
+                             "schedule.warmup_steps >= 1, or schedule.kind=cosine or constant for no warm-up")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"schedule.min_lr_ratio={self.min_lr_ratio}: must be in [0, 1]")
 

@@ -67,15 +67,21 @@ def optimizer_section(opt: OptimizerConfig) -> dict:
 
 
 def scheduler_section(schedule: ScheduleConfig, lr: float, total_steps: int) -> dict:
-    """Warm-up from min_lr_ratio * lr to lr, then cosine / linear decay to min_lr_ratio * lr, or constant."""
+    """Warm-up from min_lr_ratio * lr to lr, then cosine / linear decay to min_lr_ratio * lr, or constant.
+    warmup_steps=0 (no warm-up): DeepSpeed's schedulers take 1 step at least (run over 2), so that step starts at
+    the peak instead (WarmupCosineLR's warmup_min_ratio 1.0, WarmupLR's min = max): the rate is the peak from the
+    first step, and a cosine decay runs from the third (the linear schedule cannot: the run config refuses it)."""
     warmup = min(schedule.warmup_steps, total_steps)
+    start = 1.0 if warmup == 0 else schedule.min_lr_ratio  # the warm-up's first rate, a fraction of the peak
+    warmup = max(warmup, 1)
     ds_type = SCHEDULER_TYPES[schedule.kind]
     if schedule.kind == "cosine":
         return {"type": ds_type, "params": {
             "total_num_steps": total_steps, "warmup_num_steps": warmup, "warmup_type": "linear",
-            "warmup_min_ratio": schedule.min_lr_ratio, "cos_min_ratio": schedule.min_lr_ratio}}
+            "warmup_min_ratio": start, "cos_min_ratio": schedule.min_lr_ratio}}
+    assert start < 1.0 or schedule.kind == "constant", schedule  # WarmupDecayLR decays to its warm-up's start
     # WarmupDecayLR / WarmupLR take absolute rates, not ratios of the optimizer's lr.
-    params = {"warmup_min_lr": lr * schedule.min_lr_ratio, "warmup_max_lr": lr, "warmup_num_steps": warmup, "warmup_type": "linear"}
+    params = {"warmup_min_lr": lr * start, "warmup_max_lr": lr, "warmup_num_steps": warmup, "warmup_type": "linear"}
     if schedule.kind == "linear":
         return {"type": ds_type, "params": {**params, "total_num_steps": total_steps}}
     return {"type": ds_type, "params": params}

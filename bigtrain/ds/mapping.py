@@ -267,12 +267,17 @@ def _schedule_stated(section: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"schedule.kind": kind}
     _take(out, "schedule.warmup_steps", params, "warmup_num_steps")
     if kind == "cosine":
-        _take(out, "schedule.min_lr_ratio", params, "warmup_min_ratio")
+        if params.get("warmup_min_ratio") == 1.0 and _number(params.get("cos_min_ratio")):  # starts at the peak
+            out.update({"schedule.warmup_steps": 0, "schedule.min_lr_ratio": params["cos_min_ratio"]})
+        else:
+            _take(out, "schedule.min_lr_ratio", params, "warmup_min_ratio")
         return out
     peak, low = params.get("warmup_max_lr"), params.get("warmup_min_lr")
     if _number(peak):  # these schedules set the learning rate themselves: their peak is the run's lr
         out["optimizer.lr"] = peak
-        if _number(low) and peak > 0 and 0 <= low <= peak:
+        if kind == "constant" and _number(low) and low == peak:  # a warm-up from the peak to the peak: none
+            out["schedule.warmup_steps"] = 0
+        elif _number(low) and peak > 0 and 0 <= low <= peak:
             out["schedule.min_lr_ratio"] = low / peak
     return out
 

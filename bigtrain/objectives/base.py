@@ -45,18 +45,18 @@ class FineTuning:
     """What an objective trains a pretrained model with when the run sets none (bigtrain.config.defaults reads it;
     docs/fine-tuning.md has the table beside TRL's): the peak learning rate of full weights (TRL's trainer's default
     for the objective), of LoRA adapters (None: 10 x lr, TRL's PEFT guide), the weight decay (TRL's: 0), Adam's betas
-    (TRL's and the HF Trainer's: 0.9, 0.999) and the warm-up steps (TRL's: none; 1 is the shortest DeepSpeed's
-    schedulers take)."""
+    (TRL's and the HF Trainer's: 0.9, 0.999) and the warm-up steps (TRL's: none, the peak rate from the first
+    step)."""
 
     lr: float
     lora_lr: float | None = None
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 1
+    warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         assert self.lr > 0 and (self.lora_lr is None or self.lora_lr > 0), self
-        assert self.weight_decay >= 0 and self.warmup_steps >= 1, self
+        assert self.weight_decay >= 0 and self.warmup_steps >= 0, self
 
     def rate(self, lora: bool) -> float:
         """The peak learning rate: with LoRA adapters `lora_lr`, else `lr`."""

@@ -116,9 +116,13 @@ def test_field_sources_name_what_the_user_gave(tmp_path):
 
 
 def test_flags_and_settings_deepspeed_would_refuse_on_the_ranks_are_one_line_first():
-    """warmup 0 failed ~50 s later on every rank (DeepSpeed's schedulers refuse it); --stop-after 0 trained a step."""
+    """A negative warm-up, and 0 with the linear schedule (DeepSpeed's WarmupDecayLR starts at its floor), are one
+    line (0 reached the ranks and failed there ~50 s later before 0 meant no warm-up); --stop-after 0 trained a
+    step."""
     from bigtrain.config.flags import build_run_parser, run_config_from_args
-    with pytest.raises(ValueError, match=r"schedule.warmup_steps=0: must be >= 1"):
-        load_run_config(None, ["schedule.warmup_steps=0"])
+    with pytest.raises(ValueError, match=r"schedule.warmup_steps=-1: must be >= 0"):
+        load_run_config(None, ["schedule.warmup_steps=-1"])
+    with pytest.raises(ValueError, match=r"schedule.warmup_steps=0 with schedule.kind=linear"):
+        load_run_config(None, ["schedule.warmup_steps=0", "schedule.kind=linear"])
     with pytest.raises(ValueError, match=r"--stop-after 0: must be >= 1"):
         run_config_from_args(build_run_parser().parse_args(["--stop-after", "0"]))

@@ -64,8 +64,8 @@ def test_each_objective_fine_tunes_at_trls_rate_with_trls_weight_decay(kind, wei
     assert run.optimizer.lr == fields["learning_rate"].default == STATED.get(kind, run.optimizer.lr)
     assert run.optimizer.weight_decay == fields["weight_decay"].default == 0.0
     assert run.optimizer.betas == (fields["adam_beta1"].default, fields["adam_beta2"].default) == (0.9, 0.999)
-    # TRL warms up none (0 steps); DeepSpeed's schedulers take 1 at least
-    assert fields["warmup_steps"].default == 0 and run.schedule.warmup_steps == 1
+    # TRL warms up none: the peak rate from the first step (test_no_warm_up_starts_at_the_peak)
+    assert fields["warmup_steps"].default == 0 and run.schedule.warmup_steps == 0
 
 
 @pytest.mark.parametrize("kind", sorted(OBJECTIVES))
@@ -73,7 +73,7 @@ def test_lora_fine_tunes_at_ten_times_the_rate(kind, weights):
     full = load_run_config(None, [f"model.pretrained={weights}", *kind_sets(kind)])
     lora = load_run_config(None, [f"model.pretrained={weights}", *kind_sets(kind), "lora.r=8"])
     assert lora.optimizer.lr == pytest.approx(10 * full.optimizer.lr, rel=1e-12)
-    assert hyper(lora)[1:] == (0.0, 1)
+    assert hyper(lora)[1:] == (0.0, 0)
 
 
 def test_the_docs_table_gives_each_objectives_defaults():
@@ -87,7 +87,8 @@ def test_the_docs_table_gives_each_objectives_defaults():
         assert (float(row[1]), float(row[2]), float(row[3])) == pytest.approx(
             (tuning.lr, tuning.rate(lora=True), tuning.weight_decay), rel=1e-9), (kind, row)
         assert tuple(map(float, row[4].split(","))) == tuning.betas, row
-        assert row[5].strip() == f"{tuning.warmup_steps} step" + ("s" if tuning.warmup_steps > 1 else ""), row
+        assert row[5].strip() == ("none" if tuning.warmup_steps == 0 else f"{tuning.warmup_steps} step"
+                                  + ("s" if tuning.warmup_steps > 1 else "")), row
 
 
 def test_trls_peft_guide_rates_for_lora():
@@ -114,7 +115,7 @@ def test_a_directory_without_weights_trains_from_random_weights_at_the_pretraini
 def test_a_fine_tuning_run_says_its_defaults_and_why(weights):
     run = load_run_config(None, [f"model.pretrained={weights}", "objective.kind=dpo", "lora.r=8", "train.steps=50"])
     line = provenance.describe(run, {})
-    assert line.startswith("adamw: lr 1e-05, weight decay 0, betas (0.9, 0.999), 1 warm-up step (the fine-tuning "
+    assert line.startswith("adamw: lr 1e-05, weight decay 0, betas (0.9, 0.999), no warm-up (the fine-tuning "
                            "defaults of objective.kind=dpo from a pretrained model with LoRA adapters; set "
                            "optimizer.lr, optimizer.weight_decay, optimizer.betas, schedule.warmup_steps to change: "
                            "docs/fine-tuning.md)"), line
@@ -126,10 +127,10 @@ def test_what_a_user_sets_in_a_file_or_by_set_is_kept_and_said_as_theirs(weights
     yaml.write_text("optimizer:\n  weight_decay: 0.05\nschedule:\n  kind: constant\n")
     sets = [f"model.pretrained={weights}", "optimizer.lr=3e-5"]
     run = load_run_config(yaml, sets)
-    assert hyper(run) == (3e-5, 0.05, 1)
+    assert hyper(run) == (3e-5, 0.05, 0)
     line = provenance.describe(run, provenance.provenance(field_sources(yaml, sets), frozenset()))
-    assert line == ("adamw: lr 3e-05 (your --set); weight decay 0.05 (your config file); betas (0.9, 0.999), 1 "
-                    "warm-up step (the fine-tuning defaults of objective.kind=lm from a pretrained model; set "
+    assert line == ("adamw: lr 3e-05 (your --set); weight decay 0.05 (your config file); betas (0.9, 0.999), no "
+                    "warm-up (the fine-tuning defaults of objective.kind=lm from a pretrained model; set "
                     "optimizer.betas, schedule.warmup_steps to change: docs/fine-tuning.md); then constant (your "
                     "config file)"), line
 
@@ -195,7 +196,7 @@ RECORDED = {"optimizer": {"lr": 6e-4, "weight_decay": 0.1, "betas": [0.9, 0.95]}
 def test_a_resume_keeps_the_values_its_run_started_with(weights):
     """A run started by a version whose defaults were pretraining's resumes at its own rate, not today's."""
     run = load_run_config(None, [f"model.pretrained={weights}"])
-    assert hyper(run) == (2e-5, 0.0, 1)
+    assert hyper(run) == (2e-5, 0.0, 0)
     kept, fields = provenance.keep_recorded(run, RECORDED, {})
     assert hyper(kept) == (6e-4, 0.1, 20) and set(fields) == {"optimizer.lr", "optimizer.weight_decay",
                                                                "optimizer.betas", "schedule.warmup_steps"}
@@ -255,7 +256,7 @@ def test_a_job_from_a_directory_says_its_fine_tuning_defaults_and_a_resume_keeps
 
     summary, line = job("--steps", "3", "--stop-after", "1")
     assert summary["run_config"]["optimizer"]["lr"] == summary["ds_config"]["optimizer"]["params"]["lr"] == 2e-5
-    assert line.startswith("adamw: lr 2e-05, weight decay 0, betas (0.9, 0.999), 1 warm-up step (the fine-tuning "
+    assert line.startswith("adamw: lr 2e-05, weight decay 0, betas (0.9, 0.999), no warm-up (the fine-tuning "
                            "defaults of objective.kind=lm from a pretrained model;"), line
     assert summary["ds_config"]["optimizer"]["params"]["betas"] == [0.9, 0.999]
     lm = OBJECTIVES["lm"]
@@ -264,7 +265,45 @@ def test_a_job_from_a_directory_says_its_fine_tuning_defaults_and_a_resume_keeps
     summary, line = job("--steps", "3", "--resume")
     assert summary["run_config"]["optimizer"]["lr"] == summary["ds_config"]["optimizer"]["params"]["lr"] == 2e-5
     assert summary["run_config"]["optimizer"]["weight_decay"] == 0.0
-    assert line.startswith("adamw: lr 2e-05, weight decay 0, betas (0.9, 0.999), 1 warm-up step (kept from the run it "
+    assert line.startswith("adamw: lr 2e-05, weight decay 0, betas (0.9, 0.999), no warm-up (kept from the run it "
                            "resumes)"), line
     assert summary["ds_config"]["optimizer"]["params"]["betas"] == [0.9, 0.999]
     assert len(summary["losses"]) == 3
+
+
+@pytest.mark.parametrize("kind", ["cosine", "constant"])
+def test_no_warm_up_starts_at_the_peak(kind, weights):
+    """A fine-tune warms up none, as TRL's trainers: DeepSpeed's own scheduler, built from the generated section,
+    gives the peak rate at the first and second steps (it warms up over 2 at least), and the JSON reads back as the
+    run config it came from."""
+    import torch
+    from deepspeed.runtime import lr_schedules
+
+    from bigtrain.ds.generate import scheduler_section
+    from bigtrain.ds.mapping import stated
+    from bigtrain.train.engine import start_schedule
+    run = load_run_config(None, [f"model.pretrained={weights}", "objective.kind=lm", f"schedule.kind={kind}",
+                                 "train.steps=10"])
+    section = scheduler_section(run.schedule, run.optimizer.lr, run.train.steps)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=run.optimizer.lr)
+    scheduler = getattr(lr_schedules, section["type"])(optimizer, **section["params"])
+    start_schedule(scheduler)
+    rates = []
+    for _ in range(run.train.steps):
+        rates.append(optimizer.param_groups[0]["lr"] / run.optimizer.lr)
+        optimizer.step()
+        scheduler.step()
+    assert rates[:2] == pytest.approx([1.0, 1.0])
+    assert rates[-1] == pytest.approx(1.0 if kind == "constant" else run.schedule.min_lr_ratio)
+    read = stated({"scheduler": section})
+    assert read["schedule.warmup_steps"] == 0 and read.get("schedule.min_lr_ratio", 0.1) == run.schedule.min_lr_ratio
+
+
+def test_a_linear_schedule_warms_up_one_step_and_refuses_none(weights):
+    """DeepSpeed's WarmupDecayLR starts at its floor: the fine-tuning default becomes 1 step there, said as the
+    default, and a warm-up of 0 given with it is one line."""
+    run = load_run_config(None, [f"model.pretrained={weights}", "objective.kind=lm", "schedule.kind=linear"])
+    assert run.schedule.warmup_steps == 1
+    with pytest.raises(ValueError, match=r"schedule.warmup_steps=0 with schedule.kind=linear.*cosine or constant"):
+        load_run_config(None, [f"model.pretrained={weights}", "objective.kind=lm", "schedule.kind=linear",
+                               "schedule.warmup_steps=0"])
