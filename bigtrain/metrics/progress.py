@@ -41,19 +41,22 @@ def format_duration(seconds: float) -> str:
 
 
 def format_log_line(step: int, total: int, loss: float | None = None, lr: float | None = None,
-                    tokens_per_s: float | None = None, samples_per_s: float | None = None,
+                    grad_norm: float | None = None, tokens_per_s: float | None = None, samples_per_s: float | None = None,
                     tflops: float | None = None, mfu: float | None = None,
                     mem_bytes: float | None = None) -> str:
-    """`step 20/200 | loss 3.412 | lr 3.0e-04 | 12.3k tok/s | 1.85 TFLOP/s | MFU 31.2% | mem 2.1 GB/rank`.
+    """`step 20/200 | loss 3.412 | lr 3.0e-04 | grad norm 0.82 | 12.3k tok/s | 1.85 TFLOP/s | MFU 31.2% | mem 2.1 GB/rank`.
 
     Fields left as None are omitted; tokens/s is shown instead of samples/s when both are given.
-    `tflops` is the job's achieved rate; `mfu` a fraction in [0, 1].
+    `grad_norm`: the step's gradient norm before clipping; `tflops` the job's achieved rate; `mfu` a fraction in
+    [0, 1].
     """
     parts = [f"step {step}/{total}"]
     if loss is not None:
         parts.append(f"loss {loss:.3f}")
     if lr is not None:
         parts.append(f"lr {lr:.1e}")
+    if grad_norm is not None:
+        parts.append(f"grad norm {grad_norm:.3g}")
     if tokens_per_s is not None:
         parts.append(f"{human_count(tokens_per_s)} tok/s")
     elif samples_per_s is not None:

@@ -103,24 +103,47 @@ class Engine:
         if not self.ds.module.training:  # module.train() walks every submodule: only after eval
             self.ds.train()
         if self.is_pipeline:  # train_batch already averages over data-parallel ranks, on every stage
-            self.step_metrics = {}
-            return self.ds.train_batch(self._pipeline_items(batches))
+            loss = self.ds.train_batch(self._pipeline_items(batches))
+            self.step_metrics = self._grad_norm_metric(None)
+            return loss
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         sums: dict[str, torch.Tensor] = {}
         micro = self.objective.read_step(self.policy, batches, self.grad_accum)
         assert len(micro) == self.grad_accum, (len(micro), self.grad_accum)  # DeepSpeed steps at the last one
         shared = self.objective.begin_step(self.policy, micro)
-        for item in micro:
+        own_norm = None
+        for i, item in enumerate(micro):
             with same_batch_in_tensor_group():
                 loss, metrics = self.objective.micro_loss(self.policy, item, shared)
             self.ds.backward(loss)
+            if i == len(micro) - 1:
+                own_norm = self._unreported_grad_norm()
             self.ds.step()
             total += loss.detach()  # stays on the device: no host sync per micro-batch
             for name, value in metrics.items():
                 sums[name] = value.to(torch.float64) + sums.get(name, 0)
         self.step_metrics = {name: value / self.grad_accum for name, value in sums.items()}
         self.step_metrics.update(self.objective.end_step(self.policy, shared))
+        self.step_metrics.update(self._grad_norm_metric(own_norm))
         return total / self.grad_accum
+
+    def _unreported_grad_norm(self) -> torch.Tensor | None:
+        """The gradient norm of a step whose optimizer DeepSpeed does not ask for one (ZeRO-0 without mixed
+        precision clips with a norm it drops), measured after the step's last backward, before the step clips:
+        the gradients are whole and averaged over the data-parallel ranks by then."""
+        if self.ds.zero_optimization_stage() > 0 or self.ds.bfloat16_enabled() or self.ds.fp16_enabled():
+            return None
+        from deepspeed.runtime.utils import get_global_norm_of_tensors
+        grads = [p.grad for p in self.ds.module.parameters() if p.grad is not None]
+        return get_global_norm_of_tensors(grads, mpu=self.ds.mpu) if grads else None
+
+    def _grad_norm_metric(self, own: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """{"grad_norm": the step's gradient norm before clipping} (the HF Trainer's and TRL's metric), where known."""
+        norm = self.ds.get_global_grad_norm()
+        norm = own if norm is None else norm
+        if norm is None:
+            return {}
+        return {"grad_norm": torch.as_tensor(norm, dtype=torch.float64, device=self.device).reshape(())}
 
     @torch.no_grad()
     def eval_loss(self, batches: list[dict]) -> float:

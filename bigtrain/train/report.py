@@ -135,6 +135,7 @@ class Reporter:
             self.bar.tty = False  # plain log lines every interval instead of a redrawn bar
         self.started = time.perf_counter()
         self.lrs: list[float] = []  # this process's steps: the rate each applied
+        self.grad_norms: list[float] = []  # ... and each one's gradient norm before clipping, where known
         self.first_step_end_unix: float | None = None  # when this process's first step ended (time.time())
 
     def history(self) -> dict:
@@ -162,6 +163,9 @@ class Reporter:
         if self.first_step_end_unix is None:
             self.first_step_end_unix = time.time()
         router_loss = objective_metrics.pop("router_aux_loss", None)
+        grad_norm = objective_metrics.pop("grad_norm", None)  # the stepper's, on the step's own line
+        if grad_norm is not None:
+            self.grad_norms.append(grad_norm)
         if router_loss is not None:
             self.router_losses.append((step, router_loss))
         for name, value in objective_metrics.items():
@@ -170,6 +174,8 @@ class Reporter:
         if step % self.interval and step != self.total_steps:
             return
         metrics = {**self._window_metrics(loss, lr), **objective_metrics}
+        if grad_norm is not None:
+            metrics["grad_norm"] = grad_norm
         if router_loss is not None:
             metrics["router_aux_loss"] = router_loss
             if self.world.is_main:
@@ -182,7 +188,7 @@ class Reporter:
         self.monitor.log(step, metrics)
         notify("log", step, metrics)
         if self.world.is_main:
-            self.bar.update(step, loss=loss, lr=lr, tokens_per_s=metrics.get("tokens_per_s"),
+            self.bar.update(step, loss=loss, lr=lr, grad_norm=grad_norm, tokens_per_s=metrics.get("tokens_per_s"),
                             samples_per_s=metrics["samples_per_s"], tflops=metrics["tflops"], mfu=metrics["mfu"],
                             mem_bytes=metrics["mem_bytes"])
 
@@ -262,7 +268,8 @@ class Reporter:
             "rates_from_step": self.first_step,
             # this process's steps, from rates_from_step on: each one's seconds (the first from the clock's start
             # before it), the rate it applied, and when the first ended (`bigtrain bench --trl`: time to first step)
-            "step_times": list(self.meter.times), "lrs": self.lrs, "first_step_end_unix": self.first_step_end_unix,
+            "step_times": list(self.meter.times), "lrs": self.lrs, "grad_norms": self.grad_norms,
+            "first_step_end_unix": self.first_step_end_unix,
         }
         if self.spec.tokens_per_sample:
             summary["tokens_per_s"] = samples_per_s * self.spec.tokens_per_sample

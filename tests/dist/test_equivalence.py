@@ -96,6 +96,18 @@ def test_zero_stages_and_offload_match_zero0(runs, mode):
     assert diff <= RTOL, (mode, losses(root, mode), base)
 
 
+@pytest.mark.parametrize("mode", ["zero1", "zero3", "zero3_offload"])
+def test_gradient_norms_match_zero0(runs, mode):
+    """Each step's gradient norm before clipping (the step line's `grad norm`, summary.json's grad_norms): at ZeRO-0
+    in fp32 bigtrain measures it (DeepSpeed clips with a norm it drops), at ZeRO 1-3 DeepSpeed's optimizers give
+    theirs: two implementations, one number."""
+    model, root = runs
+    base = json.loads((root / "zero0" / "summary.json").read_text())["grad_norms"]
+    other = json.loads((root / mode / "summary.json").read_text())["grad_norms"]
+    assert len(base) == len(other) == STEPS and all(0 < n < float("inf") for n in base), base
+    assert max_rel_diff(other, base) <= 1e-3, (mode, other, base)
+
+
 def test_cpu_offload_runs_deepspeed_cpu_adam(runs):
     """Offload swaps torch's AdamW for DeepSpeed's C++ CPU Adam: the matching curves above check its math."""
     _, root = runs

@@ -125,6 +125,7 @@ def test_format_log_line():
                            mem_bytes=2.1e9)
     assert line == "step 20/200 | loss 3.412 | lr 3.0e-04 | 12.3k tok/s | 1.85 TFLOP/s | MFU 31.2% | mem 2.1 GB/rank"
     assert format_log_line(3, 10, samples_per_s=950.0) == "step 3/10 | 950.0 samples/s"
+    assert format_log_line(3, 10, loss=1.0, grad_norm=0.8234) == "step 3/10 | loss 1.000 | grad norm 0.823"
 
 
 def test_progress_bar_plain_lines_when_not_a_tty():
