@@ -9,11 +9,13 @@ Prompts come left-padded with their mask; out come, for each prompt, `num_genera
 end-of-text (which is kept), each marked truncated when max_new_tokens cut it, and optionally the per-token
 log-probabilities of the sampling distribution (temperature applied), computed by one forward after generation.
 
-Where DeepSpeed's `runtime.rollout.HybridEngineRollout` serves, it generates: at ZeRO-3 with the weights left
-partitioned (gather=False). Its `generate` calls `engine.module.generate` with `eos_token_id=None`, so every rank
-decodes exactly max_new_tokens steps: each step's forward all-gathers the layers' weights, and a rank that stopped
-at its end-of-text early would leave the others waiting in that gather for ever (DeepSpeed issue 8262). It masks
-what follows the first end-of-text afterwards.
+With the weights left partitioned at ZeRO-3 (gather=False) each step's forward all-gathers the layers' weights on
+every rank together, and a rank that stopped at its end-of-text early would leave the others waiting in that
+gather for ever (DeepSpeed issue 8262). DeepSpeed's `runtime.rollout.HybridEngineRollout` (Sampling.decode=
+"generate") calls `engine.module.generate` with `eos_token_id=None`, so every rank decodes exactly max_new_tokens
+steps on every row, and masks what follows the first end-of-text afterwards; the compact decode (the default)
+keeps the ranks in step until every rank's completions have ended, each on the rows still going
+(bigtrain.rollout.decode, `synced`).
 
 Where bigtrain does otherwise, and why:
 - Gathered weights (ZeRO-3, gather=True, TRL's `ds3_gather_for_generation`, its default): DeepSpeed's
@@ -31,8 +33,8 @@ Where bigtrain does otherwise, and why:
 - The policy is put in eval mode for the round (no dropout; transformers skips gradient checkpointing in eval),
   and back after; a peft model generates with its adapters active.
 - Several end-of-text ids (a model's generation_config may list more than the tokenizer's eos) all stop.
-- With whole weights a completion that ended leaves the batch and the KV cache (Sampling.decode="compact",
-  bigtrain.rollout.decode): transformers' generate would decode it, on padding, until the round's longest ends.
+- A completion that ended leaves the batch and the KV cache (Sampling.decode="compact", bigtrain.rollout.decode):
+  transformers' generate would decode it, on padding, until the round's longest ends.
 """
 from __future__ import annotations
 
@@ -164,13 +166,13 @@ def generate(engine: Any, tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask:
         with torch.no_grad(), _gathered(engine, partitioned and gather), _plain_generation_config(module, stops, pad), \
                 rng.active():
             each = None if pixels is None else pixels.repeat_rows(sampling.num_generations)
-            if partitioned and not gather and each is None:
+            synced = partitioned and not gather  # every decode step gathers each layer on every rank together
+            if sampling.decode == "compact" and each is None:  # a prompt's images: transformers' generate
+                ids = _compact_steps(module, prompt_ids, prompt_mask, sampling, stops, pad, synced)
+            elif synced and each is None:
                 ids = _deepspeed_rollout(module, tokenizer, prompt_ids, prompt_mask, sampling)
-            elif sampling.decode == "compact" and each is None:  # a prompt's images: transformers' generate
-                ids = _compact_steps(module, prompt_ids, prompt_mask, sampling, stops, pad)
             else:
-                ids = _own_steps(module, prompt_ids, prompt_mask, sampling, stops, pad, each,
-                                 synced=partitioned and not gather)
+                ids = _own_steps(module, prompt_ids, prompt_mask, sampling, stops, pad, each, synced=synced)
             rollout = _cut(prompt_ids, prompt_mask, ids, sampling, stops, pad)
             rollout.pixels = each
             if logps:
@@ -261,15 +263,16 @@ def _own_steps(module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
 
 
 def _compact_steps(module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling,
-                   stops: list[int], pad: int) -> torch.Tensor:
-    """bigtrain.rollout.decode's loop: the rows still decoding only, each rank stopping when its own have ended."""
+                   stops: list[int], pad: int, synced: bool = False) -> torch.Tensor:
+    """bigtrain.rollout.decode's loop: the rows still decoding only, each rank stopping when its own have ended
+    (`synced`: when every rank's have)."""
     from bigtrain.rollout.decode import compact_decode
     from bigtrain.rollout.forward import takes, takes_logits_to_keep
     n = sampling.num_generations
     return compact_decode(module, prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0),
                           sampling.max_new_tokens, stops, pad, greedy=sampling.greedy, temperature=sampling.temperature,
                           top_k=sampling.top_k, top_p=sampling.top_p, takes_logits_to_keep=takes_logits_to_keep(module),
-                          cache_keyword="cache" if takes(module, "cache") else "past_key_values")
+                          cache_keyword="cache" if takes(module, "cache") else "past_key_values", synced=synced)
 
 
 def _cut(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ids: torch.Tensor, sampling: Sampling,

@@ -80,3 +80,36 @@ def test_compact_is_the_default_and_generate_a_setting():
     assert load_run_config(None, base + ["objective.decode=generate"]).objective.decode == "generate"
     with pytest.raises(ValueError, match="objective.decode='paged': allowed values are compact, generate"):
         load_run_config(None, base + ["objective.decode=paged"])
+
+
+def test_with_partitioned_weights_a_rank_whose_completions_ended_runs_a_placeholder_until_every_rank_has(model,
+                                                                                                        monkeypatch):
+    """synced (ZeRO-3 weights left partitioned: every forward gathers each layer on every rank together): played here
+    with another rank that decodes 3 steps longer. This rank's completions are those of an unsynced round, it runs
+    3 more forwards, and its placeholder draws nothing from the sampling stream."""
+    import bigtrain.rollout.decode as decode
+    ids, mask = prompts()
+    ids, mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)
+    forwards = []
+    hooks = [model.register_forward_hook(lambda *args: forwards.append(1)),  # and every completion ends soon:
+             model.get_output_embeddings().register_forward_hook(lambda m, a, out: out + 3.0 * (
+                 torch.arange(out.shape[-1]) == EOS))]
+    runs = []
+    for synced in (False, True):
+        others = iter([True] * 3 + [False])  # the other rank: still going at 3 more of this rank's checks
+        monkeypatch.setattr(decode, "_anyone_decoding", lambda mine, device: mine or next(others))
+        forwards.clear()
+        torch.manual_seed(5)
+        out = decode.compact_decode(model, ids, mask, 40, [EOS], PAD, greedy=False, synced=synced,
+                                    cache_keyword="cache" if decode_takes_cache(model) else "past_key_values")
+        runs.append((out, len(forwards), torch.get_rng_state()))
+    for hook in hooks:
+        hook.remove()
+    (alone, n_alone, rng_alone), (synced, n_synced, rng_synced) = runs
+    assert n_alone < 40 and torch.equal(alone, synced) and torch.equal(rng_alone, rng_synced)
+    assert n_synced == n_alone + 3
+
+
+def decode_takes_cache(model) -> bool:
+    from bigtrain.rollout.forward import takes
+    return takes(model, "cache")
