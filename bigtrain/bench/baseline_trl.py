@@ -4,9 +4,9 @@ reward function GRPO is given (the built-in `accuracy`, the same function bigtra
 
     python -m bigtrain.bench.baseline_trl --job job.json --out DIR      # writes DIR/result.json
 
-It records when each optimizer step ended (`time.time()`, TRL's `on_step_end`: after the optimizer step, before
-the step's logging, where bigtrain's step clock also stops), TRL's log of every step, and the settings the trainer
-ran with, read back from the trainer itself (`effective_settings`).
+It records when each optimizer step ended (`time.time()`, and the process's CPU seconds then, TRL's `on_step_end`:
+after the optimizer step, before the step's logging, where bigtrain's step clock also stops), TRL's log of every
+step, and the settings the trainer ran with, read back from the trainer itself (`effective_settings`).
 """
 from __future__ import annotations
 
@@ -39,10 +39,12 @@ def build(job: dict, marks: dict) -> Any:
     config = getattr(trl, config_name)(**job["config"])
     data = load_dataset("json", data_files=job["data"], split="train")
     step_ends: list[float] = marks.setdefault("step_end_unix", [])
+    step_cpu: list[float] = marks.setdefault("step_end_cpu_s", [])
 
     class StepEnds(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             step_ends.append(time.time())
+            step_cpu.append(time.process_time())
 
     kwargs: dict[str, Any] = {"model": job["model"], "args": config, "train_dataset": data, "callbacks": [StepEnds()]}
     if job["objective"] == "grpo":

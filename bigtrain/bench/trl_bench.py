@@ -10,7 +10,10 @@ measured, read the same way for both:
 - tokens/s: a step's tokens over its seconds, the median over the same steps. SFT and DPO: the records a step
   trains (global batch) x the data's mean tokens per record (`record_tokens`; the same count on both sides, so
   their ratio is that of the step times). GRPO: completions x (the prompts' mean tokens + the step's own mean
-  completion length, each side's `completions/mean_length`).
+  completion length, each side's `completions/mean_length`);
+- the same in the job's CPU seconds (its process's `time.process_time()` at each step's end; bigtrain's: the rank's,
+  whose `bigtrain train` parent adds a few tenths of a second of argument checks): each job has one thread, so on a
+  machine other work shares these count the job's own work, less its waits for a core.
 """
 from __future__ import annotations
 
@@ -80,10 +83,13 @@ def measured(values: list[float], first_step: int = 2) -> list[float]:
     return values[skip:] if len(values) > skip else values
 
 
-def rates(step_s: list[float], step_tokens: list[float]) -> dict[str, float]:
-    s, t = measured(step_s), measured(step_tokens)
+def rates(step_s: list[float], step_tokens: list[float], step_end_cpu: list[float]) -> dict[str, float]:
+    """Medians over the measured steps: seconds, tokens/s, and the process's CPU seconds a step and at the first
+    step's end (from its start): on a shared machine, the work itself, less the waits for a core."""
+    s, t, cpu = measured(step_s), measured(step_tokens), measured(step_seconds(step_end_cpu))
     return {"step_s": statistics.median(s), "tokens_per_s": statistics.median(n / x for n, x in zip(t, s)),
-            "measured_steps": len(s)}
+            "measured_steps": len(s), "cpu_step_s": statistics.median(cpu), "cpu_to_first_step_s": step_end_cpu[0],
+            "tokens_per_cpu_s": statistics.median(n / x for n, x in zip(t, cpu))}
 
 
 def read_bigtrain(out: Path, started: float, case: Case, tokens: dict) -> dict[str, Any]:
@@ -92,7 +98,7 @@ def read_bigtrain(out: Path, started: float, case: Case, tokens: dict) -> dict[s
     result = {"time_to_first_step_s": s["first_step_end_unix"] - started, "step_times": step_s,
               "settings": bigtrain_settings(s, case.objective), "lrs": s["lrs"]}
     lengths = [v for _, v in s.get("metrics", {}).get("completions/mean_length", [])][1:]
-    result.update(rates(step_s, step_tokens(case, tokens, lengths)))
+    result.update(rates(step_s, step_tokens(case, tokens, lengths), s["step_end_cpu_s"]))
     if "time_split" in s:
         from bigtrain.bench.online import step_medians
         result["online"] = step_medians(s, skip=WARMUP)
@@ -107,7 +113,7 @@ def read_trl(out: Path, started: float, case: Case, tokens: dict) -> dict[str, A
     return {"time_to_first_step_s": ends[0] - started, "step_times": step_s, "settings": r["settings"],
             "lrs": r["lrs"], "versions": r["versions"],
             "startup": {"imports_s": r["imported"] - started, "trainer_built_s": r["trainer_built"] - started},
-            **rates(step_s, step_tokens(case, tokens, lengths))}
+            **rates(step_s, step_tokens(case, tokens, lengths), r["step_end_cpu_s"])}
 
 
 def step_tokens(case: Case, tokens: dict, completion_lengths: list[float]) -> list[float]:

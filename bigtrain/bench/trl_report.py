@@ -41,31 +41,51 @@ def pair_ratios(results: list[dict], objective: str, key: str, setting: str = ""
     return [(b[key] / a[key]) if inverse else (a[key] / b[key]) for a, b in zip(mine, theirs)]
 
 
+KEYS = ("step_s", "tokens_per_s", "time_to_first_step_s", "cpu_step_s", "tokens_per_cpu_s", "cpu_to_first_step_s")
+
+
 def summary(results: list[dict]) -> list[dict]:
-    """Per objective both sides ran: medians of the pairs' ratios (> 1: bigtrain faster / earlier)."""
+    """Per objective both sides ran: medians of the pairs' ratios (> 1: bigtrain faster / earlier), in wall-clock
+    seconds and in the jobs' CPU seconds."""
     out = []
     for objective in OBJECTIVES:
         speed = pair_ratios(results, objective, "tokens_per_s")
         if not speed:
             continue
-        mine, theirs = ok(results, objective, "bigtrain"), ok(results, objective, "trl")
-        med = {side: {k: statistics.median(r[k] for r in rows) for k in ("step_s", "tokens_per_s",
-                                                                           "time_to_first_step_s")}
-               for side, rows in (("bigtrain", mine), ("trl", theirs))}
-        first = pair_ratios(results, objective, "time_to_first_step_s", inverse=True)
-        out.append({"objective": objective, "speed": statistics.median(speed), "speed_pairs": speed,
-                    "first_step": statistics.median(first), "first_step_pairs": first, **med})
+        med = {side: {k: statistics.median(r[k] for r in rows) for k in KEYS}
+               for side, rows in (("bigtrain", ok(results, objective, "bigtrain")), ("trl", ok(results, objective, "trl")))}
+        ratios = {"speed": speed, "first_step": pair_ratios(results, objective, "time_to_first_step_s", inverse=True),
+                  "cpu_speed": pair_ratios(results, objective, "tokens_per_cpu_s"),
+                  "cpu_first_step": pair_ratios(results, objective, "cpu_to_first_step_s", inverse=True)}
+        out.append({"objective": objective, **med, **{k: statistics.median(v) for k, v in ratios.items()},
+                    **{f"{k}_pairs": v for k, v in ratios.items()}})
     return out
 
 
+def _pairs(values: list[float]) -> str:
+    return ", ".join(f"{x:.2f}" for x in values)
+
+
 def ratio_table(records: list[dict]) -> str:
+    """Wall clock: what a user waits for."""
     body = [[r["objective"].upper(), f"{r['bigtrain']['step_s']:.2f}", f"{r['trl']['step_s']:.2f}",
              f"{r['bigtrain']['tokens_per_s']:,.0f}", f"{r['trl']['tokens_per_s']:,.0f}", f"**{r['speed']:.2f}x**",
-             ", ".join(f"{x:.2f}" for x in r["speed_pairs"]), f"{r['bigtrain']['time_to_first_step_s']:.1f}",
-             f"{r['trl']['time_to_first_step_s']:.1f}", f"**{r['first_step']:.2f}x**",
-             ", ".join(f"{x:.2f}" for x in r["first_step_pairs"])] for r in records]
+             _pairs(r["speed_pairs"]), f"{r['bigtrain']['time_to_first_step_s']:.1f}",
+             f"{r['trl']['time_to_first_step_s']:.1f}", f"**{r['first_step']:.2f}x**", _pairs(r["first_step_pairs"])]
+            for r in records]
     return markdown_table(["objective", "bigtrain s/step", "TRL s/step", "bigtrain tokens/s", "TRL tokens/s",
                            "speed, bigtrain / TRL", "pairs", "bigtrain first step s", "TRL first step s",
+                           "first step, TRL / bigtrain", "pairs"], body)
+
+
+def cpu_table(records: list[dict]) -> str:
+    """The jobs' own CPU seconds (one thread each): the work, less the waits for a core on a shared machine."""
+    body = [[r["objective"].upper(), f"{r['bigtrain']['cpu_step_s']:.2f}", f"{r['trl']['cpu_step_s']:.2f}",
+             f"**{r['cpu_speed']:.2f}x**", _pairs(r["cpu_speed_pairs"]), f"{r['bigtrain']['cpu_to_first_step_s']:.1f}",
+             f"{r['trl']['cpu_to_first_step_s']:.1f}", f"**{r['cpu_first_step']:.2f}x**",
+             _pairs(r["cpu_first_step_pairs"])] for r in records]
+    return markdown_table(["objective", "bigtrain CPU s/step", "TRL CPU s/step", "tokens per CPU s, bigtrain / TRL",
+                           "pairs", "bigtrain CPU s to first step", "TRL CPU s to first step",
                            "first step, TRL / bigtrain", "pairs"], body)
 
 
@@ -73,12 +93,13 @@ def jobs_table(results: list[dict]) -> str:
     body = []
     for r in results:
         if not r.get("ok"):
-            body.append([r["case"], "failed: " + str(r.get("error") or f"exit {r.get('rc')}")[:80], "", "", "", ""])
+            body.append([r["case"], "failed: " + str(r.get("error") or f"exit {r.get('rc')}")[:80], *[""] * 6])
             continue
         body.append([r["case"], f"{r['step_s']:.2f}", f"{r['tokens_per_s']:,.0f}", f"{r['time_to_first_step_s']:.1f}",
-                     f"{r['wall_s']:.0f}", str(r["measured_steps"])])
-    return markdown_table(["job (in order)", "s/step", "tokens/s", "first step s", "command s", "steps measured"],
-                          body)
+                     f"{r['cpu_step_s']:.2f}", f"{r['cpu_to_first_step_s']:.1f}", f"{r['wall_s']:.0f}",
+                     str(r["measured_steps"])])
+    return markdown_table(["job (in order)", "s/step", "tokens/s", "first step s", "CPU s/step", "CPU s to first step",
+                           "command s", "steps measured"], body)
 
 
 def split_table(results: list[dict]) -> str:
@@ -99,13 +120,16 @@ def lever_table(results: list[dict]) -> str:
     body = []
     for setting, objective in dict.fromkeys((r["setting"], r["objective"]) for r in results if r.get("setting")):
         speed = pair_ratios(results, objective, "tokens_per_s", setting, against="defaults")
+        cpu = pair_ratios(results, objective, "tokens_per_cpu_s", setting, against="defaults")
         first = pair_ratios(results, objective, "time_to_first_step_s", setting, against="defaults")
+        cpu_first = pair_ratios(results, objective, "cpu_to_first_step_s", setting, against="defaults")
         if speed:
-            body.append([objective.upper(), setting, f"**{statistics.median(speed):.2f}**",
-                         ", ".join(f"{x:.2f}" for x in speed), f"{statistics.median(first):.2f}",
-                         ", ".join(f"{x:.2f}" for x in first)])
+            body.append([objective.upper(), setting, f"**{statistics.median(speed):.2f}**", _pairs(speed),
+                         f"{statistics.median(cpu):.2f}", _pairs(cpu), f"{statistics.median(first):.2f}",
+                         _pairs(first), f"{statistics.median(cpu_first):.2f}"])
     return markdown_table(["objective", "bigtrain with", "tokens/s, this row / defaults", "pairs",
-                           "time to first step, this row / defaults", "pairs"], body)
+                           "tokens per CPU s, this / defaults", "pairs", "time to first step, this / defaults",
+                           "pairs", "CPU s to first step, this / defaults"], body)
 
 
 def _value(settings: dict, key: Any) -> str:
@@ -152,7 +176,12 @@ def section(report: dict) -> str:
         f"to the limit), loss {s['grpo'].loss_type}, beta {s['grpo'].beta}, temperature {s['grpo'].temperature}, "
         "reward `accuracy`. Rates: medians over the steps after the first two; tokens/s as "
         "`bigtrain/bench/trl_bench.py` counts them (the same count on both sides).",
-        "### bigtrain against TRL", ratio_table(summary(results))]
+        "### bigtrain against TRL",
+        "Wall clock, what a user waits for (the pairs: each pair's bigtrain job over its TRL job):",
+        ratio_table(summary(results)),
+        "The jobs' own CPU seconds (one thread each; bigtrain's: the training process's, without the few tenths of a "
+        "second its `bigtrain train` parent spends on argument checks): the same work, less the waits for a core "
+        "that other work on this machine caused:", cpu_table(summary(results))]
     if any(r.get("setting") for r in results):
         parts += ["### Levers, each against bigtrain's defaults in this run", lever_table(results)]
     if any(r.get("online") for r in results):

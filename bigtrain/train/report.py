@@ -137,6 +137,7 @@ class Reporter:
         self.lrs: list[float] = []  # this process's steps: the rate each applied
         self.grad_norms: list[float] = []  # ... and each one's gradient norm before clipping, where known
         self.first_step_end_unix: float | None = None  # when this process's first step ended (time.time())
+        self.step_end_cpu: list[float] = []  # this process's CPU seconds at each step's end (time.process_time())
 
     def history(self) -> dict:
         """The curves and run time so far, for a checkpoint (a resume continues them)."""
@@ -160,6 +161,7 @@ class Reporter:
         self.meter.step(self.global_batch, tokens)
         self.losses.append(loss)
         self.lrs.append(lr)
+        self.step_end_cpu.append(time.process_time())
         if self.first_step_end_unix is None:
             self.first_step_end_unix = time.time()
         router_loss = objective_metrics.pop("router_aux_loss", None)
@@ -267,9 +269,11 @@ class Reporter:
             "wall_s": self.prior_wall_s + time.perf_counter() - self.started,
             "rates_from_step": self.first_step,
             # this process's steps, from rates_from_step on: each one's seconds (the first from the clock's start
-            # before it), the rate it applied, and when the first ended (`bigtrain bench --trl`: time to first step)
+            # before it), the rate it applied, its gradient norm, when the first ended (`bigtrain bench --trl`: time to
+            # first step) and the process's CPU seconds at each step's end (on a shared machine a steadier account of
+            # the work)
             "step_times": list(self.meter.times), "lrs": self.lrs, "grad_norms": self.grad_norms,
-            "first_step_end_unix": self.first_step_end_unix,
+            "first_step_end_unix": self.first_step_end_unix, "step_end_cpu_s": self.step_end_cpu,
         }
         if self.spec.tokens_per_sample:
             summary["tokens_per_s"] = samples_per_s * self.spec.tokens_per_sample

@@ -107,6 +107,7 @@ def write_bigtrain(out: Path, started: float, lengths=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({
         "step_times": [9.0, 3.0, 2.0, 2.0, 4.0], "first_step_end_unix": started + 30.0, "lrs": [1e-5] * 5,
+        "step_end_cpu_s": [10.0, 11.5, 12.5, 13.5, 15.5],
         "metrics": metrics, "run_config": run, "world_size": 1,
         "ds_config": {"optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "betas": [0.9, 0.999], "eps": 1e-8,
                                                                  "weight_decay": 0.0, "torch_adam": True}},
@@ -125,6 +126,7 @@ def test_both_sides_files_are_read_alike(tmp_path):
     mine = trl_bench.read_bigtrain(tmp_path / "bt", 1000.0, sft, tokens)
     assert mine["time_to_first_step_s"] == 30.0 and mine["step_times"] == [3.0, 2.0, 2.0, 4.0]
     assert mine["step_s"] == 2.0 and mine["measured_steps"] == 3  # steps 3-5
+    assert (mine["cpu_step_s"], mine["cpu_to_first_step_s"]) == (1.0, 10.0)  # CPU s at the step ends: 1, 1, 2
     assert mine["tokens_per_s"] == pytest.approx(16 * 100.0 / 2.0)
     assert mine["settings"]["lr_scheduler"] == "constant (DeepSpeed's WarmupLR, 1e-05 to 1e-05)"
     (tmp_path / "trl").mkdir()
@@ -133,17 +135,20 @@ def test_both_sides_files_are_read_alike(tmp_path):
                                                                                                       20, 10])]
     (tmp_path / "trl" / "result.json").write_text(json.dumps({
         "started": 1001.0, "imported": 1010.0, "trainer_built": 1012.0, "step_end_unix": ends, "log": log,
+        "step_end_cpu_s": [12.0, 13.5, 14.5, 15.5, 17.5],
         "settings": {"betas": [0.9, 0.999]}, "lrs": [1e-5] * 5, "versions": {}}))
     grpo = Case("grpo", "trl", replace(SETTINGS["grpo"], steps=5))
     theirs = trl_bench.read_trl(tmp_path / "trl", 1000.0, grpo, tokens)
     assert theirs["time_to_first_step_s"] == 40.0 and theirs["step_s"] == 2.0
     # steps 3-5: 32 x (20 + 30) / 2, 32 x (20 + 20) / 2, 32 x (20 + 10) / 4 -> the median 640
     assert theirs["tokens_per_s"] == pytest.approx(640.0) and theirs["startup"]["imports_s"] == 10.0
+    assert theirs["cpu_to_first_step_s"] == 12.0 and theirs["tokens_per_cpu_s"] == pytest.approx(32 * 40 / 1.0)
 
 
 def result(objective, runner, step_s, first, setting="", rep=0):
     return {"case": f"{objective} {runner} {setting}", "objective": objective, "runner": runner, "setting": setting,
             "ok": True, "step_s": step_s, "tokens_per_s": 100.0 / step_s, "time_to_first_step_s": first,
+            "cpu_step_s": step_s / 2, "tokens_per_cpu_s": 200.0 / step_s, "cpu_to_first_step_s": first / 2,
             "wall_s": 60.0, "measured_steps": 10, "lrs": [1e-5, 1e-5], "rep": rep,
             "settings": {"betas": [0.9, 0.999], "eps": 1e-8, "loss_type": "dapo"}}
 
@@ -157,8 +162,11 @@ def test_the_page_states_bigtrain_over_trl_per_pair_the_levers_and_both_sides_se
     assert rec["speed_pairs"] == pytest.approx([1.5, 2.0]) and rec["speed"] == pytest.approx(1.75)
     assert rec["first_step_pairs"] == pytest.approx([1.5, 2.0])  # TRL's over bigtrain's: > 1, bigtrain earlier
     assert "| GRPO | 1.00 | 1.75 |" in trl_report.ratio_table([rec]) and "**1.75x**" in trl_report.ratio_table([rec])
+    assert "| GRPO | 0.50 | 0.88 | **1.75x** | 1.50, 2.00 | 8.8 | 15.0 | **1.75x** | 1.50, 2.00 |" in \
+        trl_report.cpu_table([rec])
     levers = trl_report.lever_table(results)
-    assert "| GRPO | transformers' generate | **0.75** | 0.50, 1.00 | 1.25 | 0.50, 2.00 |" in levers
+    assert "| GRPO | transformers' generate | **0.75** | 0.50, 1.00 | 0.75 | 0.50, 1.00 | 1.25 | 0.50, 2.00 | 1.25 |" \
+        in levers
     table = trl_report.settings_table(results, "grpo")
     assert "| Adam betas | 0.9, 0.999 | 0.9, 0.999 |" in table and "| loss type | dapo | dapo |" in table
     assert "| learning rate applied, first and last step | 1e-05, 1e-05 | 1e-05, 1e-05 |" in table
