@@ -140,7 +140,8 @@ class Case:
         return "-".join(re.sub(r"[^\w.-]+", " ", self.name).split()) + f"-{self.rep}"
 
 
-# bigtrain with one change against its defaults, run beside them: (name, --set overrides, bigtrain train arguments)
+# bigtrain with one change against its defaults, run beside them: (name, --set overrides, bigtrain train arguments);
+# ZERO3_LEVERS (GRPO at ZeRO-3, the weights gathered or left partitioned for generation) in full runs only
 LEVERS = {
     "sft": (("rows padded to data.seq_len", (("data.padding", "max_length"),), ()),
             ("started through the deepspeed launcher", (), ("--launcher-arg=--master_addr=127.0.0.1",))),
@@ -148,6 +149,12 @@ LEVERS = {
              ("a round for 2 steps (objective.steps_per_generation=4)", (("objective.steps_per_generation", "4"),),
               ())),
 }
+PARTITIONED = (("zero.stage", "3"), ("objective.ds3_gather_for_generation", "false"))
+ZERO3_LEVERS = (("ZeRO-3, weights gathered for generation", (("zero.stage", "3"),
+                                                              ("objective.ds3_gather_for_generation", "true")), ()),
+                ("ZeRO-3, weights partitioned (compact, ranks in step)", PARTITIONED, ()),
+                ("ZeRO-3, weights partitioned (HybridEngineRollout: decode=generate)",
+                 (*PARTITIONED, ("objective.decode", "generate")), ()))
 
 
 def plan(repeats: int = 2, only: str | None = None, dry: bool = False) -> list[Case]:
@@ -161,9 +168,9 @@ def plan(repeats: int = 2, only: str | None = None, dry: bool = False) -> list[C
         settings = replace(SETTINGS[objective], steps=DRY_STEPS) if dry else SETTINGS[objective]
         for rep in range(1 if dry else repeats):
             pair = [Case(objective, "bigtrain", settings, rep=rep), Case(objective, "trl", settings, rep=rep)]
+            levers = (*LEVERS.get(objective, ()), *(ZERO3_LEVERS if objective == "grpo" and not dry else ()))
             cases += (pair if rep % 2 == 0 else pair[::-1]) + [
-                Case(objective, "bigtrain", settings, name, sets, flags, rep) for name, sets, flags in
-                LEVERS.get(objective, ())]
+                Case(objective, "bigtrain", settings, name, sets, flags, rep) for name, sets, flags in levers]
     return cases
 
 
