@@ -135,9 +135,14 @@ def all_reduce_mean(values: list[float], device: torch.device | str, group=None)
 
 def all_ranks_agree(flag: bool) -> bool:
     """Whether `flag` holds on every rank (a collective; `flag` itself without a process group)."""
+    return smallest_over_ranks(1.0 if flag else 0.0) > 0
+
+
+def smallest_over_ranks(value: float) -> float:
+    """The smallest of each rank's `value` (a collective; `value` itself without a process group)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return flag
+        return value
     from deepspeed.accelerator import get_accelerator
-    value = torch.tensor([1 if flag else 0], device=get_accelerator().current_device_name())
-    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
-    return bool(value.item())
+    packed = torch.tensor([value], dtype=torch.float64, device=get_accelerator().current_device_name())
+    torch.distributed.all_reduce(packed, op=torch.distributed.ReduceOp.MIN)
+    return float(packed.item())

@@ -326,9 +326,9 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryEstimate:
 
 
 def gathers_for_generation(setting: bool | str, weight_bytes: float, gpu_mem: float | None) -> bool:
-    """Needs.gathers_weights resolved as a run resolves it (bigtrain.rollout.generate.gathered_weights_fit): auto
+    """Needs.gathers_weights resolved as a run resolves it (bigtrain.rollout.generate.gather_choice): auto
     gathers where the whole weights take at most GATHER_SHARE of a device (the estimate reads the device's memory, the
-    run its free memory at the first round); with no device size given, auto counts the gathered weights (the
+    run its free memory at its start); with no device size given, auto counts the gathered weights (the
     larger round, and TRL's default)."""
     if setting != "auto":
         return bool(setting)

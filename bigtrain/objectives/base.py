@@ -83,7 +83,7 @@ class Needs:
     samples_per_record: int = 1
     completion_tokens: int = 0  # tokens of data.seq_len its generated completions take (its prompts get the rest)
     # at ZeRO-3, whether a generation round gathers the whole weights on each device: True, False (partitioned), or
-    # "auto" (where they fit: bigtrain.rollout.generate.gathered_weights_fit); the estimate counts them
+    # "auto" (where they fit: bigtrain.rollout.generate.gather_choice); the estimate counts them
     gathers_weights: bool | str = False
     # why it cannot run with each MODE it refuses; also why a reference kind it does not allow cannot serve it, and
     # (keys "micro_batch", "samples_per_record", "completion_tokens") why those limits hold
@@ -167,8 +167,12 @@ class Policy(Protocol):
         `bigtrain.rollout.generate.Rollout` drawn with `Sampling` from the objective's own `SampleRNG` (with the
         sampling distribution's log-probabilities when `logps`). `gather`: at ZeRO-3, the weights gathered once
         for the round (True) or left partitioned (False); None: gathered where they fit one device
-        (`bigtrain.rollout.generate.gathered_weights_fit`). `pixels`: a vision-language model's images of the prompts,
-        repeated for their completions (the Rollout's `pixels`)."""
+        (`bigtrain.rollout.generate.gather_choice`), as `choose_gather("auto")` decided. `pixels`: a
+        vision-language model's images of the prompts, repeated for their completions (the Rollout's `pixels`)."""
+
+    def choose_gather(self, setting: str | bool) -> str:
+        """objective.ds3_gather_for_generation (auto, true, false) decided for the run, every rank calling it
+        together at the start; the start line's words for the decision and why ('' below ZeRO-3)."""
 
 
 class Objective:

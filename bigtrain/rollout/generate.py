@@ -183,22 +183,36 @@ def generate(engine: Any, tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask:
 
 
 GATHER_SHARE = 0.5  # gathered weights may take at most this share of a device's free memory (the rest: KV cache)
+GATHERED = "generation gathers the ZeRO-3 weights once per round"
+PARTITIONED = "generation leaves the ZeRO-3 weights partitioned (one all-gather per layer and decode step)"
 
 
-def gathered_weights_fit(engine: Any) -> bool:
-    """The rule for objective.ds3_gather_for_generation=auto, a collective at ZeRO-3: gather the weights for a
-    generation round when the whole model, in the dtype it trains in, takes at most half of the memory each
-    device has free now (DeepSpeed's `available_memory`; the other half is left to the KV cache and the round's
-    activations), on every rank; else leave them partitioned (one all-gather per layer and decode step: slower, but
-    a model no device can hold whole still generates). True below ZeRO-3, where the weights are whole anyway."""
+def gather_choice(engine: Any, setting: str | bool) -> tuple[bool, str]:
+    """objective.ds3_gather_for_generation resolved on `engine`, and the start line's words for it ('' below ZeRO-3,
+    where the weights are whole and there is nothing to gather). auto, a collective at ZeRO-3: gather the weights
+    for a generation round when the whole model, in the dtype it trains in, takes at most half of the memory the
+    fullest device has free now (DeepSpeed's `available_memory`; the other half is left to the KV cache and the
+    round's activations); else leave them partitioned (one all-gather per layer and decode step: slower, but a model
+    no device can hold whole still generates)."""
     if not _zero3(engine):
-        return True
+        return True, ""
+    named = f"objective.ds3_gather_for_generation={str(setting).lower()}"
+    if setting != "auto":
+        return bool(setting), f"{GATHERED if setting else PARTITIONED} ({named})"
     from deepspeed.accelerator import get_accelerator
 
-    from bigtrain.distributed.world import all_ranks_agree
+    from bigtrain.distributed.world import smallest_over_ranks
     module = getattr(engine, "module", engine)
     whole = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in module.parameters())
-    return all_ranks_agree(whole <= GATHER_SHARE * get_accelerator().available_memory())
+    free = smallest_over_ranks(float(get_accelerator().available_memory()))
+    fits = whole <= GATHER_SHARE * free
+    why = (f"the whole model, {_size(whole)}, takes {'at most' if fits else 'more than'} half of the {_size(free)} "
+           "free on the fullest device" + ("" if fits else "; true gathers them anyway"))
+    return fits, f"{GATHERED if fits else PARTITIONED} ({named}: {why})"
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _zero3(engine: Any) -> bool:

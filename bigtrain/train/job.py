@@ -181,15 +181,18 @@ def say_what_trains(config: JobConfig, resolved: Resolved, spec: models.ModelSpe
             log.info("%s", engine.lora.line)
     if engine.lora:
         spec = replace(spec, flops_per_sample=training_flops(spec, engine.lora))
-    rows = objective.declare(objective.settings).rows_per_sample
+    needs = objective.declare(objective.settings)
+    rows = needs.rows_per_sample
     factor = rows * objective.flops_factor()
     if factor != 1.0 or rows != 1:
         spec = replace(spec, flops_per_sample=spec.flops_per_sample * factor,
                        tokens_per_sample=spec.tokens_per_sample * rows)
-    if world.is_main and (rows != 1 or objective.reference != "none"):
-        log.info("objective %s%s: %d %s per step", objective.kind,
+    # every rank: objective.ds3_gather_for_generation=auto asks each rank's free memory
+    gather = engine.policy.choose_gather(needs.gathers_weights) if needs.generates else ""
+    if world.is_main and (rows != 1 or objective.reference != "none" or gather):
+        log.info("objective %s%s: %d %s per step%s", objective.kind,
                  f", reference {objective.reference}" if objective.reference != "none" else "",
-                 resolved.ds_config["train_batch_size"], objective.samples)
+                 resolved.ds_config["train_batch_size"], objective.samples, f"; {gather}" if gather else "")
     return spec
 
 

@@ -28,7 +28,7 @@ class PolicyModel:
         self.spec, self.device, self.float_dtype = spec, device, float_dtype
         self.token_weighted, self.tokenizer, self.seed = token_weighted, tokenizer, seed
         self.router_coef = router_aux_coef(getattr(spec, "config", None)) or 0.0
-        self.gather: bool | None = None  # generation's ZeRO-3 rule, decided at the first round (every rank alike)
+        self.gather: bool | None = None  # generation's ZeRO-3 rule, decided at the start (every rank alike)
 
     def inputs(self, rows: dict) -> tuple[Any, torch.Tensor]:
         inputs, labels = self.spec.batch_to_inputs(rows)
@@ -128,15 +128,22 @@ class PolicyModel:
         assert setting in self.frozen_models, f"no frozen model was built for objective.{setting}"
         return self.frozen_models[setting]
 
+    def choose_gather(self, setting: str | bool) -> str:
+        """objective.ds3_gather_for_generation decided for this run (auto: where the weights fit one device, a
+        collective at ZeRO-3; every rank calls it), and the start line's words for it ('' below ZeRO-3)."""
+        from bigtrain.rollout.generate import gather_choice
+        self.gather, said = gather_choice(self.ds, setting)
+        return said
+
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Any, rng: Any, *,
                  gather: bool | None = None, logps: bool = False, pixels: Any = None) -> Any:
         """One generation round on the engine's own module (`bigtrain.rollout.generate`: every rank calls it together;
-        eval mode for the round; `gather` the ZeRO-3 weights once instead of at every decode step; None: where
-        they fit, decided at the first round)."""
-        from bigtrain.rollout.generate import generate, gathered_weights_fit
+        eval mode for the round; `gather` the ZeRO-3 weights once instead of at every decode step; None: as
+        `choose_gather` decided auto, at the first round if nothing asked before)."""
+        from bigtrain.rollout.generate import generate
         if gather is None:
             if self.gather is None:
-                self.gather = gathered_weights_fit(self.ds)
+                self.choose_gather("auto")
             gather = self.gather
         return generate(self.ds, self.tokenizer, prompt_ids, prompt_mask, sampling, rng, gather=gather, logps=logps,
                         pixels=pixels)

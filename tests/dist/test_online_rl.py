@@ -296,6 +296,17 @@ def test_a_run_stopped_mid_round_resumes_on_the_uninterrupted_curve(runs):
     assert restored and "RNG restored" in restored[0]
 
 
+def test_the_start_line_says_what_generation_does_with_the_zero3_weights(runs):
+    """objective.ds3_gather_for_generation=auto, decided before the first step and said in the objective's start
+    line: one path for GRPO and distillation at ZeRO-3; below ZeRO-3 there is nothing to gather or say."""
+    for name, kind in (("full", "grpo"), ("distill_mixed_z3", "distill")):
+        log = (runs / name / "logs" / "rank0.log").read_text().splitlines()
+        line = next(line for line in log if f"bigtrain] objective {kind}" in line)
+        assert naming(line, "completions per step; generation gathers the ZeRO-3 weights once per round "
+                      "(objective.ds3_gather_for_generation=auto: the whole model, ", "free on the fullest device)")
+    assert "ds3_gather" not in (runs / "rloo_z2" / "logs" / "rank0.log").read_text()
+
+
 def test_the_run_learns_as_far_as_the_plain_loop(runs):
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM

@@ -244,18 +244,26 @@ def test_the_objectives_checkpoint_state_loads_weights_only(tmp_path):
     assert again.round_metrics == {"reward": 0.25}
 
 
-def test_zero3_weights_are_gathered_where_they_fit_one_device(monkeypatch):
+def test_zero3_weights_are_gathered_where_they_fit_one_device_and_the_start_line_says_why(monkeypatch):
     from deepspeed.accelerator import get_accelerator
 
-    from bigtrain.rollout.generate import gathered_weights_fit
+    from bigtrain.rollout.generate import gather_choice
     module = torch.nn.Linear(1000, 1000)  # 4 MB of fp32 weights
     partitioned = SimpleNamespace(module=module, zero_optimization_partition_weights=lambda: True)
     accelerator = get_accelerator()
     monkeypatch.setattr(accelerator, "available_memory", lambda *a: 10 << 20)
-    assert gathered_weights_fit(partitioned)  # 4 MB <= half of 10 MB free
+    assert gather_choice(partitioned, "auto") == (True, (  # 4 MB <= half of 10 MB free
+        "generation gathers the ZeRO-3 weights once per round (objective.ds3_gather_for_generation=auto: the whole "
+        "model, 3.8 MiB, takes at most half of the 10.0 MiB free on the fullest device)"))
     monkeypatch.setattr(accelerator, "available_memory", lambda *a: 6 << 20)
-    assert not gathered_weights_fit(partitioned)
-    assert gathered_weights_fit(SimpleNamespace(module=module, zero_optimization_partition_weights=lambda: False))
+    assert gather_choice(partitioned, "auto") == (False, (
+        "generation leaves the ZeRO-3 weights partitioned (one all-gather per layer and decode step) "
+        "(objective.ds3_gather_for_generation=auto: the whole model, 3.8 MiB, takes more than half of the 6.0 MiB "
+        "free on the fullest device; true gathers them anyway)"))
+    assert gather_choice(partitioned, True) == (True, "generation gathers the ZeRO-3 weights once per round "
+                                                      "(objective.ds3_gather_for_generation=true)")
+    whole = SimpleNamespace(module=module, zero_optimization_partition_weights=lambda: False)
+    assert gather_choice(whole, "auto") == (True, "")  # below ZeRO-3 nothing to gather, nothing said
 
 
 def test_the_time_split_and_the_log_line():
