@@ -231,6 +231,12 @@ class Objective:
         PART: the summary adds their mean and share (`bigtrain.train.report`)."""
         return {}
 
+    def sample_settings(self) -> Any:
+        """How the end-of-run sample answers its held-out prompt (`bigtrain.train.sample`): an objective that
+        generates gives its own `bigtrain.rollout.generate.Sampling`, as it trained; None: train.sample_tokens
+        tokens, top-k 40."""
+        return None
+
     def sample_table(self) -> list[dict] | None:
         """Rows this rank shows of its last step (online RL: prompts, completions, rewards), or None. Rank 0's go
         to OUT/samples.jsonl and to the trackers that take tables at every log step."""

@@ -184,6 +184,9 @@ class OnlineObjective(Objective):
         self.steps_per_round = self.round_pieces // micro_batches
         return max(1, micro_batch * self.round_pieces // self.group)
 
+    def sample_settings(self) -> Any:
+        return self.sampling
+
     def eval_data_batch(self, micro_batch: int) -> int:
         return max(1, micro_batch // self.eval_group)
 

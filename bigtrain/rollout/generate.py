@@ -266,9 +266,7 @@ def _own_steps(module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     with the others until all have, as partitioned weights need)."""
     n = sampling.num_generations
     ids, mask = prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0)
-    kwargs: dict[str, Any] = {"do_sample": False, **(pixels.inputs_for(ids) if pixels is not None else {})}
-    if not sampling.greedy:
-        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    kwargs: dict[str, Any] = {**drawing(sampling), **(pixels.inputs_for(ids) if pixels is not None else {})}
     # synced_gpus off: transformers would turn it on under ZeRO-3 (extra forwards until every rank is done),
     # which whole weights do not need
     out = module.generate(input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
@@ -287,6 +285,13 @@ def _compact_steps(module: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Ten
                           sampling.max_new_tokens, stops, pad, greedy=sampling.greedy, temperature=sampling.temperature,
                           top_k=sampling.top_k, top_p=sampling.top_p, takes_logits_to_keep=takes_logits_to_keep(module),
                           cache_keyword="cache" if takes(module, "cache") else "past_key_values", synced=synced)
+
+
+def drawing(sampling: Sampling) -> dict[str, Any]:
+    """transformers' `generate` keywords that draw tokens as `sampling` says (greedy at temperature <= 0)."""
+    if sampling.greedy:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
 
 
 def _cut(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ids: torch.Tensor, sampling: Sampling,

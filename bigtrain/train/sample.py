@@ -8,7 +8,9 @@ prints. A pipeline's stages each hold some layers: their weights are gathered in
 model on rank 0, outside DeepSpeed. ZeRO 0-2 keep whole weights on every rank: rank 0 alone
 generates. The caller bounds the whole step (`Lifeline.bound`, bigtrain.distributed.lifeline). A chat or instruction run
 answers a held-out prompt instead (`DataBundle.sample_prompt`: the conversation so far rendered by the
-chat template, up to the assistant's generation prompt), shown with the template's markers.
+chat template, up to the assistant's generation prompt), shown with the template's markers. An objective that
+generates its answers (online RL) samples as it trained: its own settings (`Objective.sample_settings`:
+objective.max_completion_length, temperature, top_p, top_k) and end-of-text ids, not train.sample_tokens.
 """
 from __future__ import annotations
 
@@ -26,25 +28,32 @@ PIPELINE_SAMPLE_MAX_PARAMS = 2_000_000_000  # gathering a bigger pipeline model 
 
 @torch.no_grad()
 def generate_sample(model: torch.nn.Module, tokenizer: Any, max_new_tokens: int, device: str,
-                    prompt: str = PROMPT, synced: bool = False, prompt_ids: list[int] | None = None) -> str:
+                    prompt: str = PROMPT, synced: bool = False, prompt_ids: list[int] | None = None,
+                    sampling: Any = None) -> str:
     """Top-k sampling with a fixed seed (the caller's RNG state is kept), so the sample is reproducible.
 
     `synced`: every rank calls this together (ZeRO-3), each forward being a collective. `prompt_ids`: token
-    ids to continue instead of `prompt` (a held-out chat prompt), decoded with their special tokens."""
+    ids to continue instead of `prompt` (a held-out chat prompt), decoded with their special tokens. `sampling`: an
+    objective's own (`bigtrain.rollout.generate.Sampling`), which then decides the length, the drawing and the
+    end-of-text ids as in training, instead of `max_new_tokens` and top-k 40."""
+    from bigtrain.rollout.generate import drawing, stop_ids
     if prompt_ids:
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     else:
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
+    if sampling is not None:
+        max_new_tokens, drawn, stops = sampling.max_new_tokens, drawing(sampling), stop_ids(model, tokenizer)
+    else:
+        drawn, stops = {"do_sample": True, "top_k": 40}, answer_stops(model, tokenizer) if prompt_ids else None
     limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
     if limit:  # learned positions end there: generating past them fails
         max_new_tokens = max(1, min(max_new_tokens, limit - ids.shape[1]))
     generator_state = torch.get_rng_state()
     torch.manual_seed(0)
     padding = range(len(tokenizer), model.config.vocab_size)  # rows of a padded vocabulary (vocab_multiple)
-    stops = answer_stops(model, tokenizer) if prompt_ids else None
     try:
-        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=True, top_k=40,
-                             suppress_tokens=list(padding) or None, synced_gpus=synced, eos_token_id=stops,
+        out = model.generate(ids, max_new_tokens=max_new_tokens, suppress_tokens=list(padding) or None,
+                             synced_gpus=synced, eos_token_id=stops, **drawn,
                              pad_token_id=tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0)
     finally:
         torch.set_rng_state(generator_state)
@@ -66,10 +75,11 @@ def answer_stops(model: torch.nn.Module, tokenizer: Any) -> list[int] | None:
 def print_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World,
                  prompt_ids: list[int] | None = None) -> str | None:
     """Collective: every rank calls it. Returns the text on rank 0 (None elsewhere or without one)."""
+    sampling = engine.objective.sample_settings()
     if engine.is_pipeline:
         text = _pipeline_sample(engine, tokenizer, max_new_tokens, world, prompt_ids)
     else:
-        text = _module_sample(engine, tokenizer, max_new_tokens, world, prompt_ids)
+        text = _module_sample(engine, tokenizer, max_new_tokens, world, prompt_ids, sampling)
     if text is not None and world.is_main:
         what = "the trained model answers a held-out prompt" if prompt_ids else "sample from the trained model"
         print(f"\n--- {what} ---\n{text}\n-------------------------------------", flush=True)
@@ -77,7 +87,7 @@ def print_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World,
 
 
 def _module_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: World,
-                   prompt_ids: list[int] | None) -> str | None:
+                   prompt_ids: list[int] | None, sampling: Any = None) -> str | None:
     model = engine.module()
     if not hasattr(model, "generate"):
         return None
@@ -87,10 +97,11 @@ def _module_sample(engine: Any, tokenizer: Any, max_new_tokens: int, world: Worl
         # ZeRO-3 gathers weights and AutoTP all-reduces inside every forward: every rank must generate alike.
         tensor_parallel = engine.split is not None and engine.split.topology.tensor > 1
         if (engine.ds.zero_optimization_stage() == 3 or tensor_parallel) and world.size > 1:
-            text = generate_sample(model, tokenizer, max_new_tokens, engine.device, synced=True, prompt_ids=prompt_ids)
+            text = generate_sample(model, tokenizer, max_new_tokens, engine.device, synced=True, prompt_ids=prompt_ids,
+                                   sampling=sampling)
         else:
-            text = generate_sample(model, tokenizer, max_new_tokens, engine.device,
-                                   prompt_ids=prompt_ids) if world.is_main else None
+            text = generate_sample(model, tokenizer, max_new_tokens, engine.device, prompt_ids=prompt_ids,
+                                   sampling=sampling) if world.is_main else None
             barrier()
     finally:
         model.train(was_training)

@@ -165,3 +165,30 @@ def test_a_teacher_with_another_tokenizer_is_one_line_naming_both(tmp_path):
     line = str(said.value)
     assert "\n" not in line and f"objective.teacher={tmp_path / 'other'}" in line
     assert f"{len(other)} tokens" in line and f"{len(student)} tokens" in line and "one tokenizer" in line
+
+
+def test_the_end_of_run_sample_answers_with_the_objectives_generation_settings(capsys):
+    """The end-of-run sample of a distillation run answers its held-out prompt as the run's own rounds do: at most
+    objective.max_completion_length tokens, the objective's temperature, not train.sample_tokens; a run of the model's
+    own loss keeps train.sample_tokens (the same prompt, seed and model answer past that length there)."""
+    import contextlib
+
+    from bigtrain.distributed.world import World
+    from bigtrain.train.job import end_of_run_sample
+    tok, model = rl_task.make_tokenizer(), rl_task.make_model(0).eval()
+    prompt = tok("say 3")["input_ids"]
+    lifeline = SimpleNamespace(bound=lambda *a: contextlib.nullcontext())
+    data = SimpleNamespace(tokenizer=tok, bundle=SimpleNamespace(processor=None, sample_prompt=prompt))
+
+    def answer(kind_objective) -> list[str]:
+        engine = SimpleNamespace(is_pipeline=False, module=lambda: model, split=None, device="cpu",
+                                 ds=SimpleNamespace(zero_optimization_stage=lambda: 0), objective=kind_objective)
+        run = SimpleNamespace(train=SimpleNamespace(sample_tokens=24))
+        end_of_run_sample(engine, data, run, World(0, 0, 1), lifeline)
+        text = capsys.readouterr().out.split("---\n", 1)[1].split("\n---", 1)[0]
+        return tok.tokenize(text)[len(prompt):]
+
+    distilled = answer(objective("objective.max_completion_length=3"))
+    own_loss = answer(build_objective(load_run_config(None, []).objective))
+    print(f"end-of-run answers: distill {distilled}, lm {own_loss}")
+    assert 1 <= len(distilled) <= 3 and len(own_loss) > 3
