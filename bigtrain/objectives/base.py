@@ -237,6 +237,11 @@ class Objective:
         tokens, top-k 40."""
         return None
 
+    def window_warning(self) -> str | None:
+        """At each log step, on every rank alike: one warning about the steps since the last log step (online RL:
+        a collapse, `bigtrain.rollout.collapse`), or None (the default)."""
+        return None
+
     def sample_table(self) -> list[dict] | None:
         """Rows this rank shows of its last step (online RL: prompts, completions, rewards), or None. Rank 0's go
         to OUT/samples.jsonl and to the trackers that take tables at every log step."""

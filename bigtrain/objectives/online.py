@@ -136,6 +136,7 @@ class OnlineObjective(Objective):
 
     def __init__(self, kind: str, settings: Any = None, reference: str = "none"):
         super().__init__(kind, settings, reference)
+        from bigtrain.rollout.collapse import CollapseWatch
         from bigtrain.rollout.generate import Sampling
         s = self.settings
         self.group = s.num_generations  # completions per prompt (in an evaluation, eval_group's while it runs)
@@ -156,6 +157,7 @@ class OnlineObjective(Objective):
         self.round_metrics: Metrics = {}
         self.table: list[dict] | None = None
         self.times: dict[str, float] = {}
+        self.collapse = CollapseWatch(s.temperature)  # every group answered alike over a logging window
 
     # -- what the subclass gives --------------------------------------------------------------------------------
 
@@ -221,6 +223,7 @@ class OnlineObjective(Objective):
         self.times["reference"] = clock.lap()
         self.round_metrics = self.score_round(policy, batch, rollout, cut)
         self.round_metrics.update(self.completion_metrics(rollout))
+        self.collapse.see(rollout.completion_ids, rollout.completion_mask, self.group, gather_rows)
         self.times["rewards"] = clock.lap()
         if shuffle:
             import torch
@@ -279,6 +282,7 @@ class OnlineObjective(Objective):
         from bigtrain.rollout.metrics import reduce_sums
         Clock(policy.device).sync()
         self.steps_done += 1
+        self.collapse.step(self.steps_done, self.round_metrics.get("frac_reward_zero_std"))
         times = {**self.times, "policy": time.perf_counter() - step.started}
         return {**self.round_metrics, **reduce_sums(step.sums), **{f"time/{k}": v for k, v in times.items()}}
 
@@ -288,7 +292,7 @@ class OnlineObjective(Objective):
         (TRL's num_generations_eval)."""
         import torch
         self.streams(policy)
-        saved = self.times, self.table, self.round_metrics
+        saved = self.times, self.table, self.round_metrics, self.collapse.identical
         with torch.no_grad(), self.evaluating():
             self.times = {}
             (piece,) = self.round(policy, item, 1, self.eval_rng)
@@ -298,7 +302,7 @@ class OnlineObjective(Objective):
             step.micro_batches, step.step_tokens = 1, step.step_tokens / _world()
             loss = self.piece_loss(policy, piece, step)
         metrics = {**self.round_metrics, **reduce_sums_local(step.sums)}
-        self.times, self.table, self.round_metrics = saved
+        self.times, self.table, self.round_metrics, self.collapse.identical = saved
         return loss, torch.ones((), dtype=torch.float64, device=loss.device), {
             k: torch.as_tensor(v, dtype=torch.float64, device=loss.device) for k, v in metrics.items()}
 
@@ -353,6 +357,9 @@ class OnlineObjective(Objective):
     def sample_table(self) -> list[dict] | None:
         table, self.table = self.table, None  # each round's rows once
         return table
+
+    def window_warning(self) -> str | None:
+        return self.collapse.line()
 
     def flops_factor(self) -> float:
         """Against the policy's 6N a token: generation's forward (2N a token, a third), the old policy's and the

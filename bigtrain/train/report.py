@@ -123,6 +123,7 @@ class Reporter:
         self.task_scores: list[tuple[int, dict]] = [tuple(x) for x in history.get("eval_tasks", [])]
         self.prior_wall_s = float(history.get("wall_s", 0.0))  # the earlier processes' share of the run
         self.first_step = prior.step + 1 if prior is not None else 1
+        self.logged_step = self.first_step - 1  # the last log step: the objective's metrics are averaged since it
         self.meter = ThroughputMeter(warmup=2)
         self.peak_tflops = peak_for_mfu(run, world.is_main)
         self.monitor = MetricsLogger(monitor=getattr(engine.ds, "monitor", None), run_config=asdict(run))
@@ -155,7 +156,9 @@ class Reporter:
 
     def on_step(self, step: int, loss: float, lr: float, objective_metrics: dict[str, float] | None = None) -> None:
         """`objective_metrics`: the objective's, averaged over the ranks (`router_aux_loss`: a mixture of experts'
-        load-balancing loss, part of `loss` weighted by its coefficient; DPO's rewards/..., ...)."""
+        load-balancing loss, part of `loss` weighted by its coefficient; DPO's rewards/..., ...). The log line and
+        the monitors show each one's mean over the steps since the last log step (as TRL's trainers log them), the
+        summary every step's."""
         objective_metrics = dict(objective_metrics or {})
         tokens = self.global_batch * self.spec.tokens_per_sample
         self.meter.step(self.global_batch, tokens)
@@ -175,6 +178,9 @@ class Reporter:
         self.bar.tick(step)  # a terminal's bar moves every step; the fields change at log steps
         if step % self.interval and step != self.total_steps:
             return
+        objective_metrics = {name: statistics.fmean(v for s, v in self.metrics[name] if s > self.logged_step)
+                             for name in objective_metrics}
+        self.logged_step = step
         metrics = {**self._window_metrics(loss, lr), **objective_metrics}
         if grad_norm is not None:
             metrics["grad_norm"] = grad_norm
@@ -187,6 +193,9 @@ class Reporter:
         table = getattr(self.engine.objective, "sample_table", lambda: None)()
         if table and self.samples is not None:
             self.samples.write(step, table)
+        warning = getattr(self.engine.objective, "window_warning", lambda: None)()
+        if warning and self.world.is_main:
+            log.warning("warning: %s", warning)
         self.monitor.log(step, metrics)
         notify("log", step, metrics)
         if self.world.is_main:
@@ -208,7 +217,7 @@ class Reporter:
                 self.val_metrics.setdefault(name, []).append((step, value))
             if objective:  # a pair objective's loss is no log-likelihood to take a perplexity of
                 metrics = {"val_loss": val_loss, **{f"val_{k}": v for k, v in objective.items()}}
-                shown = [" | ".join(f"{k} {v:.4f}" for k, v in objective.items())]
+                shown = [" | ".join(f"val_{k} {v:.4f}" for k, v in objective.items())]  # as the monitors name them
                 if "accuracy" in objective and self.spec.eval_metric == "accuracy":  # a reward model's pairs
                     self.val_accuracies.append((step, objective["accuracy"]))
             elif self.spec.eval_metric == "accuracy":

@@ -122,6 +122,9 @@ def runs(tmp_path_factory) -> Path:
     one += [job("learn", "prompts200.jsonl", "--steps", str(LEARN_STEPS),
                 *sets("batch.micro_batch=64", "batch.grad_accum=2", "optimizer.lr=3e-3", "train.eval_batches=0",
                       "logging.interval=10")),
+            # made to collapse: top-k 1 answers every prompt of a group alike, as a collapsed policy does
+            job("collapse", "prompts.jsonl", "--steps", "2", *sets("batch.micro_batch=16", "objective.top_k=1",
+                                                                   "logging.interval=2", "train.eval_batches=0")),
             job("bad_import", "prompts.jsonl", *FIXED, *sets(f"objective.rewards=[{root}/broken.py:score]"),
                 expect_error=True),
             job("raises", "prompts.jsonl", *FIXED, *sets(f"objective.rewards=[{root}/rewards.py:raises]",
@@ -305,6 +308,17 @@ def test_the_start_line_says_what_generation_does_with_the_zero3_weights(runs):
         assert naming(line, "completions per step; generation gathers the ZeRO-3 weights once per round "
                       "(objective.ds3_gather_for_generation=auto: the whole model, ", "free on the fullest device)")
     assert "ds3_gather" not in (runs / "rloo_z2" / "logs" / "rank0.log").read_text()
+
+
+def test_a_run_made_to_collapse_says_so_in_one_warning_line(runs):
+    """Every completion of every group the same tokens at both steps of the logging window: one line at its log step,
+    naming the likely causes; a run whose groups differ says nothing of the kind."""
+    log = (runs / "collapse" / "logs" / "rank0.log").read_text()
+    said = [line for line in log.splitlines() if "collapsed" in line]
+    assert len(said) == 1 and naming(said, "WARNING", "warning: steps 1-2: the completions of every group were the "
+                                     "same tokens", "optimizer.lr", "objective.temperature=1: raise it"), said
+    assert summary(runs / "collapse")["final_metrics"]["frac_reward_zero_std"] == 1.0
+    assert "collapsed" not in (runs / "dapo" / "logs" / "rank0.log").read_text()
 
 
 def test_the_run_learns_as_far_as_the_plain_loop(runs):

@@ -303,3 +303,69 @@ def test_prompt_records_are_read_with_room_for_the_completions():
     assert options.format == "prompt" and options.prompt_tokens == 64 - 16
     assert example_options(load_run_config(None, []).data, load_run_config(None, []).objective.declared
                            ).prompt_tokens is None
+
+
+def test_a_collapse_is_one_warning_line_per_window_with_its_likely_causes():
+    """Every group answered by the same tokens (or scored alike) at every step of a logging window: one line at the
+    window's end, naming the learning rate and the temperature; not again while it lasts, again after a window
+    without it; a window where one step had signal is none."""
+    from bigtrain.rollout.collapse import CollapseWatch, identical_groups
+    ids = torch.tensor([[5, 6, 1], [5, 6, 1], [5, 7, 0], [5, 6, 1]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    assert identical_groups(ids, mask, 2).tolist() == [1.0, 0.0] and identical_groups(ids, mask, 1) is None
+    assert identical_groups(ids * mask, mask, 2).tolist() == [1.0, 0.0]  # padding past the end is not compared
+    watch = CollapseWatch(temperature=0.7)
+
+    def window(steps: range, identical: float | None, zero_std: float | None) -> str | None:
+        watch.identical = identical
+        for step in steps:
+            watch.step(step, zero_std)
+        return watch.line()
+
+    line = window(range(1, 11), 1.0, 1.0)
+    assert line == ("steps 1-10: the completions of every group were the same tokens at every step since the last log "
+                    "line, so every advantage is 0 and the policy learns nothing from them; unless every answer is "
+                    "already right (the task solved), the policy has collapsed to one answer per prompt: a learning "
+                    "rate too high (lower optimizer.lr) or a temperature too low (objective.temperature=0.7: raise it) "
+                    "are the usual causes"), line
+    assert window(range(11, 21), 1.0, 1.0) is None  # said once while it lasts
+    assert window(range(21, 31), 0.5, 0.5) is None  # signal again
+    flat = window(range(31, 32), 0.0, 1.0)  # different completions, equal rewards
+    assert flat.startswith("step 31: every group's completions got equal rewards (frac_reward_zero_std 1)") and \
+        flat.endswith("or rewards that cannot tell the completions apart"), flat
+    watch.said = False
+    watch.identical = 1.0
+    watch.step(41, 1.0)
+    watch.identical = 0.5
+    watch.step(42, 0.5)
+    assert watch.line() is None  # one step of the window had signal
+    assert window(range(51, 53), None, None) is None  # distillation: neither groups nor rewards
+
+
+def test_a_log_line_shows_the_objectives_metrics_averaged_since_the_last_one_and_an_evaluation_as_val(
+        tmp_path, capsys):
+    """logging.interval=2: the step line, the monitors and the "log" event hold each metric's mean over the two
+    steps (as TRL's trainers log them), summary.json every step's; the eval line names them val_<name>, as the
+    monitors do."""
+    from bigtrain.config.load import load_run_config
+    from bigtrain.distributed.world import World
+    from bigtrain.train.report import Reporter, add_listener
+    run = load_run_config(None, ["train.peak_tflops=1", "logging.interval=2", "train.steps=4",
+                                 "logging.progress_bar=false"])
+    spec = SimpleNamespace(flops_per_sample=1.0, tokens_per_sample=0, eval_metric="loss")
+    engine = SimpleNamespace(ds=SimpleNamespace(), objective=SimpleNamespace(), last_eval_metrics={"reward": 0.5})
+    reporter = Reporter(run, spec, {"train_batch_size": 8}, engine, World(0, 0, 1), tmp_path)
+    logged: list[tuple[int, dict]] = []
+    remove = add_listener(lambda event, step, values: logged.append((step, values)) if event == "log" else None)
+    try:
+        for step, reward in enumerate([0.0, 1.0, 0.5, 0.25], start=1):
+            reporter.clock_restart()
+            reporter.on_step(step, 1.0, 1e-3, {"reward": reward})
+        reporter.on_eval(4, 0.3)
+    finally:
+        remove()
+    assert [(step, values["reward"]) for step, values in logged] == [(2, 0.5), (4, 0.375)]
+    assert reporter.metrics["reward"] == [(1, 0.0), (2, 1.0), (3, 0.5), (4, 0.25)]
+    out = capsys.readouterr().out
+    assert "step 2: reward 0.5000" in out and "step 4: reward 0.3750" in out
+    assert "eval step 4: val loss 0.3000 | val_reward 0.5000" in out
