@@ -67,6 +67,9 @@ class CheckpointState:
     ds_config: dict = field(default_factory=dict)  # the DeepSpeed config it trained with
     run_dir: Path | None = None  # the run's --out directory (absolute in memory)
     tokenizer_dir: Path | None = None  # the tokenizer the run trained, if it trained one (absolute in memory)
+    # how its data put prompts to the model (bigtrain.data.formats.prompt_rendering: "chat_template" or "text"; None:
+    # unknown), which `bigtrain generate` and `chat` follow
+    prompts: str | None = None
     version: int = VERSION
 
     def to_json(self, tag_dir: Path) -> dict:
@@ -80,7 +83,7 @@ class CheckpointState:
                 "history": dict(self.history),
                 "model_build": self.model_build.to_json() if self.model_build else None,
                 "run_config": self.run_config, "ds_config": self.ds_config,
-                "run_dir": run_dir, "tokenizer_dir": tokenizer,
+                "run_dir": run_dir, "tokenizer_dir": tokenizer, "prompts": self.prompts,
                 "saved_run_dir": str(Path(self.run_dir).resolve()) if self.run_dir else None}
 
     @classmethod
@@ -106,7 +109,8 @@ class CheckpointState:
                    losses=[float(x) for x in raw.get("losses") or []], history=raw.get("history") or {},
                    model_build=_model_build(raw.get("model_build")), run_config=raw.get("run_config") or {},
                    ds_config=raw.get("ds_config") or {}, run_dir=run_dir,
-                   tokenizer_dir=_tokenizer(raw.get("tokenizer_dir"), run_dir, raw.get("saved_run_dir")))
+                   tokenizer_dir=_tokenizer(raw.get("tokenizer_dir"), run_dir, raw.get("saved_run_dir")),
+                   prompts=raw.get("prompts"))
 
 
 def read_state(tag_dir: str | Path) -> CheckpointState:

@@ -66,11 +66,14 @@ def record_text(record: Any) -> str:
 
 
 class Renderer:
-    """record -> (token ids, trained mask) for one example format and tokenizer."""
+    """record -> (token ids, trained mask) for one example format and tokenizer; `plain_examples` counts the examples
+    it rendered as plain text (the others went through the chat template): how the run asked its prompts, which
+    `bigtrain generate` asks them as too."""
 
     def __init__(self, tokenizer: Any, fmt: str):
         assert fmt in EXAMPLE_FORMATS, fmt
         self.tok, self.fmt = tokenizer, fmt
+        self.plain_examples = 0
         eos = tokenizer.eos_token_id
         if eos is None:
             raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no end-of-text token to end an answer with; "
@@ -161,6 +164,7 @@ class Renderer:
         # when the two differ; a byte-level BPE cuts at the space that starts a completion anyway).
         head = self.start + self._encode(prompt)
         tail = self._encode(completion) + [self.eos]
+        self.plain_examples += 1
         return head + tail, [0] * len(head) + [1] * len(tail)
 
     def chat(self, messages: Any) -> tuple[list[int], list[int]]:

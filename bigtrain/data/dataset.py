@@ -134,6 +134,7 @@ class DataBundle:
     sample_prompt: list[int] | None = None
     layout: str = "rows"  # LAYOUTS: rows, pairs / unpaired KTO answers (two rows a sample), prompts
     template_from_data: bool = False  # the chat template came with a prepared corpus (its tokenizer_dir), not the run
+    prompts: str | None = None  # how the examples asked their prompts (`formats.prompt_rendering`): recorded
     processor: Any = None  # records with images: the vision-language model's processor (bigtrain.data.vision_rows)
 
     def sampler(self, dp_rank: int, dp_size: int, seed: int) -> Any:

@@ -38,6 +38,9 @@ UNDESIRABLE = 2  # the mask value of an undesirable answer's tokens (a desirable
 # In the order a record's keys are matched (a preference record's keys first: they hold a prompt too).
 EXAMPLE_FORMATS = (*PAIR_FORMATS, *UNPAIRED_FORMATS, "chat", "sharegpt", "prompt_completion", "alpaca")
 TEMPLATED = ("chat", "sharegpt")  # conversations, rendered by the tokenizer's chat template
+PLAIN = ("prompt_completion", "alpaca", "preference_instruction")  # text records, rendered as plain text
+# how a run's data put its prompts to the model (`prompt_rendering`), which `bigtrain generate` and `chat` follow
+CHAT_TEMPLATE, PLAIN_TEXT = "chat_template", "text"
 LONG_EXAMPLES = ("truncate", "drop")
 # The columns of each format; "?" marks an optional one (read where present).
 FIELDS: dict[str, tuple[str, ...]] = {"chat": ("messages",), "sharegpt": ("conversations",),
@@ -72,6 +75,25 @@ def required(fields: Iterable[str]) -> list[str]:
 
 def columns(fields: Iterable[str]) -> list[str]:
     return [f.rstrip("?") for f in fields]
+
+
+def prompt_rendering(corpora: Iterable[Any]) -> str | None:
+    """How prepared corpora (`bigtrain.data.prepare.store.PreparedCorpus`) put their prompts to the model:
+    CHAT_TEMPLATE when every example went through the tokenizer's chat template, PLAIN_TEXT when none did (plain-text
+    records, or documents); None when they were mixed, or a corpus an older bigtrain prepared does not say."""
+    seen: set[str | None] = set()
+    for corpus in corpora:
+        examples = corpus.examples
+        if not examples:
+            seen.add(PLAIN_TEXT)
+            continue
+        plain = examples.get("plain_examples")  # prepare counts them (`bigtrain.data.chat.Renderer`)
+        if plain is None:
+            fmt = examples["format"]
+            seen.add(CHAT_TEMPLATE if fmt in TEMPLATED else PLAIN_TEXT if fmt in PLAIN else None)
+        else:
+            seen.add(PLAIN_TEXT if plain == corpus.manifest["num_docs"] else CHAT_TEMPLATE if plain == 0 else None)
+    return seen.pop() if len(seen) == 1 else None
 
 
 def format_of(keys: Iterable[str]) -> str:

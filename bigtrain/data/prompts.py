@@ -37,6 +37,11 @@ class PromptRenderer:
         self.tok = tokenizer
         self.plain = Renderer(tokenizer, "prompt_completion")  # the start tokens and encoding of text records
 
+    @property
+    def plain_examples(self) -> int:
+        """The prompts rendered as plain text (the others: conversations, through the chat template)."""
+        return self.plain.plain_examples
+
     def examples(self, record: Any) -> list[tuple[list[int], list[int]]]:
         if isinstance(record, dict) and any(record.get(c) not in (None, []) for c in ("images", "image")):
             raise ValueError(TEXT_MODEL_IMAGES)

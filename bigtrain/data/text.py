@@ -20,7 +20,8 @@ from typing import Any, Callable
 from bigtrain.data.blocks import TokenBlocks, block_count
 from bigtrain.data.chat import check_template, read_chat_template
 from bigtrain.data.dataset import ConcatRows, DataBundle, split_rows
-from bigtrain.data.formats import FIELDS, PAIR_FORMATS, PROMPT_FORMATS, TEMPLATED, UNPAIRED_FORMATS, ExampleOptions
+from bigtrain.data.formats import (FIELDS, PAIR_FORMATS, PROMPT_FORMATS, TEMPLATED, UNPAIRED_FORMATS, ExampleOptions,
+                                   prompt_rendering)
 from bigtrain.data.mixture import MixtureSampler, parse_mixture
 from bigtrain.data.prepare.core import identity, prepare, text_source
 from bigtrain.data.prepare.pieces import BPE_TRAIN_BYTES, iter_documents
@@ -88,6 +89,7 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
             bundle = with_images(bundle, processor)
         bundle.tokenizer_dir = corpora[0].tokenizer_dir if examples.chat_template or template_from_data else tok_dir
         bundle.template_from_data = template_from_data
+        bundle.prompts = prompt_rendering(corpora)
         return bundle
     blocks = [TokenBlocks(corpus, seq_len) for corpus in corpora]
     for (text, _), corpus in zip(entries, corpora):
@@ -102,14 +104,16 @@ def build_text(source: str, *, seq_len: int, tokenizer: str | None, vocab_size: 
     desc = (f"text {source!r}: {tokens:,} tokens, vocab {len(tok)}, {sum(map(len, trains))} train / "
             f"{sum(map(len, vals))} val blocks of {seq_len}+1 tokens, from {', '.join(str(c.root) for c in corpora)}")
     if mixture is None:
-        return DataBundle(trains[0], vals[0], tok, len(tok), 0, desc, tokenizer_dir=tok_dir)
+        return DataBundle(trains[0], vals[0], tok, len(tok), 0, desc, tokenizer_dir=tok_dir,
+                          prompts=prompt_rendering(corpora))
     weights = [w for _, w in mixture]
     desc += "; mixture weights " + ", ".join(f"{w:.3g}" for w in weights)
 
     def make_sampler(rank: int, size: int, seed: int) -> MixtureSampler:
         return MixtureSampler([len(t) for t in trains], weights, rank, size, seed)
 
-    return DataBundle(ConcatRows(trains), ConcatRows(vals), tok, len(tok), 0, desc, make_sampler, tok_dir)
+    return DataBundle(ConcatRows(trains), ConcatRows(vals), tok, len(tok), 0, desc, make_sampler, tok_dir,
+                      prompts=prompt_rendering(corpora))
 
 
 def source_part(text: str, split: str, revision: str | None, streaming: bool) -> Part:

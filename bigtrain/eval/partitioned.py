@@ -28,10 +28,10 @@ def zero3_target(full: Target | None, world: World) -> Target:
 
     from bigtrain.export.write import no_init
 
-    shared: list[Any] = ([full.model.config, full.tokenizer, full.description, full.default_out, full.processor]
-                         if full else [None] * 5)
+    shared: list[Any] = ([full.model.config, full.tokenizer, full.description, full.default_out, full.processor,
+                          full.prompts] if full else [None] * 6)
     torch.distributed.broadcast_object_list(shared, src=0)  # the architecture and tokenizer, not the weights
-    config, tokenizer, description, default_out, processor = shared
+    config, tokenizer, description, default_out, processor, prompts = shared
     hf_config = HfDeepSpeedConfig(ZERO3)  # while it lives, transformers builds models inside zero.Init
     with no_init():  # every weight is overwritten below: a large model's random init would take minutes
         model = (AutoModelForImageTextToText if processor is not None else AutoModelForCausalLM).from_config(config)
@@ -46,7 +46,7 @@ def zero3_target(full: Target | None, world: World) -> Target:
     module = engine.module.eval()
     module.bigtrain_hf_ds_config = hf_config  # transformers keeps only a weak reference to it
     return Target(module, tokenizer, f"{description}, as ZeRO-3 partitions over {world.size} ranks", default_out,
-                  full.checkpoint if full else None, processor)
+                  full.checkpoint if full else None, processor, prompts)
 
 
 def held_target(path: str, tag: str | None, tokenizer: str | None, trust_checkpoint: bool, revision: str | None,

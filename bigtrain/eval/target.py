@@ -27,6 +27,7 @@ class Target:
     default_out: Path
     checkpoint: Path | None = None  # the tag directory of a run folder
     processor: Any = None  # a vision-language model's (its tokenizer is `tokenizer`): `bigtrain generate --image`
+    prompts: str | None = None  # how its training data asked prompts ("chat_template", "text"), where a run recorded it
 
 
 def target_kind(path: str | Path, tag: str | None = None, revision: str | None = None) -> str:
@@ -115,7 +116,19 @@ def _model_directory(directory: Path, tokenizer: str | None) -> Target:
         # dtype "auto": the dtype the directory's config names, as lm-eval's `--model hf` loads it
         model = auto.from_pretrained(str(directory), local_files_only=True, dtype="auto")
         what = f"model directory {directory}"
-    return Target(model.eval(), tok, what, directory / "eval_results.json", processor=processor)
+    return Target(model.eval(), tok, what, directory / "eval_results.json", processor=processor,
+                  prompts=_recorded_prompts(directory))
+
+
+def _recorded_prompts(directory: Path) -> str | None:
+    """How the run a `bigtrain export` came from asked its prompts (its bigtrain_model.json); None elsewhere."""
+    import json
+
+    from bigtrain.export.write import RECIPE
+    try:
+        return json.loads((directory / RECIPE).read_text()).get("prompts")
+    except (OSError, ValueError, AttributeError):  # not an export of bigtrain's, or a recipe without it
+        return None
 
 
 def _run_folder(directory: Path, tag: str | None, tokenizer: str | None, trust_checkpoint: bool) -> Target:
@@ -154,7 +167,8 @@ def _run_folder(directory: Path, tag: str | None, tokenizer: str | None, trust_c
         load_into(model, consolidated.tensors)
     del consolidated.tensors
     run_dir = found.ckpt_dir.parent if found.ckpt_dir.name == "checkpoints" else found.ckpt_dir
-    return Target(model.eval(), tok, what, run_dir / "eval" / f"{found.tag}.json", found.tag_dir, processor)
+    return Target(model.eval(), tok, what, run_dir / "eval" / f"{found.tag}.json", found.tag_dir, processor,
+                  found.state.prompts)
 
 
 def _check_causal(architectures: list[str], where: str) -> None:

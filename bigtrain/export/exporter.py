@@ -156,4 +156,5 @@ def _recipe(found: Located, result: ExportResult) -> dict:
             "source": {"checkpoint": str(found.tag_dir), "step": found.state.step,
                        "layout": result.layout, "world_size": found.state.world_size,
                        "pipeline_stages": found.state.pipeline_stages},
-            "num_params": result.num_params, "tokenizer": result.tokenizer, "notes": result.notes}
+            "num_params": result.num_params, "tokenizer": result.tokenizer, "notes": result.notes,
+            "prompts": found.state.prompts}  # how training asked its prompts: `bigtrain generate` asks them so

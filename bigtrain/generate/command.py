@@ -18,6 +18,7 @@ from bigtrain.atomic import write_atomic
 from bigtrain.distributed.world import World
 from bigtrain.generate.prompts import read_prompts, shown
 from bigtrain.data.chat import turn_end_ids
+from bigtrain.data.formats import PLAIN_TEXT
 from bigtrain.generate.sampling import generate, prompt_ids, sampling_from_args, uses_template
 
 CHAT_HELP = "/reset clears the conversation, /system TEXT sets a system message, /exit or Ctrl-D ends"
@@ -33,14 +34,24 @@ class Session:
                                   args.zero3)
         self.model, self.tokenizer = self.target.model.eval(), self.target.tokenizer
         self.images = opened_images(args.image, self.target.processor, self.target.description)
-        self.template = uses_template(self.tokenizer, args.raw)
+        trained_on_text = self.target.prompts == PLAIN_TEXT  # asked as the run asked its training prompts
+        self.template = uses_template(self.tokenizer, args.raw or trained_on_text)
         stops = turn_end_ids(self.tokenizer) if self.template else []
         self.config = self.sampling.generation_config(self.model, self.tokenizer, stops)
         self.synced = args.zero3 and world.size > 1
         if world.is_main:
-            how = ("its chat template" if self.template else
-                   "plain text (--raw)" if args.raw else "plain text (the tokenizer has no chat template)")
-            say(f"{self.target.description}; prompts as {how}; {_settings_line(self.config)}")
+            say(f"{self.target.description}; prompts as {self.prompts_as(args.raw)}; {_settings_line(self.config)}")
+
+    def prompts_as(self, raw: bool) -> str:
+        """How the prompts reach the model, and why, for the start line."""
+        if self.template:
+            return "its chat template"
+        if raw:
+            return "plain text (--raw)"
+        if self.target.prompts == PLAIN_TEXT and uses_template(self.tokenizer, False):
+            return ("plain text, as its training data asked them (plain-text records, not conversations: the "
+                    "tokenizer's chat template is left out)")
+        return "plain text (the tokenizer has no chat template)"
 
     def answer(self, conversation: list[dict] | str, streamer: Any = None) -> str:
         extra: dict = {}

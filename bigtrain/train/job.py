@@ -338,7 +338,8 @@ class RunRecord:
                                data=data.state_dict(), losses=list(losses),
                                history=dict(history or {}), model_build=ModelBuild(**self.model_build),
                                run_config=to_dict(self.run), ds_config=self.ds_config,
-                               run_dir=Path(self.run.train.out_dir).resolve(), tokenizer_dir=tokenizer)
+                               run_dir=Path(self.run.train.out_dir).resolve(), tokenizer_dir=tokenizer,
+                               prompts=data.bundle.prompts)
 
 
 def schedule_change_line(saved_run: dict, run: RunConfig, next_lr: float, step: int) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import subprocess
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from launch import BIN, REPO
-from local_chat import conversations, make_chat_tokenizer, write_jsonl
+from local_chat import conversations, make_chat_tokenizer, sentence, write_jsonl
 from local_hub import FakeHub, Repo, directory_files
 from messages import naming
 
@@ -25,9 +26,10 @@ NEW = 12
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory, one_rank_group) -> dict[str, Path]:
-    """{base, run, export, lora_run, lora_adapter, lora_merged}: a tiny chat Llama, fine-tuned 3 steps in full and
-    with LoRA on chat records, each exported (the LoRA run merged and as its adapter alone). A small learning rate:
-    a few steps at a large one teach it to end every answer at once, and empty answers would compare equal."""
+    """{base, run, export, lora_run, lora_adapter, lora_merged, text_run, text_export}: a tiny chat Llama, fine-tuned
+    3 steps in full and with LoRA on chat records, and in full on plain-text prompt/completion records, each exported
+    (the LoRA run merged and as its adapter alone). A small learning rate: a few steps at a large one teach it to end
+    every answer at once, and empty answers would compare equal."""
     from transformers import AutoModelForCausalLM
 
     from bigtrain.config.flags import build_run_parser, run_config_from_args
@@ -40,19 +42,23 @@ def made(tmp_path_factory, one_rank_group) -> dict[str, Path]:
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(decoder_config("llama", len(tok))).save_pretrained(root / "base")
     data = write_jsonl(root / "chat.jsonl", conversations(48))
+    rng = random.Random(1)
+    text = write_jsonl(root / "text.jsonl", [{"prompt": sentence(rng, 5), "completion": " " + sentence(rng, 4)}
+                                             for _ in range(48)])
     common = ["--model", "hf", "--set", f"model.pretrained={root / 'base'}", "--data", str(data), "--steps", "3",
               "--set", "precision=fp32", "--set", "data.seq_len=64", "--set", "batch.micro_batch=4",
               "--set", "batch.global_batch=4", "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0",
               "--set", "train.eval_interval=0", "--set", "train.eval_batches=0", "--set", "optimizer.lr=1e-4",
               "--set", "data.num_proc=1", "--peak-tflops", "1"]
-    for name, extra in (("run", []), ("lora_run", ["--set", "lora.r=4"])):
+    for name, extra in (("run", []), ("lora_run", ["--set", "lora.r=4"]), ("text_run", ["--data", str(text)])):
         args = build_run_parser().parse_args(["--out", str(root / name), *common, *extra])
         train(run_config_from_args(args), World(0, 0, 1))
     export_checkpoint(root / "run", root / "export")
     export_checkpoint(root / "lora_run", root / "lora_merged")
     export_checkpoint(root / "lora_run", root / "lora_adapter", adapter=True)
-    return {name: root / name for name in ("base", "run", "export", "lora_run", "lora_adapter", "lora_merged")} | {
-        "root": root}
+    export_checkpoint(root / "text_run", root / "text_export")
+    return {name: root / name for name in ("base", "run", "export", "lora_run", "lora_adapter", "lora_merged",
+                                           "text_run", "text_export")} | {"root": root}
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,7 +112,7 @@ def test_greedy_from_a_run_folder_equals_transformers_on_its_export(made, capsys
     assert naming(err, "run", "checkpoint", "chat template", "greedy decoding")
     code, out, _ = run_cli(["generate", str(made["export"]), *argv], capsys)
     assert code == 0 and completions(out) == want
-    assert not (made["run"] / "eval").exists() and len(list(made["root"].iterdir())) == 7  # nothing written
+    assert not (made["run"] / "eval").exists() and len(list(made["root"].iterdir())) == 10  # nothing written
 
 
 def test_plain_text_prompts_equal_transformers_without_a_template(made, capsys):
@@ -114,6 +120,24 @@ def test_plain_text_prompts_equal_transformers_without_a_template(made, capsys):
                               "--max-new-tokens", str(NEW), "--do-sample", "false"], capsys)
     assert code == 0 and out == reference(made["export"], "the cat sat", template=False) + "\n"
     assert naming(err, "plain text (--raw)")
+
+
+def test_a_plain_text_fine_tune_is_asked_in_plain_text_as_it_trained(made, capsys):
+    """A chat tokenizer's model fine-tuned on plain-text prompt/completion records: `bigtrain generate` from its run
+    and from its export, without --raw, asks as training did (the text alone, not the chat template) and answers as
+    transformers' own `generate` does on the raw prompt; the start line says so. The chat run keeps its template."""
+    model, tok = loaded(made["text_export"])
+    ids = tok(PROMPTS[0])["input_ids"]
+    out = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, pad_token_id=tok.pad_token_id)
+    want = tok.decode(out[0, len(ids):], skip_special_tokens=True)
+    assert len(want) > 4 and want != reference(made["text_export"], PROMPTS[0]), want  # the template would differ
+    for target in ("text_run", "text_export"):
+        code, printed, err = run_cli(["generate", str(made[target]), "--prompt", PROMPTS[0], "--max-new-tokens",
+                                      str(NEW), "--do-sample", "false"], capsys)
+        assert code == 0 and printed == want + "\n", (target, printed, want)
+        assert naming(err, "prompts as plain text, as its training data asked them", "chat template is left out")
+    _, _, err = run_cli(["generate", str(made["export"]), "--prompt", PROMPTS[0], "--max-new-tokens", "2"], capsys)
+    assert naming(err, "prompts as its chat template")
 
 
 def test_a_hub_name_and_an_adapter_directory(made, capsys, monkeypatch, tmp_path):

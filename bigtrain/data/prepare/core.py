@@ -306,6 +306,8 @@ def _write_manifest(out: Path, src: Source, ident: dict, tokenizer: Any, job: _J
     if job.fmt != "text":
         manifest["examples"] = {"format": job.fmt, "trained_tokens": sum(s["trained"] for s in shards),
                                 "no_answer": sum(s["no_answer"] for s in shards)}
+        if all("plain" in s for s in shards):  # (a shard an older bigtrain wrote did not count them)
+            manifest["examples"]["plain_examples"] = sum(s["plain"] for s in shards)
         for entry, shard in zip(manifest["shards"], shards):
             entry["trained"] = shard["trained"]
     if "processor" in ident:  # records with images: theirs are kept beside the tokens (bigtrain.data.vision_store)

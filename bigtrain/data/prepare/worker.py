@@ -146,6 +146,7 @@ def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Pa
     keep = getattr(state["render"], "keeps_records", False)  # prompt records: kept whole, for the rewards
     vision = getattr(state["render"], "keeps_images", False)  # records with images: kept beside the tokens
     base = None if piece.kind == "spool" else Path(piece.path).parent  # where relative image paths are read from
+    plain_before = state["render"].plain_examples  # the renderer lives on from piece to piece in this process
     # renamed in the reverse order of opening: index, answers, records, mask, and the token file last (its size is
     # what a resume checks)
     with replacing(paths["tokens"]) as out, replacing(paths["mask"]) as mask_out, \
@@ -174,7 +175,8 @@ def _process_examples(piece: Piece, fields: tuple[str, ...], paths: dict[str, Pa
             np.save(answers_out, first_answers)
     lengths = np.diff(all_ends, prepend=0)
     marker = {"piece": piece.key(), "tokens": tokens, "docs": docs, "bytes": piece.nbytes, "trained": trained,
-              "no_answer": int((first_answers >= lengths).sum()), **(images.counts if vision else {})}
+              "no_answer": int((first_answers >= lengths).sum()),
+              "plain": state["render"].plain_examples - plain_before, **(images.counts if vision else {})}
     write_json_atomic(paths["marker"], marker)
     if piece.kind == "spool":
         Path(piece.path).unlink(missing_ok=True)
