@@ -33,10 +33,12 @@ def add_estimate_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pretrained", default=None, metavar="DIR",
                    help="a Hugging Face model directory or Hub name (org/name): its config.json gives the shape, no "
                         "weights read or downloaded (model.pretrained)")
-    p.add_argument("--num-gpus", type=_positive_int, default=8, help="GPUs (ranks) per node (default 8)")
+    p.add_argument("--num-gpus", type=_positive_int, default=None,
+                   help="GPUs (ranks) per node (default 8, an assumption the first line says)")
     p.add_argument("--num-nodes", type=_positive_int, default=1, help="nodes (default 1)")
-    p.add_argument("--gpu-mem", default="80GiB",
-                   help="memory per GPU: 80 or 80GB (10^9 bytes), 80GiB or 80G (2^30); default 80GiB")
+    p.add_argument("--gpu-mem", default=None,
+                   help="memory per GPU: 80 or 80GB (10^9 bytes), 80GiB or 80G (2^30); default 80GiB, an assumption "
+                        "the first line says")
     p.add_argument("--cpu-mem", default=None, help="host memory per node, checked for offload (e.g. 512 = 512 GB, 512GiB)")
     p.add_argument("--micro-batch", type=_positive_int, default=None,
                    help="samples per forward per rank (batch.micro_batch; default 1)")

@@ -192,9 +192,31 @@ def set_text(key: str, value: Any) -> str:
     return f"'{text}'" if any(c in text for c in "[] ,*") else text
 
 
+ASSUMED_GPUS, ASSUMED_GPU_MEM = 8, "80GiB"  # an 8 x A100/H100 80 GB node
+
+
+def assume_machine(args: argparse.Namespace) -> str | None:
+    """--num-gpus and --gpu-mem set to an 8 x 80 GiB node where not given, and the line that says so (None when both
+    were given): the estimate never reads this machine, which may have no GPU at all."""
+    missing = [flag for flag, dest in (("--num-gpus", "num_gpus"), ("--gpu-mem", "gpu_mem"))
+               if getattr(args, dest) is None]
+    if not missing:
+        return None
+    args.num_gpus = args.num_gpus or ASSUMED_GPUS
+    args.gpu_mem = args.gpu_mem or ASSUMED_GPU_MEM
+    import torch
+    here = "this machine has no GPU" if not torch.cuda.is_available() else "this machine's GPUs are not read"
+    each = f"{parse_gpu_mem(args.gpu_mem) / 2**30:g} GiB"
+    give = " and ".join(f"{flag} {'N' if flag == '--num-gpus' else 'SIZE'}" for flag in missing)
+    return (f"assumed: {args.num_gpus} GPUs per node, {each} each ({' and '.join(missing)} not given; {here}): "
+            f"give {give} for yours")
+
+
 def run_estimate(args: argparse.Namespace) -> int:
     """Print the table and the recommendation; 0 when a setup fits, 1 when none does."""
     from bigtrain.models import build
+    if assumed := assume_machine(args):
+        print(assumed)
     req = request_from_args(args)
     gpu_mem = parse_gpu_mem(args.gpu_mem, "--gpu-mem")
     cpu_mem = parse_gpu_mem(args.cpu_mem, "--cpu-mem") if args.cpu_mem else None

@@ -303,3 +303,32 @@ def test_the_launchers_memory_check_counts_a_pair_objective_as_training_runs_it(
     assert lora.rows_per_sample == 2 and lora.reference == "adapters_off"
     plain = setup_from_run(load_run_config(None, []), 1, 1)
     assert plain.rows_per_sample == 1 and plain.reference == "none"
+
+
+def test_without_the_machine_the_first_line_says_what_it_assumed_and_a_fine_tune_keeps_its_defaults(capsys, tmp_path):
+    """No --num-gpus / --gpu-mem: the first line says the 8 x 80 GiB node it assumed (this machine is not read); the
+    command it recommends for a pretrained model, loaded as `bigtrain train` loads it, fine-tunes at the objective's
+    fine-tuning defaults, as the line under it says."""
+    import shlex
+
+    import rl_task
+    from bigtrain.config.flags import build_run_parser, run_config_from_args
+    from bigtrain.metrics.logs import route_library_logs
+    route_library_logs()  # as `bigtrain` routes DeepSpeed's own lines: off stdout, which the estimate speaks on
+    rl_task.make_model(0, tmp_path / "tiny")
+    code, out, _ = run_cli(["--model", "hf", "--pretrained", str(tmp_path / "tiny")], capsys)
+    lines = out.splitlines()
+    assert code == 0 and lines[0].startswith("assumed: 8 GPUs per node, 80 GiB each (--num-gpus and --gpu-mem not "
+                                             "given; "), lines[0]
+    assert lines[0].endswith("give --num-gpus N and --gpu-mem SIZE for yours") and "8 ranks" in lines[1]
+    command = next(i for i, line in enumerate(lines) if line.startswith("  bigtrain train "))
+    run = run_config_from_args(build_run_parser().parse_args(shlex.split(lines[command])[2:]))
+    from bigtrain.config.defaults import choose
+    tuning = choose(str(tmp_path / "tiny"), "lm", lora=False)
+    assert (run.optimizer.lr, run.optimizer.weight_decay, run.optimizer.betas, run.schedule.warmup_steps) == (
+        tuning.lr, tuning.weight_decay, tuning.betas, tuning.warmup_steps) and tuning.betas == (0.9, 0.999)
+    assert lines[command + 1].startswith("  which trains with adamw: lr 2e-05, weight decay 0, betas (0.9, 0.999), ")
+    assert "(the fine-tuning defaults of objective.kind=lm from a pretrained model;" in lines[command + 1]
+    code, out, _ = run_cli(["--model", "hf", "--pretrained", str(tmp_path / "tiny"), "--num-gpus", "2",
+                            "--gpu-mem", "24GB"], capsys)
+    assert code == 0 and "assumed" not in out and "2 ranks" in out.splitlines()[0]
