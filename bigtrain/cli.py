@@ -62,8 +62,12 @@ def cmd_lint(args: argparse.Namespace) -> int:
         world = default_num_ranks()
         print(f"note: no --world-size: checking for {world} rank(s), what `bigtrain train` starts on this machine",
               file=sys.stderr)
+    sources = field_sources(args.config, overrides)
     resolved = resolve_ds_file(args.file, run, world, args.pipeline_stages, device=device, fit_world=True,
-                               sources=field_sources(args.config, overrides))  # the runner's precedence
+                               sources=sources)  # the runner's precedence
+    from bigtrain.ds.groups import group_problem
+    if line := group_problem(run, args.file, world, sources, ds_config=resolved.ds_config, device=device):
+        raise ValueError(line)  # whole groups of online RL's completions on every rank, as the runner checks
     from bigtrain.parallel.split_rules import check_split_layout
     from bigtrain.config.topology import Topology
     named = "model.family" in field_sources(args.config, overrides)  # else the default family is nobody's choice

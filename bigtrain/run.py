@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run = run_config_from_args(args)
         if not checked_by_launcher():  # started by a launcher directly: the mistakes that need no process group
-            check_run(run, resume=args.resume, overwrite=args.overwrite)
+            check_run(run, resume=args.resume, overwrite=args.overwrite,
+                      world_size=int(os.environ.get("WORLD_SIZE", "1")), ds_config=args.deepspeed_config,
+                      sources=config_sources(args))
         # before the process group: DeepSpeed builds its CPU all-reduce op there, and a killed build's lock
         # would hang it (and the engine's FusedAdam / CPU Adam build later) without a word
         use_environment_ops_dir()  # the ops of this environment, which its locks guard

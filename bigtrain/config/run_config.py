@@ -112,7 +112,8 @@ def objective_problems(run: RunConfig) -> list[str]:
         problems.append(f"objective.kind={kind} with parallel.tensor={run.parallel.tensor} / parallel.sequence="
                         f"{run.parallel.sequence}: {why[split[0]]}; train it with ZeRO (and LoRA)")
     problems += frozen_model_problems(run)
-    if line := batch_problem(kind, needs, run.batch.global_batch, seq_len=run.data.seq_len):
+    # the batch's whole groups need the world size: bigtrain.ds.groups, before the launch and on the ranks
+    if line := batch_problem(kind, needs, seq_len=run.data.seq_len):
         problems.append(line)
     if run.data.packing and not needs.allows("packing"):
         problems.append(f"objective.kind={kind} with data.packing=true: {why['packing']}; set data.packing=false")

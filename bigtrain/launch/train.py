@@ -92,11 +92,12 @@ def thread_env(num_ranks: int) -> dict:
     return env
 
 
-def check_run_args(run_args: list[str], files_here: bool = True) -> str | None:
+def check_run_args(run_args: list[str], files_here: bool = True, world_size: int | None = None) -> str | None:
     """The one-line complaint about these arguments, before any rank starts (None: none found): the run config, and
     with `files_here` (rank 0 runs on this machine) what needs no rank (`bigtrain.train.precheck`: the output folder,
-    the model directory, the data's format and first records, the evaluation tasks)."""
-    from bigtrain.config.flags import build_run_parser, run_config_from_args
+    the model directory, the data's format and first records, the evaluation tasks, and at `world_size` ranks the
+    batch)."""
+    from bigtrain.config.flags import build_run_parser, config_sources, run_config_from_args
     parser = build_run_parser()
     args, unknown = parser.parse_known_args(run_args)
     if unknown:
@@ -105,10 +106,23 @@ def check_run_args(run_args: list[str], files_here: bool = True) -> str | None:
         run = run_config_from_args(args)
         if files_here:
             from bigtrain.train.precheck import check_run
-            check_run(run, resume=args.resume, overwrite=args.overwrite)
+            check_run(run, resume=args.resume, overwrite=args.overwrite, world_size=world_size,
+                      ds_config=args.deepspeed_config, sources=config_sources(args))
     except ValueError as err:
         return str(err)
     return None
+
+
+def launched_world_size(args: argparse.Namespace, num_ranks: int) -> int | None:
+    """The ranks `bigtrain train` starts: `num_ranks` on this machine, or a hostfile's slots (each host's first
+    --num-gpus); None where a launcher option chooses them (--include, --exclude, --num_nodes)."""
+    chosen = ("--include", "--exclude", "--num_nodes", "--num-nodes", "-i", "-e")
+    if any(arg.split("=", 1)[0] in chosen for arg in args.launcher_arg):
+        return None
+    if args.hostfile:
+        from bigtrain.launch.hosts import read_hostfile, world_size
+        return world_size(read_hostfile(args.hostfile), args.num_gpus)
+    return num_ranks
 
 
 def rank_0_here(hostfile: str | None) -> bool:
@@ -141,7 +155,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     num_ranks = args.num_gpus or (ranks_here(args.hostfile) if args.hostfile else default_num_ranks())
     direct = one_rank_here(args, num_ranks)
     # one rank started directly checks its files itself, first thing (run.py): the same check, imported once
-    if problem := check_run_args(args.run_args, files_here=checked and not direct):
+    if problem := check_run_args(args.run_args, files_here=checked and not direct,
+                                 world_size=launched_world_size(args, num_ranks)):
         print(f"bigtrain: {problem}", file=sys.stderr)
         return 2
     if direct:

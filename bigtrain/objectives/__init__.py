@@ -126,30 +126,30 @@ def build_objective(cfg: Any, lora: bool = False) -> Objective:
     return cls(cfg.kind, cfg.settings, resolve_reference(cls.declare(cfg.settings), cfg.reference, lora))
 
 
-def batch_problem(kind: str, needs: Needs, global_batch: int | None = None, per_rank: tuple[int, int] | None = None,
-                  seq_len: int | None = None, ds_config: dict | None = None) -> str | None:
-    """One line when the batch cannot hold whole records of `kind` (`Needs.samples_per_record`: the global batch,
-    and each rank's `per_rank` (micro-batch, accumulation), must be multiples of it; both read from a resolved
-    `ds_config` when given), or when its completions leave a prompt no room in `seq_len` (`Needs.completion_tokens`);
-    None when they can."""
-    if ds_config is not None:
-        global_batch = ds_config["train_batch_size"]
-        per_rank = (ds_config["train_micro_batch_size_per_gpu"], ds_config["gradient_accumulation_steps"])
+def batch_problem(kind: str, needs: Needs, per_rank: tuple[int, int] | None = None, seq_len: int | None = None,
+                  ds_config: dict | None = None, fixes: list[str] | None = None) -> str | None:
+    """One line when the batch cannot hold whole records of `kind` (`Needs.samples_per_record`: each rank's
+    `per_rank` (micro-batch, accumulation), or the triple of a resolved `ds_config`, must hold a multiple of it), or
+    when its completions leave a prompt no room in `seq_len` (`Needs.completion_tokens`); None when they can.
+    `fixes`: settings checked to hold (`bigtrain.ds.groups`), named instead of the rule."""
     group, why = needs.samples_per_record, needs.refuses.get("samples_per_record", "")
     if seq_len is not None and needs.completion_tokens and seq_len <= needs.completion_tokens:
         return (f"data.seq_len={seq_len} with objective.kind={kind}: {needs.refuses.get('completion_tokens', '')} "
                 f"take {needs.completion_tokens} tokens, which leaves a prompt no room; make data.seq_len longer "
                 f"than {needs.completion_tokens} (room for the prompts) or the completions shorter")
-    if group > 1 and global_batch is not None and global_batch % group:
-        return (f"batch.global_batch={global_batch} with objective.kind={kind}: {why}, so the global batch must be "
-                f"a multiple of {group}; set batch.global_batch={max(group, global_batch // group * group)} (or "
-                "another multiple)")
-    if group > 1 and per_rank is not None and (per_rank[0] * per_rank[1]) % group:
-        micro, accum = per_rank
-        return (f"objective.kind={kind}: {why}, and each rank's micro_batch x grad_accum = {micro} x {accum} = "
-                f"{micro * accum} samples is not a multiple of {group}; set batch.micro_batch to a multiple of "
-                f"{group}, or batch.grad_accum so that micro_batch x grad_accum is one")
-    return None
+    if ds_config is not None:
+        per_rank = (ds_config["train_micro_batch_size_per_gpu"], ds_config["gradient_accumulation_steps"])
+    if group < 2 or per_rank is None or (per_rank[0] * per_rank[1]) % group == 0:
+        return None
+    micro, accum = per_rank
+    batch = f"each rank's micro_batch x grad_accum = {micro} x {accum} = {micro * accum} samples"
+    if ds_config is not None:
+        ranks = ds_config["train_batch_size"] // (micro * accum)
+        batch = (f"this job's train_batch_size {ds_config['train_batch_size']} = micro {micro} x accum {accum} x "
+                 f"data-parallel {ranks} gives each rank {micro * accum} samples, which")
+    fix = (f"set {', or '.join(fixes)}" if fixes else
+           f"set batch.micro_batch or batch.grad_accum so that micro_batch x grad_accum is a multiple of {group}")
+    return f"objective.kind={kind}: {why}, but {batch} is not a multiple of {group}; {fix}"
 
 
 def data_problem(kind: str, needs: Needs, layout: str, plain_text: bool) -> str | None:

@@ -81,6 +81,7 @@ class Needs:
     # samples one data record becomes (GRPO: a prompt's num_generations completions): each rank's samples per step
     # (micro x accumulation) must hold whole records, read once a step (`Objective.data_batch`)
     samples_per_record: int = 1
+    samples_setting: str = ""  # the setting that decides samples_per_record (objective.num_generations), if one does
     completion_tokens: int = 0  # tokens of data.seq_len its generated completions take (its prompts get the rest)
     # at ZeRO-3, whether a generation round gathers the whole weights on each device: True, False (partitioned), or
     # "auto" (where they fit: bigtrain.rollout.generate.gather_choice); the estimate counts them

@@ -128,6 +128,7 @@ class OnlineObjective(Objective):
         refs = ("adapters_off", "copy") if reference else ()
         why = {} if refs else {"copy": NO_REFERENCE, "adapters_off": NO_REFERENCE}
         return Needs(layout="prompts", generates=True, samples_per_record=settings.num_generations,
+                     samples_setting="objective.num_generations",
                      completion_tokens=settings.max_completion_length, references=refs, frozen_models=frozen,
                      gathers_weights=settings.ds3_gather_for_generation,
                      refuses={**ONLINE_REFUSALS, **why, "samples_per_record":

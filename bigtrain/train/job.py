@@ -28,6 +28,7 @@ from bigtrain.distributed.device import fix_cuda_arch_list
 from bigtrain.distributed.lifeline import Lifeline
 from bigtrain.distributed.op_builds import build_lines, optimizer_op
 from bigtrain.distributed.world import World
+from bigtrain.ds.groups import group_problem
 from bigtrain.ds.keys import SCHEDULE_KINDS
 from bigtrain.ds.resolve import Resolved
 from bigtrain.eval.during_training import TaskEvaluator
@@ -112,7 +113,9 @@ def resolve_job(run: RunConfig, world: World, ds_config_path: str | None, source
         for line in build_lines([optimizer_op(resolved.ds_config)]):
             log.info("%s", line)
     check_split_layout(asked, Topology.of(resolved.ds_config, world.size))  # sizes a JSON gave, too
-    if line := objectives.batch_problem(run.objective.kind, run.objective.declared, ds_config=resolved.ds_config):
+    resume_batch = found[1].ds_config.get("train_batch_size") if found else None
+    if line := group_problem(run, ds_config_path, world.size, sources, resume_batch=resume_batch,
+                             ds_config=resolved.ds_config):
         raise ValueError(line)  # whole groups of an online objective's completions on every rank
     seed_everything(run.train.seed)
     return config, resolved

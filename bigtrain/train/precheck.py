@@ -11,8 +11,11 @@ before the launcher starts, and bigtrain/run.py before the process group when no
     objective x data    the layout the objective reads                     objectives.data_problem (job.py's)
     reward functions    a file's existence, syntax, the name in it         rollout.rewards.check_function_file
     evaluation tasks    names, the local task folder, the layout           eval.during_training.check_tasks
+    the batch           at the world size the launcher starts: the         ds.groups.group_problem (job.py's)
+                        DeepSpeed dict resolved (the triple, the lint),
+                        whole groups of online RL's completions a rank
 
-What needs the ranks stays with them: the DeepSpeed config at the world size, the checkpoint's bytes on --resume, a
+What needs the ranks stays with them: the DeepSpeed config on the ranks' own device, the checkpoint's bytes on --resume, a
 hub source (but a Hub-shaped model name under a local folder, a mistyped directory most likely, is looked up in the
 cache or on the Hub here: `models.hub.commit_of`, no download), a tokenizer still to be trained, a task's data.
 """
@@ -20,14 +23,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Mapping
 
 from bigtrain.config.run_config import RunConfig
 
 CHECKED_ENV = "BIGTRAIN_PRECHECKED"  # set by `bigtrain train` for its ranks: the launching process checked already
 
 
-def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False) -> None:
-    """ValueError (one line, the ranks' own) for the first mistake found."""
+def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False, world_size: int | None = None,
+              ds_config: str | None = None, sources: Mapping[str, str] | None = None) -> None:
+    """ValueError (one line, the ranks' own) for the first mistake found. `world_size`: the ranks the launcher will
+    start (None: unknown, the batch is left to them), `ds_config` the user's DeepSpeed JSON, `sources` the fields
+    the user gave (`config.flags.config_sources`)."""
     from bigtrain.checkpoint.claim import run_dir_problem
     out = Path(run.train.out_dir)
     problem = run_dir_problem(out, Path(run.checkpoint.dir or out / "checkpoints"), resume=resume, overwrite=overwrite)
@@ -58,6 +65,45 @@ def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False) 
     check_frozen_models(run)
     from bigtrain.eval.during_training import check_tasks
     check_tasks(run)
+    if world_size is not None:
+        check_batch(run, world_size, ds_config, sources, resume_from=Path(run.checkpoint.dir or out / "checkpoints")
+                    if resume else None)
+
+
+def check_batch(run: RunConfig, world_size: int, ds_config: str | None, sources: Mapping[str, str] | None,
+                resume_from: Path | None = None) -> None:
+    """The DeepSpeed dict the ranks will resolve at `world_size` (the batch triple, the lint's device-free rules:
+    this machine's kernels are the ranks' to judge), then whole groups of the objective's samples on every rank
+    (`bigtrain.ds.groups`); on --resume with the newest checkpoint's global batch, which the ranks keep."""
+    from bigtrain.ds.groups import group_problem
+    from bigtrain.ds.lint import DeviceCaps
+    from bigtrain.ds.resolve import resolve
+    resume_batch = _saved_batch(resume_from) if resume_from is not None else None
+    device = DeviceCaps(_device_name(), fp16=True, bf16=True)
+    resolved = resolve(run, ds_config, world_size, device, sources=sources, resume_batch=resume_batch)
+    if line := group_problem(run, ds_config, world_size, sources, resume_batch=resume_batch,
+                             ds_config=resolved.ds_config, device=device):
+        raise ValueError(line)
+
+
+def _saved_batch(ckpt_dir: Path) -> int | None:
+    """The global batch of the newest complete checkpoint (None: none, or one this bigtrain cannot read: the ranks
+    say so)."""
+    from bigtrain.checkpoint.state import read_state
+    from bigtrain.checkpoint.store import newest_complete
+    try:
+        tag = newest_complete(ckpt_dir)
+        return read_state(ckpt_dir / tag).ds_config.get("train_batch_size") if tag else None
+    except (OSError, ValueError):
+        return None
+
+
+def _device_name() -> str:
+    """The accelerator DeepSpeed picks here (its name only: no device is touched), its detection kept quiet."""
+    from bigtrain.metrics.logs import route_library_logs
+    route_library_logs()
+    from deepspeed.accelerator import get_accelerator
+    return get_accelerator().device_name()
 
 
 def check_reward_functions(run: RunConfig) -> None:

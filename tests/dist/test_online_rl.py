@@ -145,6 +145,16 @@ def runs(tmp_path_factory) -> Path:
                                                                        "objective.reward_weights=[1.0,1.0,0.5]")),
             job("distill_mixed_z3", "answers.jsonl", *FIXED, *sets("batch.grad_accum=1", "zero.stage=3",
                                                                    *DISTILL(root), *DISTILL_MIXED), fixed=True)]
+    # groups of 3 in 2 ranks x micro 16: refused before a launch, as `bigtrain train` refuses it; the first fix it
+    # names trains in the launch below
+    from bigtrain.launch.train import check_run_args
+    part_groups = ["--steps", "1", *sets("batch.micro_batch=16", "objective.num_generations=3",
+                                          "train.eval_batches=0", "checkpoint.at_end=false")]
+    refused = check_run_args([*job("part_groups", "prompts.jsonl", *part_groups)["args"], "--out",
+                              str(root / "part_groups")], world_size=2) or ""
+    (root / "part_groups.txt").write_text(refused)
+    fix = refused.partition("; set ")[2].split(", or ")[0]
+    two.append(job("fixed_groups", "prompts.jsonl", *part_groups, *sets(*fix.split(" and "))))
     started = time.perf_counter()
     launch_jobs(root, two, num_ranks=2, name="two", script=SCRIPT)
     TIMES["two ranks"] = time.perf_counter() - started
@@ -319,6 +329,17 @@ def test_a_run_made_to_collapse_says_so_in_one_warning_line(runs):
                                      "same tokens", "optimizer.lr", "objective.temperature=1: raise it"), said
     assert summary(runs / "collapse")["final_metrics"]["frac_reward_zero_std"] == 1.0
     assert "collapsed" not in (runs / "dapo" / "logs" / "rank0.log").read_text()
+
+
+def test_part_groups_are_refused_before_the_launch_and_the_fix_named_trains(runs):
+    """2 ranks x micro 16 completions in groups of 3: one line from the launching process's own check (no rank
+    started), naming the batch as it resolves and fixes checked beside micro 16; the first, followed, trains."""
+    said = (runs / "part_groups.txt").read_text()
+    assert len(said.splitlines()) == 1 and naming(said, "objective.num_generations=3", "train_batch_size 32 = micro "
+                                                  "16 x accum 1 x data-parallel 2", "set batch.grad_accum=3"), said
+    ran = summary(runs / "fixed_groups")
+    assert ran["steps"] == 1 and math.isfinite(ran["losses"][0]) and ran["ds_config"]["train_batch_size"] == 96
+    assert ran["ds_config"]["train_micro_batch_size_per_gpu"] == 16  # the user's own, kept
 
 
 def test_the_run_learns_as_far_as_the_plain_loop(runs):

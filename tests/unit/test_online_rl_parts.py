@@ -47,7 +47,6 @@ def test_the_defaults_are_trls():
 
 
 @pytest.mark.parametrize("sets, needles", [
-    (["batch.global_batch=12"], ["batch.global_batch=12", "num_generations=8", "multiple of 8"]),
     (["data.seq_len=16"], ["data.seq_len=16", "max_completion_length", "16 tokens", "no room"]),
     (["pipeline.stages=2"], ["pipeline.stages=2", "objective.kind=grpo"]),
     (["parallel.tensor=2"], ["parallel.tensor=2", "sample alike"]),
@@ -84,9 +83,66 @@ def test_what_a_run_cannot_do_is_one_line(sets, needles):
 def test_each_rank_must_hold_whole_groups_once_the_world_is_known():
     from bigtrain.objectives import batch_problem
     needs = load_run_config(None, BASE).objective.declared
-    assert batch_problem("grpo", needs, 16, (8, 1)) is None  # 2 ranks x 8: one group each
-    said = batch_problem("grpo", needs, 16, (4, 1))  # 4 ranks x 4 completions: half a group each
+    assert batch_problem("grpo", needs, (8, 1)) is None  # 2 ranks x 8: one group each
+    said = batch_problem("grpo", needs, (4, 1))  # 4 ranks x 4 completions: half a group each
     assert naming(said, "objective.kind=grpo", "4 x 1 = 4", "multiple of 8", "batch.micro_batch")
+
+
+GROUPS = ["objective.kind=grpo", "objective.rewards=accuracy", "data.seq_len=64", "objective.max_completion_length=16"]
+
+
+@pytest.mark.parametrize("sets, world, batch, first", [
+    # what a user tripped on: 2 ranks x micro 16 = 32 completions in groups of 3; global_batch=30 would not solve
+    (["batch.micro_batch=16", "objective.num_generations=3"], 2, "32 = micro 16 x accum 1 x data-parallel 2",
+     "batch.grad_accum=3"),
+    (["batch.micro_batch=16", "batch.global_batch=32", "objective.num_generations=3"], 2,
+     "32 = micro 16 x accum 1 x data-parallel 2", "batch.global_batch=96"),
+    (["batch.global_batch=12"], 1, "12 = micro 4 x accum 3 x data-parallel 1", "batch.global_batch=16"),
+    (["batch.micro_batch=6", "batch.grad_accum=1"], 4, "24 = micro 6 x accum 1 x data-parallel 4",
+     "batch.grad_accum=4")])
+def test_a_batch_of_part_groups_names_only_fixes_that_hold_beside_what_the_user_gave(sets, world, batch, first):
+    """Each fix the line names, given as --set beside the user's own settings, resolves at the same world size to
+    whole groups on every rank; the batch the user gave is named as it resolved."""
+    from bigtrain.config.load import field_sources
+    from bigtrain.ds.groups import group_problem
+    run = load_run_config(None, [*GROUPS, *sets])
+    said = group_problem(run, None, world, field_sources(None, [*GROUPS, *sets]))
+    assert said is not None and len(said.splitlines()) == 1 and f"train_batch_size {batch} gives each rank" in said
+    fixes = said.split("; set ", 1)[1].split(", or ")
+    assert fixes[0] == first and len(fixes) >= 2 and "batch.global_batch=30" not in fixes, said
+    for fix in fixes:
+        followed = [*GROUPS, *sets, *fix.split(" and ")]
+        assert group_problem(load_run_config(None, followed), None, world, field_sources(None, followed)) is None, fix
+    whole = [*GROUPS, *sets[:-1], "objective.num_generations=2"] if world == 2 else None
+    if whole:
+        assert group_problem(load_run_config(None, whole), None, world, field_sources(None, whole)) is None
+
+
+def test_a_deepspeed_jsons_batch_is_held_too():
+    """The micro-batch a user's DeepSpeed JSON gives is kept by the fixes, as the runner keeps it."""
+    from bigtrain.config.load import field_sources
+    from bigtrain.ds.groups import group_problem
+    sets = [*GROUPS, "objective.num_generations=3"]
+    said = group_problem(load_run_config(None, sets), {"train_micro_batch_size_per_gpu": 16}, 2,
+                         field_sources(None, sets))
+    assert naming(said, "micro 16 x accum 1 x data-parallel 2", "set batch.grad_accum=3, or batch.micro_batch=15"), said
+
+
+def test_bigtrain_train_refuses_part_groups_before_it_starts_a_rank(tmp_path, monkeypatch):
+    """The line comes from the launching process's own check at the world size the launcher would start."""
+    import argparse
+
+    from bigtrain.launch import train as launch
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "say 3", "answer": "3"}\n' * 8)
+    args = ["--model", "gpt2", "--size", "tiny", "--data", "prompts.jsonl", "--out", str(tmp_path / "run"),
+            *[a for s in [*GROUPS, "batch.micro_batch=16", "objective.num_generations=3"] for a in ("--set", s)]]
+    assert launch.launched_world_size(argparse.Namespace(launcher_arg=[], hostfile=None, num_gpus=2), 2) == 2
+    assert launch.launched_world_size(argparse.Namespace(launcher_arg=["--include=localhost:0"], hostfile=None,
+                                                         num_gpus=2), 2) is None
+    said = launch.check_run_args(args, world_size=2)
+    assert said is not None and naming(said, "num_generations=3", "data-parallel 2", "set batch.grad_accum=3"), said
+    assert launch.check_run_args([*args, "--set", "objective.num_generations=4"], world_size=2) is None
 
 
 def rollout_of(texts: list[str], tok) -> SimpleNamespace:
