@@ -226,8 +226,7 @@ def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str],
         save_results({"results": results, "peaks": peaks}, Path(workdir) / "results_so_far.json")
         row = make_row(result, peaks)
         log(f"[{i}/{len(plan.cases)} {elapsed:4.1f} min, host {100 * busy:.0f}% busy before] {case.name}: "
-            + (f"{row['samples_per_s']:.2f} samples/s, MFU {100 * row['mfu']:.1f}% ({case.workload.precision})"
-               if row["ok"] else f"FAILED {row['error']}"))
+            + row_line(row, case.workload.precision))
     if plan.mode not in ("short", "gpu-dry"):  # again at the end: a busy host only lowers a measurement
         peak_dirs.append(measure_peaks(workdir, launch, "peak_end", seconds))
         peaks = _with_datasheet(read_peaks(*peak_dirs))
@@ -240,6 +239,14 @@ def run_plan(plan: Plan, workdir: Path, max_minutes: float, log: Callable[[str],
             "minutes": (time.perf_counter() - start) / 60, "command": _command(plan),
             "env_summary": env_summary(launch.env, first.get("device", "cpu"))}
     return {"meta": meta, "results": results, "rows": rows, "ratios": ratios(rows), "problems": check_rows(rows, peaks)}
+
+
+def row_line(row: dict, precision: str) -> str:
+    """What the console says of a finished job: its rate and MFU (none without a peak of its precision)."""
+    if not row["ok"]:
+        return f"FAILED {row['error']}"
+    mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "- (no peak measured)"
+    return f"{row['samples_per_s']:.2f} samples/s, MFU {mfu} ({precision})"
 
 
 def peaks_line(peaks: dict) -> str:

@@ -36,9 +36,13 @@ def bf16_not_native(device_name: str | None = None, flags: set[str] | None = Non
     """None where `device_name` (default: this job's accelerator) multiplies bf16 in hardware; else why not, as a
     phrase a line can end with. A CPU is asked at run time: its flags, the oneDNN ISA cap in the environment, and
     whether this torch has oneDNN at all."""
+    import torch
     from deepspeed.accelerator import get_accelerator
     acc = get_accelerator()
     name = device_name or acc.device_name()
+    if name == "cuda":  # torch's plain check counts the emulation a V100 or T4 runs bf16 with
+        return None if torch.cuda.is_bf16_supported(including_emulation=False) else \
+            "this GPU has no bf16 units (compute capability below 8.0)"
     if name != "cpu":
         return None if acc.is_bf16_supported() else f"this {name} device has no bf16 support"
     flags = cpu_flags() if flags is None else flags
@@ -48,7 +52,6 @@ def bf16_not_native(device_name: str | None = None, flags: set[str] | None = Non
     for var in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
         if environ.get(var, "").strip().lower() in ISAS_WITHOUT_BF16:
             return f"{var}={environ[var]} keeps oneDNN off this CPU's bf16 instructions"
-    import torch
     if not torch.backends.mkldnn.is_available():
         return "this torch was built without oneDNN, which multiplies bf16 on CPUs"
     return None

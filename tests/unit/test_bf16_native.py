@@ -16,7 +16,7 @@ from bigtrain.bench.cases import Case, Strategy, Workload
 from bigtrain.bench.doc import conditions
 from bigtrain.bench.peak import read_peaks
 from bigtrain.bench.rows import check_rows, make_row
-from bigtrain.bench.sweep import full_plan, in_fp32, peaks_line, short_plan
+from bigtrain.bench.sweep import full_plan, in_fp32, peaks_line, row_line, short_plan
 from bigtrain.distributed import device
 from bigtrain.distributed.device import bf16_not_native
 
@@ -39,6 +39,15 @@ SAPPHIRE_RAPIDS = ZEN3 | {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
 ])
 def test_native_bf16_is_asked_of_the_cpu_at_run_time(flags, environ, expected):
     assert bf16_not_native("cpu", flags=flags, environ=environ) == expected
+
+
+def test_a_gpu_emulating_bf16_is_not_native(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: asked.append(
+        including_emulation) or including_emulation)  # a V100: bf16 only emulated
+    assert bf16_not_native("cuda") == "this GPU has no bf16 units (compute capability below 8.0)" and asked == [False]
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # an H100
+    assert bf16_not_native("cuda") is None
 
 
 def test_this_hosts_answer_agrees_with_its_flags_and_the_oneDNN_cap(monkeypatch):
@@ -107,6 +116,8 @@ def test_rows_pages_and_checks_without_a_bf16_peak(tmp_path):
     assert fp32["mfu"] == pytest.approx(0.01 / 0.2) and fp32["mfu_bf16"] is None
     assert bf16["mfu"] is None  # the GPU plan's dry run keeps bf16: no peak to hold it against
     assert check_rows([fp32, bf16], peaks) == []
+    assert row_line(bf16, "bf16") == "10.00 samples/s, MFU - (no peak measured) (bf16)"  # the bench's console line
+    assert row_line(fp32, "fp32") == "10.00 samples/s, MFU 5.0% (fp32)"
     assert check_rows([fp32], {**peaks, "bf16_not_measured": None}) == ["bf16 peak None is not a positive number"]
     meta = {"mode": "full", "command": "bigtrain bench", "minutes": 1.0, "ranks": 2, "peaks": peaks,
             "env_summary": "x", "host": {"cpu": "AMD EPYC", "cores": 2, "memory_gib": 24, "amx": False,
