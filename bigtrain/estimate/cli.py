@@ -206,7 +206,7 @@ def assume_machine(args: argparse.Namespace) -> str | None:
     args.gpu_mem = args.gpu_mem or ASSUMED_GPU_MEM
     import torch
     here = "this machine has no GPU" if not torch.cuda.is_available() else "this machine's GPUs are not read"
-    each = f"{parse_gpu_mem(args.gpu_mem) / 2**30:g} GiB"
+    each = "80 GiB" if args.gpu_mem == ASSUMED_GPU_MEM else args.gpu_mem  # a given size as the user wrote it
     give = " and ".join(f"{flag} {'N' if flag == '--num-gpus' else 'SIZE'}" for flag in missing)
     return (f"assumed: {args.num_gpus} GPUs per node, {each} each ({' and '.join(missing)} not given; {here}): "
             f"give {give} for yours")
@@ -215,9 +215,9 @@ def assume_machine(args: argparse.Namespace) -> str | None:
 def run_estimate(args: argparse.Namespace) -> int:
     """Print the table and the recommendation; 0 when a setup fits, 1 when none does."""
     from bigtrain.models import build
+    req = request_from_args(args)  # a mistake in the run's flags first: one line, nothing on stdout
     if assumed := assume_machine(args):
         print(assumed)
-    req = request_from_args(args)
     gpu_mem = parse_gpu_mem(args.gpu_mem, "--gpu-mem")
     cpu_mem = parse_gpu_mem(args.cpu_mem, "--cpu-mem") if args.cpu_mem else None
     if not 0 <= args.headroom < 1:

@@ -220,7 +220,8 @@ def test_a_training_commands_model_flags_estimate_a_pretrained_directory(tmp_pat
     from transformers import LlamaConfig
     LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, num_key_value_heads=2,
                 intermediate_size=128, vocab_size=512, max_position_embeddings=128).save_pretrained(tmp_path / "m")
-    code, out, err = run_cli(["--model", "hf", "--set", f"model.pretrained={tmp_path / 'm'}", "--gpu-mem", "8"], capsys)
+    code, out, err = run_cli(["--model", "hf", "--set", f"model.pretrained={tmp_path / 'm'}", "--gpu-mem", "8",
+                              "--num-gpus", "8"], capsys)
     assert code == 0 and out.startswith("hf custom: "), err
     assert f"--set model.pretrained={tmp_path / 'm'}" in out
     code, _, err = run_cli(["--size", "small"], capsys)
