@@ -52,17 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     return job.code
 
 
-def exit_now(code: int) -> None:
-    """End the process once the job is over (summary, checkpoint and monitors written, process
-    group destroyed) without the interpreter's teardown: there, a DeepSpeed/gloo thread that is
-    still joinable sometimes aborts the process ("terminate called without an active exception"),
-    and a finished job would then report exit status 250 to the launcher."""
-    import logging
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
+    from bigtrain.distributed.world import exit_now
     exit_now(main())

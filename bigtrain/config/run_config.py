@@ -140,7 +140,8 @@ def vision_problems(run: RunConfig) -> list[str]:
     """What a vision-language model (--model vlm) cannot train with: packed rows (their examples kept apart by
     restarting positions, which the families' image-token masks do not follow) and a reference computed before
     training (its table is of the answers' tokens alone, without their images)."""
-    if run.model.family != "vlm":
+    from bigtrain.models.names import reads_images
+    if not reads_images(run.model.family):
         return []
     problems = []
     if run.data.packing:

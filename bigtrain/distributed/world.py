@@ -2,6 +2,7 @@
 few collectives the loop needs (the peers of a job: `peers`; how it ends: `peer_watch`, `job_stop`)."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -97,6 +98,16 @@ def shutdown() -> None:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def exit_now(code: int) -> None:
+    """End a rank's process once its work is over (files written, process group destroyed) without the
+    interpreter's teardown: there, a DeepSpeed/gloo thread that is still joinable sometimes aborts the process
+    ("terminate called without an active exception"), and a finished job would report exit status 250."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def reduce_step(loss: torch.Tensor, stop_requested: bool,

@@ -69,7 +69,8 @@ def vision_target(path: str | Path, tag: str | None = None) -> bool:
         return raw.get("model_type") in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and "vision_config" in raw
     if kind == "run":
         from bigtrain.export.locate import locate_checkpoint
-        return locate_checkpoint(directory, tag).state.model_build.family == "vlm"
+        from bigtrain.models.names import reads_images
+        return reads_images(locate_checkpoint(directory, tag).state.model_build.family)
     return False
 
 

@@ -9,6 +9,7 @@ SHAPE_FROM_DIRECTORY = frozenset({"hf", "vlm"})  # families whose shape is a pre
 # The data a family trains on when no directory is given, as its Family says (tests/unit/test_precheck.py holds the
 # two together): known before any rank starts without importing the family's module and transformers' model classes.
 MODALITY = {"gpt2": "text", "llama": "text", "encoder": "classify", "resnet": "image"}
+READS_IMAGES = frozenset({"vlm"})  # families whose records carry images beside the text (modality "vision")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
@@ -16,6 +17,11 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 def canonical(family: str) -> str:
     """The family an alias names (`transformer` -> `encoder`); other names unchanged."""
     return ALIASES.get(family, family)
+
+
+def reads_images(family: str) -> bool:
+    """Whether a family's records carry images that its processor reads beside the text."""
+    return canonical(family) in READS_IMAGES
 
 
 def default_size(family: str, pretrained: str | None) -> str:

@@ -94,7 +94,7 @@ def test_through_bigtrain_train_a_mistake_is_one_line_and_the_launcher_does_not_
                           env=rank_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and not (tmp_path / "typo").exists(), proc.stderr  # no rank made its folder
     assert proc.stdout == "" and proc.stderr.splitlines() == ["bigtrain: unknown key 'lora.rank': allowed: alpha, "
-                                                              "dropout, r, targets"], proc.stderr
+                                                              "dropout, r, targets, vision_tower"], proc.stderr
     proc = subprocess.run([*bigtrain, *TINY, "--steps", "2", "--resume", "--out", str(tmp_path / "nothing")], cwd=REPO,
                           env=rank_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and not (tmp_path / "nothing").exists(), proc.stderr  # no rank made its folder

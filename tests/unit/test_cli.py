@@ -322,7 +322,7 @@ def test_one_rank_here_starts_without_the_deepspeed_launcher(monkeypatch):
 
     monkeypatch.setattr(train.subprocess, "Popen", Launched)
     monkeypatch.setattr(train, "wait_for_session", lambda session: None)
-    monkeypatch.setattr(train, "check_run_args", lambda args, files_here: "files" if files_here else None)
+    monkeypatch.setattr(train, "check_run_args", lambda args, files_here, world_size=None: "files" if files_here else None)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     for extra in ([], ["--launcher-arg=--bind_cores_to_rank"]):
         args = cli.build_parser().parse_known_args(["train", "--num-gpus", "1", "--verbose", *extra])[0]

@@ -214,7 +214,9 @@ def test_dpo_on_an_engine_equals_a_plain_loop_and_starts_at_ln2(one_rank_group):
     assert got == pytest.approx(plain_dpo_losses(spec, run, rates), rel=1e-5)
     assert got[-1] < got[0]  # it learns
     assert set(engine.step_metrics) == {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-                                        "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected"}
+                                        "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected",
+                                        "grad_norm"}
+    assert math.isfinite(float(engine.step_metrics["grad_norm"])) and float(engine.step_metrics["grad_norm"]) > 0
 
 
 def test_the_lora_reference_with_adapters_off_equals_a_frozen_copy_of_the_base(one_rank_group):
