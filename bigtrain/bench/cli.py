@@ -90,7 +90,7 @@ def _trl(args: argparse.Namespace, workdir: Path) -> int:
     from bigtrain.bench.sweep import save_results
     from bigtrain.bench.trl_bench import run_trl_plan
     from bigtrain.bench.trl_cases import plan
-    cases = plan(args.repeats or 2, args.only, dry=args.dry_run)
+    cases = plan(args.repeats or 3, args.only, dry=args.dry_run)
     if not cases:
         print(f"bigtrain bench: --only {args.only!r} matches none of sft, dpo, grpo", file=sys.stderr)
         return 2
@@ -153,7 +153,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", default="runs/bench", help="job outputs and logs")
     p.add_argument("--repeats", type=int, default=None,
                    help="bigtrain/DeepSpeed pairs per ZeRO stage (default: 6 for the CPU sweep, 1 with --gpu; --trl: "
-                   "bigtrain/TRL pairs per objective, default 2)")
+                   "bigtrain/TRL pairs per objective, default 3)")
     p.add_argument("--max-minutes", type=float, default=120.0,
                    help="skip the remaining jobs after this long (a safety valve: --full takes ~45 min on 2 cores)")
     p.add_argument("--budget-gib", type=float, default=None,

@@ -37,7 +37,7 @@ class Settings:
     weight_decay: float = 0.0  # weight_decay
     grad_clip: float = 1.0  # max_grad_norm
     seed: int = 1  # seed
-    max_length: int = 256  # SFT / DPO: max_length (no record here is longer); GRPO: prompt + completion
+    max_length: int = 256  # SFT / DPO: max_length (both keep a longer record's first tokens); GRPO: prompt + completion
     beta: float = 0.0  # DPO: beta (TRL's 0.1); GRPO: beta (TRL's 0.0)
     num_generations: int = 8  # GRPO
     max_completion_length: int = 48  # GRPO
@@ -69,8 +69,9 @@ class Workload:
 
 
 def make_workload(root: Path, dry: bool = False) -> Workload:
-    """The model and the three data sets under `root`: 600 chats of 8-120-word answers (shorter than max_length, so
-    that neither side cuts a record), pairs made from them, 512 arithmetic prompts (a dry run: 100 and 64)."""
+    """The model and the three data sets under `root`: 600 chats of 8-120-word answers (6 longer than max_length, whose
+    first tokens both sides keep: TRL's truncation_mode keep_start, bigtrain's data.long_examples=truncate), pairs
+    made from them, 512 arithmetic prompts (a dry run: 100 and 64)."""
     from bigtrain.bench.chat_data import make_base, make_data, make_pairs
     from bigtrain.bench.online import write_prompts
     root.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,7 @@ ZERO3_LEVERS = (("ZeRO-3, weights gathered for generation", (("zero.stage", "3")
                  (*PARTITIONED, ("objective.decode", "generate")), ()))
 
 
-def plan(repeats: int = 2, only: str | None = None, dry: bool = False) -> list[Case]:
+def plan(repeats: int = 3, only: str | None = None, dry: bool = False) -> list[Case]:
     """Every objective's bigtrain and TRL jobs, `repeats` pairs each, the pair's order alternating (A B, then B A)
     so that the machine's drift falls on both sides alike, each pair followed by the objective's levers (compared
     with that pair's bigtrain job); `only`: objectives whose name matches; `dry`: one pair of DRY_STEPS steps."""
