@@ -7,8 +7,11 @@ computation's, tile by tile.
 The MLPs are found by what they are, not by family: the modules transformers (and bigtrain's families built on it)
 name `...MLP` (LlamaMLP, Qwen2MLP, MistralMLP, GPT2MLP, ...), whose forward takes the hidden states alone; mixtures of
 experts (`...SparseMoeBlock`) are not MLPs here. A tile is `hidden_size` tokens, ALST's choice. Every rank of a run
-computes the same number of tiles (bigtrain's rows are data.seq_len tokens, a sequence-parallel rank's slice the same
-length on every rank), which ZeRO-3's per-tile parameter gathers need.
+computes the same number of tiles, which ZeRO-3's per-tile parameter gathers need: rows of data.seq_len tokens (a
+sequence-parallel rank's slice the same length on every rank) have as many anyway; rows whose length differs from
+rank to rank (an online objective's completions, several turns of them on one rank and one on another) have the
+ranks agree on the most any needs (one all-reduce per MLP call, where the weights are partitioned), a rank with
+fewer padding its input to as many whole tiles (the padding's outputs dropped: it adds nothing to a gradient).
 
 With the MLP tiled, the RMSNorms go lean too (parallel/rms_norm.py: ALST's fused RMSNorm, done as a function that
 keeps only its input and makes no sequence-long fp32 temporary), over the same tiles.
@@ -56,12 +59,28 @@ def apply_tiled_mlp(model: nn.Module, tile: int) -> int:
                   _params: list = params, **kwargs: Any) -> torch.Tensor:
             if args or kwargs or not (_module.training and torch.is_grad_enabled()) or x.dim() < 2:
                 return _plain(x, *args, **kwargs)
-            shards = max(1, math.ceil(x.shape[-2] / tile))
-            return TiledMLP.apply(lambda _self, part: _plain(part.contiguous()), _module, x, shards, _params)
+            length = x.shape[-2]
+            shards = max(1, math.ceil(length / tile))
+            if _partitioned(_params):  # as many tiles on every rank, each gathering the weights
+                shards = _most(shards, x.device)
+                x = nn.functional.pad(x, (0, 0, 0, shards * tile - length))  # exactly `shards` chunks of `tile`
+            out = TiledMLP.apply(lambda _self, part: _plain(part.contiguous()), _module, x, shards, _params)
+            return out[..., :length, :]
 
         module.forward = tiled
         module._bigtrain_tiled = True
     return len(modules)
+
+
+def _partitioned(params: list) -> bool:
+    """Whether these are ZeRO-3's partitioned weights in a process group (each tile's forward gathers them)."""
+    return torch.distributed.is_initialized() and any(hasattr(p, "ds_id") for p in params)
+
+
+def _most(count: int, device: Any) -> int:
+    value = torch.tensor([count], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return int(value.item())
 
 
 def apply_tiles(model: nn.Module, tile: int) -> tuple[int, int]:
