@@ -94,17 +94,19 @@ def load_rewards(specs: list[str], weights: list[float] | None = None, *, max_co
     return loaded
 
 
-def load_function(spec: str) -> RewardFn:
-    """`path/to/file.py:function` or `package.module:function` -> the function; one line when it cannot be had."""
-    where, name = _split(spec)
-    module = _import_file(spec, Path(where).expanduser()) if where.endswith(".py") else _import_module(spec, where)
+def load_function(spec: str, setting: str = "objective.rewards") -> RewardFn:
+    """`path/to/file.py:function` or `package.module:function` -> the function (or class); one line naming
+    `setting` when it cannot be had."""
+    where, name = _split(spec, setting)
+    module = _import_file(spec, Path(where).expanduser(), setting) if where.endswith(".py") else \
+        _import_module(spec, where, setting)
     fn = getattr(module, name, None)
     if fn is None:
         found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
                        and getattr(v, "__module__", None) == module.__name__)
-        raise _no_such_name(spec, where, name, found)
+        raise _no_such_name(spec, where, name, found, setting)
     if not callable(fn):
-        raise ValueError(f"objective.rewards {spec!r}: {name!r} in {where} is {_a(type(fn).__name__)}, not a function")
+        raise ValueError(f"{setting} {spec!r}: {name!r} in {where} is {_a(type(fn).__name__)}, not a function")
     return fn
 
 
@@ -156,9 +158,11 @@ def _top_level_names(body: list[ast.stmt]) -> tuple[set[str], set[str]]:
     return names, functions
 
 
-def _split(spec: str) -> tuple[str, str]:
+def _split(spec: str, setting: str = "objective.rewards") -> tuple[str, str]:
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name.isidentifier():
+        if setting != "objective.rewards":
+            raise ValueError(f"{setting} {spec!r}: give path/to/file.py:NAME or package.module:NAME")
         cut = (" (a list's commas split length=MAX,CACHE: quote it, ['length=MAX,CACHE'])"
                if spec.strip().isdigit() else "")
         raise ValueError(f"objective.rewards {spec!r}: give path/to/file.py:function, package.module:function, a "
@@ -166,19 +170,19 @@ def _split(spec: str) -> tuple[str, str]:
     return where, name
 
 
-def _no_such_name(spec: str, where: str, name: str, found: list[str]) -> ValueError:
-    return ValueError(f"objective.rewards {spec!r}: {where} has no {name!r} (its functions: "
-                      f"{', '.join(found) or 'none'})")
+def _no_such_name(spec: str, where: str, name: str, found: list[str],
+                  setting: str = "objective.rewards") -> ValueError:
+    return ValueError(f"{setting} {spec!r}: {where} has no {name!r} (its functions: {', '.join(found) or 'none'})")
 
 
-def _check_is_file(spec: str, path: Path) -> None:
+def _check_is_file(spec: str, path: Path, setting: str = "objective.rewards") -> None:
     if not path.is_file():
-        raise ValueError(f"objective.rewards {spec!r}: no such file {path} (a path is relative to the directory "
-                         "the job starts in)")
+        raise ValueError(f"{setting} {spec!r}: no such file {path} (a path is relative to the directory the job "
+                         "starts in)")
 
 
-def _import_file(spec: str, path: Path) -> Any:
-    _check_is_file(spec, path)
+def _import_file(spec: str, path: Path, setting: str = "objective.rewards") -> Any:
+    _check_is_file(spec, path, setting)
     folder = str(path.resolve().parent)
     if folder not in sys.path:  # its helpers beside it import, as they do when the file runs as a script
         sys.path.append(folder)
@@ -190,15 +194,15 @@ def _import_file(spec: str, path: Path) -> Any:
         loader_spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 -- anything the user's file raises: one line naming it
         sys.modules.pop(module_name, None)
-        raise ValueError(f"objective.rewards {spec!r}: {path} does not import: {_describe(e)}") from None
+        raise ValueError(f"{setting} {spec!r}: {path} does not import: {_describe(e)}") from None
     return module
 
 
-def _import_module(spec: str, name: str) -> Any:
+def _import_module(spec: str, name: str, setting: str = "objective.rewards") -> Any:
     try:
         return importlib.import_module(name)
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"objective.rewards {spec!r}: module {name!r} does not import: {_describe(e)} (a module "
+        raise ValueError(f"{setting} {spec!r}: module {name!r} does not import: {_describe(e)} (a module "
                          "is found on PYTHONPATH; a file is given as path/to/file.py:function)") from None
 
 
@@ -213,16 +217,16 @@ def _describe(e: BaseException) -> str:
 
 
 def score(functions: list[RewardFunction], prompts: list, completions: list, completion_ids: list[list[int]],
-          records: list[dict], step: int = 0) -> RewardScores:
+          records: list[dict], step: int = 0, extra: dict | None = None) -> RewardScores:
     """Every function on this rank's completions: [N, F] scores (NaN: None), what they logged. `records[i]` is
-    completion i's record (its columns; repeated for the completions of one prompt). The synchronous functions run
-    in order, then the async ones together (TRL's asyncio.gather)."""
+    completion i's record (its columns; repeated for the completions of one prompt); `extra`: more keywords
+    (`environments`). The synchronous functions run in order, then the async ones together (TRL's asyncio.gather)."""
     n = len(completions)
     assert len(prompts) == n == len(completion_ids) == len(records), (len(prompts), n, len(records))
     keys = sorted({k for r in records for k in r if k not in RESERVED})
     columns = {k: [r.get(k) for r in records] for k in keys}
     out = RewardScores(torch.full((n, len(functions)), float("nan"), dtype=torch.float32))
-    shared = {**columns, "trainer_state": SimpleNamespace(global_step=step),
+    shared = {**columns, **(extra or {}), "trainer_state": SimpleNamespace(global_step=step),
               "log_metric": lambda name, value: out.metrics.setdefault(name, []).append(float(value)),
               "log_extra": lambda column, values: out.extra.setdefault(column, []).extend(values)}
     where = (records, prompts, completions)
