@@ -105,15 +105,17 @@ def micro_loss(logps, old, adv, mask, ref, cfg: Config, total_tokens: float) -> 
 
 def optimize(model, optimizer, batch: dict, rewards: torch.Tensor, cfg: Config, ref_model=None) -> list[float]:
     """The optimizer steps of one generation batch (completions given): the loss of each step (summed over its
-    micro-batches). `batch`: prompt_ids, prompt_mask (left-padded), completion_ids, completion_mask."""
+    micro-batches). `batch`: prompt_ids, prompt_mask (left-padded), completion_ids, completion_mask, and optionally
+    TRL's tool_mask (0 on the tools' results: attended to, out of the loss and its token counts)."""
     p, pm, c, cm = (batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"))
+    lm = cm * batch["tool_mask"] if "tool_mask" in batch else cm  # TRL's completion_mask * tool_mask
     with torch.no_grad():
         old = per_token_logps(model, p, pm, c, cm, cfg.temperature)
         ref = per_token_logps(ref_model, p, pm, c, cm, cfg.temperature) if ref_model is not None else None
     if cfg.algorithm == "rloo" and cfg.beta:
-        rewards = rewards - cfg.beta * ((old - ref) * cm).sum(1)
+        rewards = rewards - cfg.beta * ((old - ref) * lm).sum(1)
     adv = advantages_of(rewards, cfg)
-    total = float(cm.sum())
+    total = float(lm.sum())
     chunks = torch.arange(len(c)).chunk(cfg.micro_batches)
     losses = []
     for _ in range(cfg.num_iterations):
@@ -121,7 +123,7 @@ def optimize(model, optimizer, batch: dict, rewards: torch.Tensor, cfg: Config, 
         step = 0.0
         for rows in chunks:
             logps = per_token_logps(model, p[rows], pm[rows], c[rows], cm[rows], cfg.temperature)
-            loss = micro_loss(logps, old[rows], adv[rows], cm[rows], None if ref is None else ref[rows], cfg, total)
+            loss = micro_loss(logps, old[rows], adv[rows], lm[rows], None if ref is None else ref[rows], cfg, total)
             loss.backward()
             step += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -167,3 +167,45 @@ def build_prompts(corpora: list[PreparedCorpus], sources: list[str], weights: li
 
     return DataBundle(train, val, tokenizer, len(tokenizer), 0, desc, make_sampler, stats=stats, sample_prompt=prompt,
                       layout="prompts")
+
+
+PLACEHOLDER_PROMPT = [{"role": "user", "content": ""}]  # TRL's prompt of records an environment fills
+PLACEHOLDERS = 4096  # records of the index space (the sampler cycles through it in passes)
+
+
+class PlaceholderPrompts:
+    """`count` records of one empty user message (TRL's placeholder dataset), for an objective whose rollouts make
+    their prompts (an environment's reset returns each): served as prompt records are, their prompt the template's
+    render of that message."""
+
+    def __init__(self, count: int, ids: list[int], pad_id: int):
+        self.count, self.ids, self.pad_id = count, ids, pad_id
+
+    def __len__(self) -> int:
+        return self.count
+
+    def take(self, indices: Sequence[int]) -> Batch:
+        n = len(indices)
+        ids = torch.tensor([self.ids] * n, dtype=torch.int64)
+        return {"prompt_ids": ids, "prompt_mask": torch.ones_like(ids),
+                "prompt_index": torch.tensor([int(i) for i in indices], dtype=torch.int64),
+                "records": self.records(indices)}
+
+    def records(self, indices: Sequence[int]) -> list[dict]:
+        return [{"prompt": [dict(m) for m in PLACEHOLDER_PROMPT]} for _ in indices]
+
+
+def placeholder_prompts(tokenizer: Any, val_fraction: float) -> DataBundle:
+    """The bundle of an objective's own prompts (no data.source given): PLACEHOLDERS records of an empty user
+    message, rendered by the tokenizer's chat template (one line without one)."""
+    from bigtrain.data.chat import no_template_line
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(no_template_line(tokenizer, "objective.environment without data"))
+    ids = list(tokenizer.apply_chat_template(PLACEHOLDER_PROMPT, add_generation_prompt=True, tokenize=True,
+                                             return_dict=False))
+    train_rows, val_rows = split_rows(PLACEHOLDERS, val_fraction)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stats = {"format": "prompt", "layout": "prompts", "prompts": 0, "placeholder_prompts": True}
+    return DataBundle(PlaceholderPrompts(len(train_rows), ids, pad), PlaceholderPrompts(len(val_rows), ids, pad),
+                      tokenizer, len(tokenizer), 0, "no data: each prompt made by the environment's reset (records of "
+                      "one empty user message, TRL's placeholder)", stats=stats, sample_prompt=ids, layout="prompts")

@@ -74,6 +74,7 @@ class Needs:
     rows_per_sample: int = 1  # rows a sample puts through the policy in one micro-batch
     references: tuple[str, ...] = ()  # the reference kinds it may compare with (REFERENCES); () uses none
     generates: bool = False  # samples completions from the policy before its loss (`Policy.generate`)
+    own_prompts: bool = False  # makes its prompts itself where no data is given (an environment's reset)
     frozen_models: tuple[FrozenModel, ...] = ()  # extra frozen models held beside the policy
     head: str = "own"  # the policy's head (HEADS)
     dropout: bool = True  # False: the policy's dropout is switched off (its forward passes are compared)
@@ -174,6 +175,10 @@ class Policy(Protocol):
     def choose_gather(self, setting: str | bool) -> str:
         """objective.ds3_gather_for_generation (auto, true, false) decided for the run, every rank calling it
         together at the start; the start line's words for the decision and why ('' below ZeRO-3)."""
+
+    def stop_ids(self) -> list[int]:
+        """The token ids a completion ends at: the tokenizer's end-of-text and any the model's generation_config
+        lists."""
 
 
 class Objective:

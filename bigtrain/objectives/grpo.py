@@ -94,10 +94,10 @@ class RewardSettings(GenerationSettings):
         if isinstance(self.rewards, str):
             self.rewards = [self.rewards]
         given = len(self.rewards or []) + (self.reward_model is not None)
-        if not given:
+        if not given and self.environment is None:  # an environment's get_reward may be the reward (its load says)
             raise ValueError("objective.rewards: online RL needs a reward: a function (objective.rewards=[path/to/"
-                             "file.py:function], package.module:function, accuracy, format, length) or "
-                             "objective.reward_model=DIR")
+                             "file.py:function], package.module:function, accuracy, format, length), "
+                             "objective.reward_model=DIR, or an objective.environment with a get_reward method")
         if self.reward_weights is not None and len(self.reward_weights) != given:
             raise ValueError(f"objective.reward_weights has {len(self.reward_weights)} weights for {given} rewards "
                              "(objective.rewards, then objective.reward_model): give one weight per reward")
@@ -159,11 +159,18 @@ class RewardedObjective(OnlineObjective):
 
     def __init__(self, kind: str, settings: Any = None, reference: str = "none"):
         super().__init__(kind, settings, reference)
-        from bigtrain.rollout.rewards import load_rewards
+        from bigtrain.rollout.rewards import RewardFunction, load_rewards
         s = self.settings
         self.functions = load_rewards(s.rewards or [], None, max_completion_length=s.max_completion_length,
                                       load_model=_reward_model_elsewhere) if s.rewards else []
         self.weights = s.reward_weights
+        # the environments' get_reward, after objective.rewards and objective.reward_model, each of weight 1 (TRL's)
+        self.environment_rewards = [RewardFunction(name, fn, 1.0, spec) for name, fn, spec in
+                                    (self.agent.toolbox.reward_functions() if self.agent else [])]
+        if not self.functions and s.reward_model is None and not self.environment_rewards:
+            raise ValueError(f"objective.environment={s.environment!r} has no get_reward method and objective.rewards "
+                             "is empty: online RL needs a reward; give the environment a get_reward() or name reward "
+                             "functions in objective.rewards")
 
     @classmethod
     def declare(cls, settings: Any) -> Needs:
@@ -183,22 +190,31 @@ class RewardedObjective(OnlineObjective):
         completions = [[{"role": "assistant", "content": t}] if isinstance(r.get("prompt"), list) else t
                        for t, r in zip(texts, records)]
         prompts = [r.get("prompt") for r in records]
-        scores = score(self.functions, prompts, completions, ids, records, step=self.steps_done)
+        conversations, extra_kwargs = getattr(rollout, "conversations", None), {}
+        if conversations:  # with tools: each completion's messages (calls and results), its prompt as generated from
+            completions, prompts = conversations, rollout.prompts
+            if any(e is not None for e in rollout.environments):
+                extra_kwargs["environments"] = rollout.environments
+        functions = self.functions + self.environment_rewards
+        scores = score(functions, prompts, completions, ids, records, step=self.steps_done, extra=extra_kwargs)
         local = scores.per_function.to(policy.device)
         penalty = self.penalty(pieces)
         table = gather_rows(torch.cat([local, penalty.unsqueeze(1)], 1), policy.device)
-        weights = torch.tensor(self.weights or [1.0] * len(self.functions), dtype=table.dtype, device=table.device)
+        weights = torch.tensor((self.weights or [1.0] * len(self.functions)) + [1.0] * len(self.environment_rewards),
+                               dtype=table.dtype, device=table.device)
         advantages, std_zero, extra = self.advantages(table[:, :-1], weights, table[:, -1])
         mine = advantages.view(-1, local.shape[0])[_rank()]
         size = pieces[0].completion_ids.shape[0]
         for i, piece in enumerate(pieces):
             piece.advantages = mine[i * size:(i + 1) * size]
-        names = [f.name for f in self.functions]
+        names = [f.name for f in functions]
         self.table = [{**{column: values[i] for column, values in scores.extra.items()},
                        "prompt": p if isinstance(p, str) else p[-1].get("content", ""), "completion": t,
                        "reward": float(torch.nansum(row * weights.cpu())), "advantage": float(a),
-                       **{f"rewards/{name}": float(v) for name, v in zip(names, row)}}
-                      for i, (p, t, row, a) in enumerate(zip(prompts, texts, local.cpu(), mine.cpu()))]
+                       **{f"rewards/{name}": float(v) for name, v in zip(names, row)},
+                       **({"conversation": c} if conversations else {})}
+                      for i, (p, t, row, a, c) in enumerate(zip(prompts, texts, local.cpu(), mine.cpu(),
+                                                                completions))]
         return {**logged_metrics(scores.metrics, policy.device),
                 **reward_metrics(table[:, :-1], names, weights, std_zero), **extra}
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 from bigtrain.fields import doc
 from bigtrain.objectives.base import FrozenModel, Metrics, Needs, Objective, Policy, check_positive
+from bigtrain.objectives.tool_use import ToolSettings
 
 if TYPE_CHECKING:
     import torch
@@ -50,8 +51,9 @@ GROUP_DOC = ("grpo/rloo/distill: completions sampled per prompt (a group); the g
 
 
 @dataclass(kw_only=True)
-class GenerationSettings:
-    """How an online objective samples its completions (TRL's GRPOConfig names and defaults)."""
+class GenerationSettings(ToolSettings):
+    """How an online objective samples its completions (TRL's GRPOConfig names and defaults), and what they may
+    call (`ToolSettings`)."""
 
     num_generations: int = doc(8, GROUP_DOC)
     max_completion_length: int = doc(512, "grpo/rloo/distill: the most tokens a completion has; prompts get "
@@ -72,6 +74,7 @@ class GenerationSettings:
         "true where the whole model takes at most half of each device's free memory.")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_positive(self, "num_generations", "max_completion_length", "temperature")
         if not 0.0 < self.top_p <= 1.0 or self.top_k < 0:
             raise ValueError(f"objective.top_p={self.top_p} / objective.top_k={self.top_k}: top_p must be in (0, 1], "
@@ -90,11 +93,16 @@ class Piece:
     old_logps: torch.Tensor | None = None  # [rows, C] the policy's before the round's updates
     ref_logps: torch.Tensor | None = None  # [rows, C] the reference's
     pixels: Any = None  # a vision-language model's image inputs of the rows (bigtrain.models.pixels.PixelInputs)
+    # [rows, C] with tools: 1 on every completion token the forward attends to (the tools' results too), while
+    # completion_mask marks the model's own tokens, the only ones the loss and its counts see; None: the same
+    context_mask: torch.Tensor | None = None
 
     @property
     def rows(self) -> tuple:
-        """What a forward over the rows takes: prompts, completions (and a vision-language model's images)."""
-        rows = (self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask)
+        """What a forward over the rows takes: prompts, completions and the tokens attended to (and a
+        vision-language model's images)."""
+        attended = self.completion_mask if self.context_mask is None else self.context_mask
+        rows = (self.prompt_ids, self.prompt_mask, self.completion_ids, attended)
         return rows if self.pixels is None else (*rows, self.pixels)
 
     def state(self) -> dict:
@@ -127,7 +135,8 @@ class OnlineObjective(Objective):
         completions, no pipeline / tensor / sequence split; a live reference when `reference` (else none)."""
         refs = ("adapters_off", "copy") if reference else ()
         why = {} if refs else {"copy": NO_REFERENCE, "adapters_off": NO_REFERENCE}
-        return Needs(layout="prompts", generates=True, samples_per_record=settings.num_generations,
+        own = (settings.environments or {}).keys() == {None}  # one environment: its reset may make every prompt
+        return Needs(layout="prompts", generates=True, own_prompts=own, samples_per_record=settings.num_generations,
                      samples_setting="objective.num_generations",
                      completion_tokens=settings.max_completion_length, references=refs, frozen_models=frozen,
                      gathers_weights=settings.ds3_gather_for_generation,
@@ -159,6 +168,7 @@ class OnlineObjective(Objective):
         self.table: list[dict] | None = None
         self.times: dict[str, float] = {}
         self.collapse = CollapseWatch(s.temperature)  # every group answered alike over a logging window
+        self.agent = _agent(s)  # objective.tools / objective.environment: rollouts over several turns, or None
 
     # -- what the subclass gives --------------------------------------------------------------------------------
 
@@ -199,7 +209,8 @@ class OnlineObjective(Objective):
             policy.device), "records": batch["records"], **({"pixels": pixels.to(policy.device)} if pixels is not None else {})}
 
     def read_step(self, policy: Policy, batches: Iterator[dict], micro_batches: int) -> list[Piece]:
-        self.times = dict.fromkeys(("generation", "reference", "rewards"), 0.0)
+        self.times = dict.fromkeys(("generation", "tools", "reference", "rewards") if self.agent else
+                                   ("generation", "reference", "rewards"), 0.0)
         from bigtrain.rollout.generation_batch import steps_over
         self.streams(policy)  # first: a checkpoint's held round is put back here
         if self.held and self.iteration < self.iterations * self.steps_per_round:
@@ -216,6 +227,9 @@ class OnlineObjective(Objective):
         clock = Clock(policy.device)
         rollout = self.completions(policy, batch, rng)
         self.times["generation"] = clock.lap()
+        if self.agent is not None:  # the tools' seconds apart from the model's
+            self.times["tools"] = getattr(rollout, "tool_seconds", 0.0)
+            self.times["generation"] -= self.times["tools"]
         # scored and measured whole, as TRL does; a cut completion trains on nothing with mask_truncated_completions
         trained = rollout.masked_truncated() if getattr(self.settings, "mask_truncated_completions", False) \
             else rollout
@@ -225,6 +239,7 @@ class OnlineObjective(Objective):
         self.round_metrics = self.score_round(policy, batch, rollout, cut)
         self.round_metrics.update(self.completion_metrics(rollout))
         self.collapse.see(rollout.completion_ids, rollout.completion_mask, self.group, gather_rows)
+        self.round_metrics.update(getattr(rollout, "metrics", {}))  # tools/* of a rollout with tools
         self.times["rewards"] = clock.lap()
         if shuffle:
             import torch
@@ -240,9 +255,11 @@ class OnlineObjective(Objective):
         per prompt, every rank together; a subclass may take them from elsewhere (distillation: the records'
         answers on some steps)."""
         gather = self.settings.ds3_gather_for_generation
+        gather = None if gather == "auto" else gather
+        if self.agent is not None:  # turns of calls and results, every rank in lockstep
+            return self.agent.rollout(policy, batch["records"], self.sampling, rng, gather=gather)
         images = {"pixels": batch["pixels"]} if batch.get("pixels") is not None else {}
-        return policy.generate(batch["prompt_ids"], batch["prompt_mask"], self.sampling, rng,
-                               gather=None if gather == "auto" else gather, **images)
+        return policy.generate(batch["prompt_ids"], batch["prompt_mask"], self.sampling, rng, gather=gather, **images)
 
     def reference_logps(self, policy: Policy, pieces: list[Piece]) -> None:
         import torch
@@ -389,6 +406,16 @@ class Clock:
         return seconds
 
 
+def _agent(settings: Any) -> Any:
+    """The multi-turn round of objective.tools / objective.environment (their files imported now), or None."""
+    if not settings.uses_tools:
+        return None
+    from bigtrain.rollout.agent import Agent
+    from bigtrain.rollout.environments import Toolbox
+    return Agent(Toolbox(settings.tools or [], settings.environments), settings.max_completion_length,
+                 settings.max_tool_calling_iterations, settings.tool_timeout)
+
+
 def split_rollout(rollout: Any, pieces: int) -> list[Piece]:
     """A round's rows in `pieces` equal micro-batches, each trimmed to its longest prompt and completion."""
     rows = rollout.completion_ids.shape[0]
@@ -398,11 +425,13 @@ def split_rollout(rollout: Any, pieces: int) -> list[Piece]:
     for start in range(0, rows, size):
         part = slice(start, start + size)
         pm, cm = rollout.prompt_mask[part], rollout.completion_mask[part]
+        context = getattr(rollout, "context_mask", None)  # a rollout with tools (bigtrain.rollout.agent)
+        context = None if context is None else context[part]
         left = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else 0
-        right = max(1, int(cm.sum(-1).max()))
+        right = max(1, int((cm if context is None else context).sum(-1).max()))
         pixels = None if rollout.pixels is None else rollout.pixels.rows(start, start + size)
         out.append(Piece(rollout.prompt_ids[part, left:], pm[:, left:], rollout.completion_ids[part, :right],
-                         cm[:, :right], pixels=pixels))
+                         cm[:, :right], pixels=pixels, context_mask=None if context is None else context[:, :right]))
     return out
 
 

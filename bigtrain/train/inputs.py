@@ -122,6 +122,8 @@ def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, wor
     with rank 0); the others wait and then memory-map them. `needs`: the objective's (how its records are read)."""
     tokenizer_dir = out_dir / "tokenizer"
     tokenizer = default_tokenizer(data, model)
+    if needs is not None and needs.own_prompts and data.source == "builtin":  # no data given: the environment's
+        return _own_prompts(data, tokenizer, seed)
     bundle = build_data(
         data.source, model_modality(model), seq_len=data.seq_len, tokenizer=tokenizer,
         vocab_size=data.vocab_size, tokenizer_dir=tokenizer_dir, cache_dir=out_dir / "data_cache",
@@ -140,6 +142,20 @@ def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, wor
     elif has_tokenizer_dir and bundle.tokenizer_dir is not None:  # trained here, or a prepared corpus's own
         tokenizer_dir = bundle.tokenizer_dir
     return TrainingData(bundle, seed=seed, tokenizer_dir=tokenizer_dir if has_tokenizer_dir else None)
+
+
+def _own_prompts(data: DataConfig, tokenizer: str | None, seed: int) -> TrainingData:
+    """An objective's own prompts (bigtrain.data.prompt_rows.placeholder_prompts) with the run's tokenizer."""
+    from bigtrain.data.chat import read_chat_template
+    from bigtrain.data.prompt_rows import placeholder_prompts
+    from bigtrain.data.tokenizer import load_tokenizer
+    if tokenizer is None:
+        raise ValueError("objective.environment without data: the prompts are rendered by the model's chat template, "
+                         "and no tokenizer is given; set model.pretrained=DIR (with its tokenizer) or data.tokenizer")
+    tok = load_tokenizer(tokenizer)
+    if data.chat_template:
+        tok.chat_template = read_chat_template(data.chat_template)
+    return TrainingData(placeholder_prompts(tok, data.val_fraction), seed=seed, tokenizer_dir=Path(tokenizer))
 
 
 def overrides_for_run(run: RunConfig, bundle: DataBundle | None, device_name: str) -> dict:

@@ -148,6 +148,11 @@ class PolicyModel:
         return generate(self.ds, self.tokenizer, prompt_ids, prompt_mask, sampling, rng, gather=gather, logps=logps,
                         pixels=pixels)
 
+    def stop_ids(self) -> list[int]:
+        """The ids a completion ends at (`bigtrain.rollout.generate.stop_ids`)."""
+        from bigtrain.rollout.generate import stop_ids
+        return stop_ids(getattr(self.ds, "module", self.ds), self.tokenizer)
+
 def weigh(mean: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor | None,
           router: torch.Tensor | None = None) -> torch.Tensor:
     """A micro-batch's mean token loss (plus `router`, a mixture of experts' router term, already in it) as

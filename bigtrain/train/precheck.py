@@ -10,6 +10,9 @@ before the launcher starts, and bigtrain/run.py before the process group when no
     the data            its format, its first records read and rendered    data.peek
     objective x data    the layout the objective reads                     objectives.data_problem (job.py's)
     reward functions    a file's existence, syntax, the name in it         rollout.rewards.check_function_file
+    tools, environments the files imported, each tool's schema, each       rollout.environments.Toolbox,
+                        environment's reset, the chat template's tools,    rollout.tool_format.template_problem
+                        the first records' environments
     evaluation tasks    names, the local task folder, the layout           eval.during_training.check_tasks
     the batch           at the world size the launcher starts: the         ds.groups.group_problem (job.py's)
                         DeepSpeed dict resolved (the triple, the lint),
@@ -56,12 +59,14 @@ def check_run(run: RunConfig, *, resume: bool = False, overwrite: bool = False, 
     from bigtrain.config.topology import Topology
     from bigtrain.parallel.split_rules import check_family_modes
     check_family_modes(model.family, Topology.of_run(run.parallel, run.pipeline.stages, world=0))
-    if modality == "text":
+    own_prompts = run.objective.declared.own_prompts and run.data.source == "builtin"  # an environment's
+    if modality == "text" and not own_prompts:
         check_text_data(run, tokenizer_here=not is_hub_name(run.data.tokenizer)
                         and (run.data.tokenizer is not None or not on_hub))
     elif modality == "vision" and not on_hub:
         check_vision_data(run)
     check_reward_functions(run)
+    check_tools(run, tokenizer_here=not on_hub and not is_hub_name(run.data.tokenizer))
     check_frozen_models(run)
     from bigtrain.eval.during_training import check_tasks
     check_tasks(run)
@@ -115,6 +120,49 @@ def check_reward_functions(run: RunConfig) -> None:
     for spec in getattr(settings, "rewards", None) or []:
         if builtin(spec, settings.max_completion_length) is None and not Path(spec).expanduser().is_dir():
             check_function_file(spec)
+
+
+def check_tools(run: RunConfig, tokenizer_here: bool = True) -> None:
+    """objective.tools / objective.environment as the ranks load them (`rollout.environments.Toolbox`: the files
+    imported, each tool's schema, each environment's reset); the chat template able to show calls and results and
+    its calls readable (`rollout.tool_format.template_problem`, where the tokenizer is here); with several
+    environments, the first records each naming one."""
+    settings = run.objective.settings
+    if not getattr(settings, "uses_tools", False):
+        return
+    from bigtrain.rollout.environments import Toolbox
+    from bigtrain.rollout.tool_format import template_problem
+    from bigtrain.train.inputs import default_tokenizer
+    box = Toolbox(settings.tools or [], settings.environments)
+    name = default_tokenizer(run.data, run.model) if tokenizer_here else None
+    if name is not None:
+        from bigtrain.data.chat import read_chat_template
+        from bigtrain.data.tokenizer import load_tokenizer
+        tok = load_tokenizer(name)
+        if run.data.chat_template:
+            tok.chat_template = read_chat_template(run.data.chat_template)
+        if problem := template_problem(tok):
+            raise ValueError(f"objective.tools / objective.environment: {problem}")
+    if box.named:
+        for text, records in first_records(run):
+            box.check_records(records, f"{text}: record")
+
+
+def first_records(run: RunConfig) -> list[tuple[str, list]]:
+    """(source text, its first records) of each local file of the run's records (data.peek's count)."""
+    import itertools
+
+    from bigtrain.data.formats import FIELDS
+    from bigtrain.data.peek import PEEK_RECORDS, peek_source
+    from bigtrain.data.prepare.pieces import iter_records
+    from bigtrain.data.sources import Source
+    from bigtrain.train.inputs import example_options
+    data = run.data
+    peek = peek_source(data.source, example_options(data, run.objective.declared), data.split, data.revision,
+                       data.streaming)
+    return [(text, list(itertools.islice(iter_records(part, tuple(FIELDS[fmt])), PEEK_RECORDS)))
+            for text, part, fmt in (peek.parts if peek else [])
+            if isinstance(part, Source) and part.kind == "files" and fmt in FIELDS]
 
 
 def check_frozen_models(run: RunConfig) -> None:

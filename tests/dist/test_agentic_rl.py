@@ -1,0 +1,272 @@
+"""Agentic RL on real ranks: objective.environment (tests/tool_task.py's vault, which alone knows each box's code) with
+a reward function of the user's that reads `environments=`, the model's turns those of the scripted model (calls
+and answers decided by the context alone; tests/dist_scripts/agentic_runs.py), so that every run trains on known
+conversations. Two launches: one process, then 2 ranks.
+
+- Each step's loss equals a plain one-process loop's (tests/grpo_reference.py from TRL's formulas, given the same
+  conversations and TRL's tool_mask: the results attended to, out of the loss and its token counts) within 1e-5,
+  for each loss type, a KL term against a frozen copy, RLOO, and distillation (the teacher scoring the same
+  multi-turn context, the divergence over the model's tokens only); the rewards are recomputed from the
+  conversations, apart from the run's;
+- 2 ranks at ZeRO 0-3 (ZeRO-3 with the weights gathered for each turn, and left partitioned) give one process's
+  losses, while one rank's rollouts take 3 turns and the other's 1 in the same step: every rank generates as often
+  as the one that needs most (a rank with none left, an idle row), or the ZeRO-3 runs would hang (the launch has a
+  timeout);
+- a run stopped in the middle of a round (two steps a round, at ZeRO-3 on 2 ranks) resumes on the uninterrupted
+  curve exactly;
+- metrics tools/call_frequency, tools/failure_frequency, tools/turns and the time split's tools, samples.jsonl's
+  whole conversations; the completion-length metrics count the model's tokens only;
+- without --data the environment's reset makes each prompt.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import grpo_reference as ref
+import tool_task as tt
+from launch import REPO, launch_jobs, summary
+
+SCRIPT = REPO / "tests" / "dist_scripts" / "agentic_runs.py"
+WIDTH, SEQ, STEPS, GROUP = 160, 400, 4, 4
+OWN_PROMPTS = '''import random
+import sys
+sys.path.insert(0, {here!r})
+from vault import Vault
+
+
+class Booth(Vault):
+    """The vault, its prompts its own: each reset draws a box and a ticket."""
+
+    made = 0
+
+    def __init__(self):
+        Booth.made += 1
+        self.draws = random.Random(Booth.made)
+
+    def reset(self, **record):
+        box, ticket = self.draws.randrange(10), self.draws.randrange(100)
+        super().reset(box=box)
+        return f"open box {{box}} (ticket {{ticket}})"
+'''
+COMMON = ["--set", "precision=fp32", "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0",
+          "--peak-tflops", "1", "--set", f"objective.max_completion_length={WIDTH}", "--set", f"data.seq_len={SEQ}",
+          "--set", f"objective.num_generations={GROUP}", "--set", "optimizer.betas=[0.9,0.999]",
+          "--set", "optimizer.weight_decay=0.01", "--set", "optimizer.torch_adam=true",
+          "--set", "schedule.kind=constant",
+          "--set", "schedule.warmup_steps=1", "--set", "schedule.min_lr_ratio=1.0", "--set", "logging.interval=1",
+          "--set", "optimizer.lr=1e-2", "--set", "train.eval_batches=0", "--set", "batch.micro_batch=4"]
+FIXED = ["--steps", str(STEPS), "--set", "checkpoint.at_end=false", "--set", "logging.csv=false"]
+CASES = {  # name: (run-config settings, the plain loop's config)
+    "dapo": ([], {}),
+    "grpo": (["objective.loss_type=grpo", "objective.num_iterations=2", "objective.epsilon=0.02"],
+             {"loss_type": "grpo", "num_iterations": 2, "epsilon": 0.02}),
+    "bnpo": (["objective.loss_type=bnpo", "objective.scale_rewards=batch"], {"loss_type": "bnpo",
+                                                                            "scale_rewards": "batch"}),
+    "dr_grpo": (["objective.loss_type=dr_grpo", "objective.beta=0.04"], {"loss_type": "dr_grpo", "beta": 0.04}),
+    # a sequence's ratio is exp of a sum over a hundred tokens and more here: a small rate keeps it finite
+    "rloo": (["objective.kind=rloo", "objective.beta=0.05", "objective.num_iterations=2", "objective.epsilon=0.02",
+              "optimizer.lr=1e-4"], {"algorithm": "rloo", "beta": 0.05, "num_iterations": 2, "epsilon": 0.02,
+                                     "lr": 1e-4}),
+}
+TWO_RANKS = {"z0": [], "z1": [], "z2": [], "z3": [], "z3_partitioned": ["objective.ds3_gather_for_generation=false"]}
+RESUMED = ["--set", "zero.stage=3", "--set", "batch.grad_accum=1", "--set", "objective.num_iterations=2",
+           "--set", "objective.beta=0.04"]
+TIMES: dict[str, float] = {}
+
+
+def sets(*items: str) -> list[str]:
+    return [a for item in items for a in ("--set", item)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("agentic_rl")
+    tok = tt.make_tokenizer(root / "model")
+    tt.make_model(tok, 0, root / "model")
+    tt.make_model(tok, 7, root / "teacher")
+    tok.save_pretrained(root / "teacher")
+    tt.write_jsonl(root / "prompts.jsonl", tt.records(96))
+    vault = tt.write_vault(root / "vault.py")
+    (root / "booth.py").write_text(OWN_PROMPTS.format(here=str(root)))
+    env = sets(f"objective.environment={vault}:Vault", f"objective.rewards=[{vault}:correct]")
+
+    def job(name: str, *args: str, data: bool = True, **more: object) -> dict:
+        return {"name": name, "args": ["--model", "hf", "--set", f"model.pretrained={root / 'model'}",
+                                       *(["--data", str(root / "prompts.jsonl")] if data else []), *COMMON,
+                                       *sets("objective.kind=grpo"), *env, *args], "scripted": True, **more}
+
+    one = [job(name, *FIXED, *sets("batch.grad_accum=2", *settings)) for name, (settings, _) in CASES.items()]
+    one += [job("distill", *FIXED, *sets("batch.grad_accum=2", "objective.kind=distill", "objective.beta=0.5",
+                                         f"objective.teacher={root / 'teacher'}")),
+            job("own_prompts", "--steps", "2", *sets("batch.grad_accum=2",
+                                                     f"objective.environment={root}/booth.py:Booth",
+                                                     f"objective.rewards=[{vault}:correct]"), data=False)]
+    started = time.perf_counter()
+    launch_jobs(root, one, num_ranks=1, name="one", script=SCRIPT)
+    TIMES["one process"] = time.perf_counter() - started
+    two = [job(name, *FIXED, *sets("batch.grad_accum=1", f"zero.stage={name[1]}", *settings))
+           for name, settings in TWO_RANKS.items()]
+    two += [job("full", "--steps", "5", *RESUMED),
+            job("stop", "--steps", "5", "--stop-after", "3", *RESUMED),
+            job("resumed", "--steps", "5", "--resume", *RESUMED, copy_from="stop")]
+    started = time.perf_counter()
+    launch_jobs(root, two, num_ranks=2, name="two", script=SCRIPT, timeout=900)
+    TIMES["two ranks"] = time.perf_counter() - started
+    print(f"launch wall times: {TIMES}")
+    return root
+
+
+def rounds(run: Path, rank: int = 0) -> list[list[dict]]:
+    return [json.loads(line) for line in (run / f"rounds_rank{rank}.jsonl").read_text().splitlines()]
+
+
+def plain_rewards(rows: list[dict]) -> torch.Tensor:
+    """correct + the vault's 0.5 for opening the prompt's box, read from the conversations (a last turn whose call
+    was run but whose results did not fit counts as opened, as the vault saw it)."""
+    out = []
+    for row in rows:
+        code, conversation = str(tt.CODES[row["box"]]), row["conversation"]
+        last = conversation[-1]
+        opened = any(m["role"] == "tool" and m["content"] == code for m in conversation) or any(
+            c["function"]["arguments"].get("box") == row["box"] for c in last.get("tool_calls") or [])
+        right = last["role"] == "assistant" and not last.get("tool_calls") and last["content"].strip() == code
+        out.append(float(right) + 0.5 * opened)
+    return torch.tensor(out)
+
+
+def padded(rows: list[dict]) -> dict:
+    """The plain loop's batch of recorded rows: prompts left-padded, completions right-padded, TRL's tool_mask."""
+    width = max(len(r["prompt"]) for r in rows)
+    length = max(len(r["completion"]) for r in rows)
+    p, pm = torch.zeros((len(rows), width), dtype=torch.long), torch.zeros((len(rows), width), dtype=torch.long)
+    c, cm = torch.zeros((len(rows), length), dtype=torch.long), torch.zeros((len(rows), length), dtype=torch.long)
+    tm = torch.ones((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        p[i, width - len(r["prompt"]):], pm[i, width - len(r["prompt"]):] = torch.tensor(r["prompt"]), 1
+        c[i, :len(r["completion"])], cm[i, :len(r["completion"])] = torch.tensor(r["completion"]), 1
+        tm[i, :len(r["model"])] = torch.tensor(r["model"])
+    return {"prompt_ids": p, "prompt_mask": pm, "completion_ids": c, "completion_mask": cm, "tool_mask": tm}
+
+
+def plain_losses(run: Path, settings: dict, model_dir: Path) -> list[float]:
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    cfg = ref.Config(**{"num_generations": GROUP, "max_completion_length": WIDTH, "micro_batches": 2, "lr": 1e-2,
+                        **settings})
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    reference = copy.deepcopy(model).eval() if cfg.beta else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    losses = []
+    for rows in rounds(run):
+        losses += ref.optimize(model, optimizer, padded(rows), plain_rewards(rows), cfg, reference)
+    return losses[:STEPS]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fixed_conversations_give_the_plain_loops_losses_with_the_results_out_of_the_loss(runs, case):
+    torch.set_num_threads(1)
+    ran = summary(runs / case)
+    expected = plain_losses(runs / case, CASES[case][1], runs / "model")
+    worst = max(abs(a - b) for a, b in zip(expected, ran["losses"]))
+    print(f"{case}: worst loss difference to the plain loop over {STEPS} steps {worst:.2e} (losses {ran['losses']})")
+    assert len(ran["losses"]) == STEPS and worst <= 1e-5, (expected, ran["losses"])
+    assert len({round(v, 6) for v in ran["losses"]}) > 1
+    rows = [r for step in rounds(runs / case) for r in step]
+    assert any(0 in r["model"] for r in rows) and any(len(r["conversation"]) >= 5 for r in rows)  # results, 3 turns
+
+
+def test_distillation_scores_the_same_multi_turn_context_on_the_models_tokens(runs):
+    """A plain loop: the teacher and the student on prompt + completion (the results attended to), DeepSpeed's
+    generalized_jsd_loss over the model's tokens only, divided by their count over the step."""
+    from deepspeed.runtime.rollout.opsd import generalized_jsd_loss
+    from transformers import AutoModelForCausalLM
+    torch.set_num_threads(1)
+    student = AutoModelForCausalLM.from_pretrained(runs / "model")
+    teacher = AutoModelForCausalLM.from_pretrained(runs / "teacher").eval()
+    optimizer = torch.optim.AdamW(student.parameters(), lr=1e-2)
+    expected = []
+    for rows in rounds(runs / "distill"):
+        b = padded(rows)
+        loss_mask = b["completion_mask"] * b["tool_mask"]
+        total, step = loss_mask.sum(), 0.0
+        optimizer.zero_grad()
+        for part in torch.arange(len(rows)).chunk(2):
+            p, pm, c, cm = (b[k][part] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"))
+            with torch.no_grad():
+                t = _logits(teacher, p, pm, c, cm)
+            out = generalized_jsd_loss(_logits(student, p, pm, c, cm), t, loss_mask[part].bool(), beta=0.5)
+            loss = out.loss_sum / total
+            loss.backward()
+            step += loss.item()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        optimizer.step()
+        expected.append(step)
+    ran = summary(runs / "distill")
+    worst = max(abs(a - b) for a, b in zip(expected, ran["losses"]))
+    print(f"distill with tools: worst loss difference to the plain loop {worst:.2e} ({ran['losses']})")
+    assert len(ran["losses"]) == STEPS and worst <= 1e-5 and min(ran["losses"]) > 1e-3, (expected, ran["losses"])
+    assert "tools/call_frequency" in ran["final_metrics"] and "time/tools" not in ran["final_metrics"]
+
+
+def _logits(model, p, pm, c, cm) -> torch.Tensor:
+    ids, mask = torch.cat([p, c], 1), torch.cat([pm, cm], 1)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    return logits[:, p.shape[1] - 1:-1]
+
+
+@pytest.mark.parametrize("name", list(TWO_RANKS))
+def test_two_ranks_with_uneven_turns_at_every_zero_stage_train_like_one_process(runs, name):
+    one, two = summary(runs / "dapo"), summary(runs / name)
+    worst = max(abs(a - b) for a, b in zip(one["losses"], two["losses"]))
+    turns = [[json.loads(line) for line in (runs / name / f"turns_rank{r}.jsonl").read_text().splitlines()]
+             for r in (0, 1)]
+    print(f"{name} on 2 ranks vs 1 process: worst loss difference {worst:.2e}; rollouts generated per turn, rank 0 "
+          f"{turns[0]}, rank 1 {turns[1]}")
+    assert len(two["losses"]) == STEPS and worst <= 1e-5, (one["losses"], two["losses"])
+    assert [len(t) for t in turns[0]] == [len(t) for t in turns[1]]  # as many turns on each rank, every round
+    assert any(0 in a or 0 in b for a, b in zip(*turns)), turns  # a rank with none left generated an idle row
+    for metric in ("reward", "tools/call_frequency", "tools/failure_frequency", "tools/turns"):
+        assert two["final_metrics"][metric] == pytest.approx(one["final_metrics"][metric], abs=1e-6), metric
+
+
+def test_metrics_time_split_and_samples_show_the_tools(runs):
+    ran = summary(runs / "dapo")
+    rows = [r for step in rounds(runs / "dapo") for r in step]
+    final = ran["final_metrics"]
+    assert {"tools/call_frequency", "tools/failure_frequency", "tools/turns", "rewards/correct/mean",
+            "rewards/Vault/mean"} <= set(final)
+    last = rounds(runs / "dapo")[-1]
+    calls = sum(m["role"] == "tool" for r in last for m in r["conversation"])
+    assert 0 < final["tools/failure_frequency"] < 1 and final["tools/call_frequency"] >= calls / len(last)
+    model_tokens = [sum(r["model"]) for r in last]
+    assert final["completions/max_length"] == max(model_tokens)  # the model's tokens only
+    assert final["completions/mean_length"] == pytest.approx(sum(model_tokens) / len(model_tokens))
+    assert max(len(r["completion"]) for r in rows) > max(sum(r["model"]) for r in rows)
+    split = ran["time_split"]
+    assert set(split) == {"generation", "tools", "reference", "rewards", "policy"} and split["tools"]["mean_s"] > 0
+    samples = [json.loads(line) for line in (runs / "dapo" / "samples.jsonl").read_text().splitlines()]
+    conversation = samples[0]["conversation"]
+    assert samples[0]["prompt"].startswith("open box") and conversation[0]["role"] == "assistant"
+    assert any(m["role"] == "tool" for s in samples for m in s["conversation"])
+    assert any(m.get("tool_calls") for s in samples for m in s["conversation"])
+
+
+def test_a_run_stopped_mid_round_resumes_on_the_uninterrupted_curve(runs):
+    full, stopped, resumed = (summary(runs / n) for n in ("full", "stop", "resumed"))
+    assert stopped["losses"] == full["losses"][:3] and resumed["losses"] == full["losses"]
+    for name in ("reward", "tools/call_frequency", "tools/turns", "kl"):
+        assert [v for _, v in resumed["metrics"][name]] == [v for _, v in full["metrics"][name]], name
+
+
+def test_without_data_the_environment_makes_each_prompt(runs):
+    ran = summary(runs / "own_prompts")
+    samples = [json.loads(line) for line in (runs / "own_prompts" / "samples.jsonl").read_text().splitlines()]
+    prompts = {s["prompt"] for s in samples}
+    assert len(ran["losses"]) == 2 and len(prompts) > 1 and all(p.startswith("open box ") for p in prompts)
+    assert ran["final_metrics"]["tools/call_frequency"] > 0
