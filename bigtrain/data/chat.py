@@ -13,6 +13,7 @@ Imported by prepare's worker processes: transformers' tokenizer classes and Jinj
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,7 +152,7 @@ class Renderer:
 
     def __call__(self, record: dict) -> tuple[list[int], list[int]]:
         if self.fmt == "chat":
-            return self.chat(record["messages"])
+            return self.chat(record["messages"], record_tools(record))
         if self.fmt == "sharegpt":
             return self.chat(sharegpt_messages(record["conversations"]))
         if self.fmt == "prompt_completion":
@@ -167,13 +168,16 @@ class Renderer:
         self.plain_examples += 1
         return head + tail, [0] * len(head) + [1] * len(tail)
 
-    def chat(self, messages: Any) -> tuple[list[int], list[int]]:
+    def chat(self, messages: Any, tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+        """A conversation, its assistant turns trained (a tool-use conversation's calls too, its results not);
+        `tools`: the JSON schemas the template shows (a record's 'tools', TRL's column)."""
         messages = self.messages(messages)
         if self.tagged:  # the template marks the assistant's text itself
-            out = self._apply(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            out = self._apply(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                              tools=tools)
             ids = list(out["input_ids"])
             return ids, self._with_turn_ends(ids, [int(m) for m in out["assistant_masks"]])
-        return self.encode_spans(*self.render(messages))
+        return self.encode_spans(*self.render(messages, tools))
 
     def messages(self, messages: Any) -> list[dict]:
         """A conversation's messages, checked (`chat_messages`)."""
@@ -192,7 +196,7 @@ class Renderer:
                 mask[i] = 1
         return mask
 
-    def render(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int]]]:
         """The conversation's text and the character span of each assistant turn in it.
 
         A turn's span is what rendering the conversation up to and including it adds to rendering the
@@ -200,13 +204,13 @@ class Renderer:
         when asked to answer): the answer and its end-of-turn marker. This holds for templates that render
         each turn the same whatever follows it; one that does not (e.g. dropping earlier reasoning) is refused.
         """
-        text = self._apply(messages)
+        text = self._apply(messages, tools=tools)
         spans = []
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            before = self._apply(messages[:i], add_generation_prompt=True) if i else ""
-            upto = self._apply(messages[:i + 1])
+            before = self._apply(messages[:i], add_generation_prompt=True, tools=tools) if i else ""
+            upto = self._apply(messages[:i + 1], tools=tools)
             if not (upto.startswith(before) and text.startswith(upto)):
                 raise ValueError("the chat template renders an earlier turn differently once later turns follow, so "
                                  "the assistant's tokens cannot be found from it; give data.chat_template a template "
@@ -223,6 +227,22 @@ class Renderer:
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+def record_tools(record: dict) -> list[dict] | None:
+    """A chat record's 'tools' (TRL's column: the JSON schemas of the functions its conversation may call, a list
+    or its JSON text), for the template to show; None without."""
+    tools = record.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            raise ValueError("a chat record's 'tools' is text that is not JSON: give the functions' JSON schemas "
+                             "as a list (or its JSON text)") from None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise ValueError(f"a chat record's 'tools' is {type(tools).__name__}: give the functions' JSON schemas as a "
+                         "list ([{\"type\": \"function\", \"function\": {...}}])")
+    return tools or None
 
 
 def chat_messages(messages: Any) -> list[dict]:

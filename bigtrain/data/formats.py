@@ -43,7 +43,7 @@ PLAIN = ("prompt_completion", "alpaca", "preference_instruction")  # text record
 CHAT_TEMPLATE, PLAIN_TEXT = "chat_template", "text"
 LONG_EXAMPLES = ("truncate", "drop")
 # The columns of each format; "?" marks an optional one (read where present).
-FIELDS: dict[str, tuple[str, ...]] = {"chat": ("messages",), "sharegpt": ("conversations",),
+FIELDS: dict[str, tuple[str, ...]] = {"chat": ("messages", "tools?"), "sharegpt": ("conversations",),
                                       "prompt_completion": ("prompt", "completion"),
                                       "alpaca": ("instruction", "input?", "output"),
                                       "preference": ("prompt?", "chosen", "rejected"),

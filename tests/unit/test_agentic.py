@@ -320,7 +320,27 @@ def _runs(pairs):
     return [(key == 0, list(group)) for key, group in itertools.groupby(pairs, key=lambda p: p[1])]
 
 
-# -- the checks before a launch ---------------------------------------------------------------------------------------
+# -- fine-tuning on tool use, and the checks before a launch ---------------------------------------------------------
+
+def test_fine_tuning_on_tool_use_trains_the_calls_and_answers_and_shows_the_tools(tok):
+    from bigtrain.data.chat import Renderer
+    from bigtrain.data.formats import format_of
+    record = tt.demonstrations(1)[0]
+    assert format_of(set(record)) == "chat"
+    ids, mask = Renderer(tok, "chat")(record)
+    trained = tok.decode([i for i, m in zip(ids, mask) if m])
+    code = record["messages"][2]["content"]
+    assert trained == f"{tt.call_text(record['messages'][1]['tool_calls'][0]['function']['arguments']['box'])}" \
+                      f"<|im_end|>\n{code}<|im_end|>\n", trained
+    text = tok.decode(ids)
+    assert '<tools>\n{"type": "function", "function": {"name": "open_box"' in text  # the tools reach the template
+    assert f"<tool_response>\n{code}\n</tool_response>" in text and "<tool_response>" not in trained
+    import json
+    as_text = Renderer(tok, "chat")({**record, "tools": json.dumps(record["tools"])})
+    assert as_text == (ids, mask)  # TRL's column as JSON text too
+    with pytest.raises(ValueError, match="'tools' is dict"):
+        Renderer(tok, "chat")({**record, "tools": record["tools"][0]})
+
 
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory, files, tok) -> dict:
