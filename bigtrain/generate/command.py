@@ -39,6 +39,17 @@ class Session:
         stops = turn_end_ids(self.tokenizer) if self.template else []
         self.config = self.sampling.generation_config(self.model, self.tokenizer, stops)
         self.synced = args.zero3 and world.size > 1
+        self.tooling = None
+        if args.tools or args.environment:  # the functions and environment the model was trained to call
+            from bigtrain.generate.tool_use import Tooling
+            if not self.template:
+                raise ValueError("--tools / --environment: the model is shown its tools by its chat template, and "
+                                 "prompts go as plain text here (--raw, a model trained on plain-text records, or "
+                                 "a tokenizer without a template)")
+            if self.images:
+                raise ValueError("--tools / --environment with --image: calling tools is for text models here; "
+                                 "drop --image or the tools")
+            self.tooling = Tooling(args, self.tokenizer, stops)
         if world.is_main:
             say(f"{self.target.description}; prompts as {self.prompts_as(args.raw)}; {_settings_line(self.config)}")
 
@@ -53,14 +64,25 @@ class Session:
                     "tokenizer's chat template is left out)")
         return "plain text (the tokenizer has no chat template)"
 
-    def answer(self, conversation: list[dict] | str, streamer: Any = None) -> str:
-        extra: dict = {}
-        if self.images:  # a vision-language model: the images before the first question, through the processor
-            ids, extra = image_prompt(self.target.processor, conversation, self.images, self.template)
-        else:
-            ids = prompt_ids(self.tokenizer, conversation, self.template)
-        new = generate(self.model, self.tokenizer, ids, self.sampling, self.config, self.synced, streamer, extra)
-        return self.tokenizer.decode(new, skip_special_tokens=True)
+    def answer(self, conversation: list[dict] | str, streamer: Any = None) -> tuple[str, list[dict]]:
+        """The answer's text, and the messages it adds to the conversation (with tools: the calls and their
+        results before it)."""
+        if self.tooling is None:
+            extra: dict = {}
+            if self.images:  # a vision-language model: the images before the first question, through the processor
+                ids, extra = image_prompt(self.target.processor, conversation, self.images, self.template)
+            else:
+                ids = prompt_ids(self.tokenizer, conversation, self.template)
+            new = generate(self.model, self.tokenizer, ids, self.sampling, self.config, self.synced, streamer, extra)
+            text = self.tokenizer.decode(new, skip_special_tokens=True)
+            return text, [{"role": "assistant", "content": text}]
+
+        def turn(messages: list[dict]) -> tuple[list[int], list[int]]:
+            ids = prompt_ids(self.tokenizer, messages, True, self.tooling.schemas)
+            return ids, generate(self.model, self.tokenizer, ids, self.sampling, self.config, self.synced, streamer)
+
+        added = self.tooling.answer(list(conversation), turn, say if self.world.is_main else _quiet, self.world)
+        return added[-1].get("content") or "", added
 
 
 def opened_images(paths: list[str], processor: Any, model: str) -> list[Any]:
@@ -105,8 +127,11 @@ def run_generate(args: argparse.Namespace, world: World) -> int:
     records = []
     for number, prompt in enumerate(prompts, start=1):
         conversation = with_system(prompt, args.system) if session.template else prompt
-        completion = session.answer(conversation)
-        records.append({"prompt": prompt, "completion": completion})
+        if session.tooling is not None:
+            session.tooling.reset()
+        completion, added = session.answer(conversation)
+        records.append({"prompt": prompt, "completion": completion,
+                        **({"messages": added} if session.tooling is not None else {})})
         if world.is_main:
             if len(prompts) > 1:
                 print(f"=== {number}/{len(prompts)}: {shown(prompt)}", flush=True)
@@ -135,6 +160,8 @@ def run_chat(args: argparse.Namespace, world: World) -> int:
             break
         if command in ("/reset", "/system"):
             history = []
+            if session.tooling is not None:
+                session.tooling.reset()
             system = (rest.strip() or None) if command == "/system" else system
             if world.is_main:
                 say("(a new conversation" + (f", system: {system})" if system else ")"))
@@ -147,14 +174,14 @@ def run_chat(args: argparse.Namespace, world: World) -> int:
         conversation = with_system(history, system) if session.template else transcript(history)
         streamer = _streamer(session.tokenizer) if world.is_main else None
         try:
-            reply = session.answer(conversation, streamer)  # the streamer ends the answer's line
+            _, added = session.answer(conversation, streamer)  # the streamer ends each turn's line
         except KeyboardInterrupt:  # Ctrl-C stops this answer, not the chat (one process; ranks all get the signal)
             if world.size > 1:
                 raise
             history.pop()
             say("\n(stopped; that question is not kept)")
             continue
-        history.append({"role": "assistant", "content": reply})
+        history += added
     return 0
 
 
@@ -191,6 +218,10 @@ def transcript(history: list[dict]) -> str:
 
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _quiet(line: str) -> None:
+    """What a rank other than 0 says: nothing."""
 
 
 def _streamer(tokenizer: Any) -> Any:

@@ -6,6 +6,7 @@ import argparse
 
 from bigtrain.config.flags import FlagParser
 from bigtrain.generate.sampling import add_sampling_args
+from bigtrain.generate.tool_use import add_tool_args
 
 TARGET_HELP = ("TARGET is a run folder (its newest complete checkpoint, or --tag, consolidated in memory; a LoRA run "
                "with its adapters merged), a Hugging Face model directory (a `bigtrain export`, any local causal LM), "
@@ -30,6 +31,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
                    help="a model too large for one device: hold it as ZeRO-3 partitions over the ranks (rank 0 "
                         "consolidates it in host memory); every rank runs every forward pass. Needs --num-gpus N > 1")
     add_sampling_args(p)
+    add_tool_args(p)
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:

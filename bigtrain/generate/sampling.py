@@ -108,13 +108,15 @@ def uses_template(tokenizer: Any, raw: bool) -> bool:
     return not raw and bool(getattr(tokenizer, "chat_template", None))
 
 
-def prompt_ids(tokenizer: Any, messages: list[dict] | str, template: bool) -> list[int]:
-    """The ids the model reads: the conversation rendered by the chat template up to the assistant's turn, or the
-    text tokenized as it is (with the tokenizer's own special tokens, as `tokenizer(text)` gives them)."""
+def prompt_ids(tokenizer: Any, messages: list[dict] | str, template: bool,
+               tools: list[dict] | None = None) -> list[int]:
+    """The ids the model reads: the conversation rendered by the chat template up to the assistant's turn (`tools`:
+    the JSON schemas it shows), or the text tokenized as it is (with the tokenizer's own special tokens, as
+    `tokenizer(text)` gives them)."""
     if template:
         conversation = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
         return list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=False))
+                                                  return_dict=False, tools=tools or None))
     text = messages if isinstance(messages, str) else "\n".join(m["content"] for m in messages)
     return tokenizer(text)["input_ids"]
 

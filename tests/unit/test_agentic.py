@@ -386,3 +386,56 @@ def test_each_bad_input_is_one_line_before_the_launch(checked):
     named = f"objective.environment=[vault={files}/vault.py:Vault]"
     assert naming(precheck_line(checked, named, data="named.jsonl"), "named.jsonl: record 3", "environment='safe'",
                   "vault")
+
+
+# -- bigtrain generate / chat with the same tools --------------------------------------------------------------------
+
+OPEN_BOX = '''import sys
+sys.path.insert(0, {tests!r})
+from tool_task import CODES
+
+
+def open_box(box: int) -> str:
+    """Open a box and read the code inside.
+
+    Args:
+        box: the number of the box to open
+    """
+    return str(CODES[int(box)])
+'''
+
+
+def test_generate_and_chat_call_the_tools_and_answer_from_their_results(files, tok, tmp_path, capsys, monkeypatch):
+    """The model's turns scripted (tests/tool_task.py) on top of a real tiny model directory: the call is run, its
+    result shown and given back, and the answer after it is the completion; the prompt shows the tools."""
+    from bigtrain.cli import main
+    from bigtrain.generate import command
+    tok.save_pretrained(str(tmp_path / "model"))
+    tt.make_model(tok, 0, tmp_path / "model", layers=1)
+    (tmp_path / "open_box.py").write_text(OPEN_BOX.format(tests=str(Path(__file__).resolve().parents[1])))
+    prompts = []
+
+    def scripted(model, tokenizer, ids, sampling, config, synced=False, streamer=None):
+        """A call of box 3, then the code the tool answered."""
+        import re
+        prompts.append(tokenizer.decode(ids))
+        answers = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", prompts[-1])
+        return tokenizer.encode(answers[-1] if answers else tt.call_text(3), add_special_tokens=False) + \
+            [tokenizer.eos_token_id]
+
+    monkeypatch.setattr(command, "generate", scripted)
+    out = tmp_path / "out.jsonl"
+    code = main(["generate", str(tmp_path / "model"), "--prompt", "open box 3 (ticket 1)", "--tools",
+                 f"{tmp_path}/open_box.py:open_box", "--out", str(out)])
+    said = capsys.readouterr()
+    assert code == 0, said.err
+    record = __import__("json").loads(out.read_text())
+    roles = [m["role"] for m in record["messages"]]
+    assert roles[0] == "assistant" and roles[-1] == "assistant" and "tool" in roles, record
+    assert record["messages"][1] == {"role": "tool", "name": "open_box", "content": str(tt.CODES[3])}
+    assert f"[open_box] {tt.CODES[3]}" in said.err
+    assert said.out.strip().splitlines()[-1] == record["completion"] == str(tt.CODES[3])
+    assert '"name": "open_box"' in prompts[0] and "<tool_response>" in prompts[-1]
+    assert main(["generate", str(tmp_path / "model"), "--prompt", "x", "--environment",
+                 f"{files}/tools.py:NoReset"]) == 2
+    assert naming(capsys.readouterr().err, "bigtrain generate: --environment", "NoReset", "has no reset method")
