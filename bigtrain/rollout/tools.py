@@ -5,12 +5,12 @@ Google-style docstring, described to the chat template by transformers' `get_jso
     tools = load_tools(["tools.py:add", "mypackage.search:lookup"])    # [Tool]: name, function, JSON schema
     results = run_calls([[Call("add", {"a": 1, "b": 2})], []], [{t.name: t.fn for t in tools}] * 2, timeout=60.0)
 
-`run_calls` runs one turn's calls: the rollouts side by side (async tools on one event loop, sync ones each in a
-thread of its own), each rollout's own calls in order (they may share its environment), each call cut at `timeout`
-seconds. Whatever goes wrong in a call is the tool's answer, never the run's end: a tool that raises, an unknown
-name, arguments that are not an object of the tool's parameters, a call the parser could not read, a timeout, each
-becomes `{'error': '...'}` (TRL's form) in the tool message and counts as a failure. A sync tool cut at its timeout
-keeps running in its (daemon) thread until it returns; nothing waits for it, the process's exit included.
+`run_calls` runs one turn's calls: the rollouts side by side (async tools on the process's event loop, sync ones
+each in a thread of its own), each rollout's own calls in order (they may share its environment), each call cut at
+`timeout` seconds. Whatever goes wrong in a call is the tool's answer, never the run's end: a tool that raises, an
+unknown name, arguments that are not an object of the tool's parameters, a call the parser could not read, a
+timeout, each becomes `{'error': '...'}` (TRL's form) in the tool message and counts as a failure. A sync tool cut at
+its timeout keeps running in its (daemon) thread until it returns; nothing waits for it, the process's exit included.
 """
 from __future__ import annotations
 
@@ -106,14 +106,17 @@ def check_unique(tools: list[Tool], where: str) -> None:
 
 def run_calls(calls: list[list[Call]], tools: list[dict[str, Callable]], timeout: float) -> list[list[Result]]:
     """Each rollout's calls (`calls[i]`, in order) with its tools (`tools[i]`: name -> function), every rollout's at
-    once; each call cut at `timeout` seconds. One Result per call, in the same places."""
+    once on the process's event loop (bigtrain.rollout.event_loop: an async tool's client, bound to its loop, lives
+    on between turns, as TRL runs them); each call cut at `timeout` seconds. One Result per call, in the same
+    places."""
     if not any(calls):
         return [[] for _ in calls]
-    return asyncio.run(_all(calls, tools, timeout))
-
-
-async def _all(calls: list[list[Call]], tools: list[dict[str, Callable]], timeout: float) -> list[list[Result]]:
-    return list(await asyncio.gather(*(_in_order(c, t, timeout) for c, t in zip(calls, tools))))
+    from bigtrain.rollout.event_loop import settle_all
+    out = settle_all([_in_order(c, t, timeout) for c, t in zip(calls, tools)])
+    for results in out:
+        if isinstance(results, BaseException):  # a KeyboardInterrupt inside a tool: the user's stop, not its answer
+            raise results
+    return out
 
 
 async def _in_order(calls: list[Call], tools: dict[str, Callable], timeout: float) -> list[Result]:
@@ -164,7 +167,7 @@ def _in_thread(fn: Callable, kwargs: dict) -> asyncio.Future:
             value, error = None, e if isinstance(e, Exception) else RuntimeError(f"{type(e).__name__}: {e}")
         try:
             loop.call_soon_threadsafe(settle, value, error)
-        except RuntimeError:  # the turn is over and its loop closed: the answer came too late
+        except RuntimeError:  # the loop is closed (the process ends): the answer came too late
             pass
 
     threading.Thread(target=work, daemon=True, name=f"tool {getattr(fn, '__name__', 'call')}").start()
