@@ -1,8 +1,9 @@
 """A task for agentic RL that cannot be solved without a tool: the code in a numbered box.
 
-    prompt "open box 3 (ticket 17)"  ->  call open_box(box=3)  ->  the vault answers "7"  ->  answer "7"
+    prompt "ticket 17: open box 3"  ->  call open_box(box=3)  ->  the vault answers "7"  ->  answer "7"
 
-The codes are the environment's (`Vault`, in a file written by `write_vault`): no prompt holds them. A tokenizer
+The codes are the environment's (`Vault`, in a file written by `write_vault`), each record's own (its `code`
+column, which reset gets and no prompt shows): no model can know them without opening the box. A tokenizer
 made here (a byte-level BPE trained on the task's own renders, Qwen's <|im_start|> / <|im_end|> as special tokens,
 the end-of-text <|im_end|> apart from the pad) with Qwen 2.5's chat template as TRL ships it
 (trl/chat_templates/qwen2_5.jinja, which renders tools and writes calls as <tool_call>{json}</tool_call>), and a
@@ -15,15 +16,16 @@ import random
 from pathlib import Path
 from typing import Any
 
-CODES = [7, 2, 9, 4, 0, 5, 8, 1, 6, 3]  # the code of box b (the vault's, never in a prompt)
+CODES = [7, 2, 9, 4, 0, 5, 8, 1, 6, 3]  # the code of box b where a record gives none (a chat)
 SPECIALS = ["<|im_start|>", "<|im_end|>"]
 VAULT = '''"""The vault: boxes whose codes only it knows (tests/tool_task.py)."""
 CODES = {codes!r}
 
 
 class Vault:
-    def reset(self, box, **record):
+    def reset(self, box=0, code=None, **record):
         self.box, self.opened = int(box), []
+        self.code = CODES[self.box] if code is None else int(code)  # the record's own: in no prompt
 
     def open_box(self, box: int) -> str:
         """Open a box and read the code inside.
@@ -35,7 +37,7 @@ class Vault:
         if not 0 <= box < len(CODES):
             raise ValueError(f"there is no box {{box}}")
         self.opened.append(box)
-        return str(CODES[box])
+        return str(self.code if box == self.box else CODES[box])
 
     def get_reward(self) -> float:
         """0.5 for opening the box the prompt names."""
@@ -43,9 +45,28 @@ class Vault:
 
 
 def correct(completions, environments, **kwargs):
-    """1.0 when the last answer is the code of the prompt's box."""
-    return [float(c[-1].get("content", "").strip() == str(CODES[e.box])) for c, e in zip(completions, environments)]
+    """1.0 when the last answer is the code in the prompt's box."""
+    return [float(c[-1].get("content", "").strip() == str(e.code)) for c, e in zip(completions, environments)]
 '''
+
+
+# A compact ChatML template that renders tools and calls in a few tokens (Qwen's system prompt alone is ~200 of this
+# BPE's tokens), for the runs that train: its calls are read by the tokenizer's own response_template (transformers'
+# parse_response), as TRL 1.16's for Qwen 3 reads them, so TRL's GRPOTrainer takes it too.
+COMPACT = (
+    "{%- if tools %}{{- '<|im_start|>system\\ntools:' }}{%- for tool in tools %}{{- ' ' + tool.function.name + '(' + "
+    "(tool.function.parameters.properties | list | join(', ')) + ')' }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{%- if message.role == 'assistant' and message.tool_calls %}"
+    "{{- '<|im_start|>assistant\\n' }}{%- if message.content %}{{- message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls %}{%- set call = call.function if call.function is defined else call %}"
+    "{{- '<tool_call>{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments | tojson) + '}</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+RESPONSE = {"defaults": {"role": "assistant"}, "start_anchor": "<|im_start|>assistant\n", "fields": {
+    "tool_calls": {"open": "<tool_call>", "close_pattern": "</tool_call>\\s*", "repeats": True, "content": "json",
+                   "transform": {"type": "function", "function": "{content}"}},
+    "content": {"close_pattern": "<\\|im_end\\|>\\s*", "content": "text"}}}
 
 
 def template() -> str:
@@ -54,13 +75,14 @@ def template() -> str:
 
 
 def prompt(box: int, ticket: int) -> list[dict]:
-    return [{"role": "user", "content": f"open box {box} (ticket {ticket})"}]
+    return [{"role": "user", "content": f"ticket {ticket}: open box {box}"}]  # the box last: a tiny model copies it
 
 
 def records(n: int, seed: int = 0) -> list[dict]:
-    """{"prompt", "box"} records, the boxes in a seeded order; each prompt unique (its ticket)."""
+    """{"prompt", "box", "code"} records, boxes and codes drawn from `seed`; each prompt unique (its ticket)."""
     rng = random.Random(seed)
-    return [{"prompt": prompt(b, i), "box": b} for i, b in enumerate(rng.randrange(10) for _ in range(n))]
+    drawn = [(rng.randrange(10), rng.randrange(10)) for _ in range(n)]
+    return [{"prompt": prompt(box, i), "box": box, "code": code} for i, (box, code) in enumerate(drawn)]
 
 
 def call_text(box: Any, name: str = "open_box") -> str:
@@ -73,8 +95,8 @@ def demonstrations(n: int, seed: int = 0) -> list[dict]:
     for r in records(n, seed):
         call = {"type": "function", "function": {"name": "open_box", "arguments": {"box": r["box"]}}}
         out.append({"messages": [*r["prompt"], {"role": "assistant", "content": "", "tool_calls": [call]},
-                                 {"role": "tool", "name": "open_box", "content": str(CODES[r["box"]])},
-                                 {"role": "assistant", "content": str(CODES[r["box"]])}],
+                                 {"role": "tool", "name": "open_box", "content": str(r["code"])},
+                                 {"role": "assistant", "content": str(r["code"])}],
                     "tools": [SCHEMA]})
     return out
 
@@ -86,10 +108,11 @@ SCHEMA = {"type": "function", "function": {
                    "required": ["box"]}, "return": {"type": "string"}}}
 
 
-def make_tokenizer(directory: Path | None = None, vocab_size: int = 600) -> Any:
-    """The BPE (see the module's docstring), its chat template Qwen 2.5's, saved to `directory` when given."""
+def make_tokenizer(directory: Path | None = None, vocab_size: int = 600, compact: bool = False) -> Any:
+    """The BPE (see the module's docstring), its chat template Qwen 2.5's (`compact`: COMPACT, with RESPONSE as its
+    response_template), saved to `directory` when given."""
     from bigtrain.data.tokenizer import train_bpe
-    tpl = template()
+    tpl = COMPACT if compact else template()
     bare = train_bpe(["render"], 300)  # only for rendering the texts the real one learns from
     bare.chat_template = tpl
     texts = []
@@ -100,6 +123,8 @@ def make_tokenizer(directory: Path | None = None, vocab_size: int = 600) -> Any:
     tok.add_special_tokens({"additional_special_tokens": SPECIALS})
     tok.eos_token = "<|im_end|>"
     tok.chat_template = tpl
+    if compact:
+        tok.response_template = RESPONSE
     if directory is not None:
         tok.save_pretrained(str(directory))
     return tok
@@ -142,8 +167,9 @@ def scripted_turn(tok: Any, context: list[int], seed: int) -> list[int]:
     import re
     rng = random.Random(hash((tuple(context), seed)))
     text = tok.decode(context, skip_special_tokens=False)
-    box, ticket = map(int, re.findall(r"open box (\d+) \(ticket (\d+)\)", text)[-1])
-    answers = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", text, re.DOTALL)
+    ticket, box = map(int, re.findall(r"ticket (\d+): open box (\d+)", text)[-1])
+    answers = re.findall(r"(?:<tool_response>\n|<\|im_start\|>tool\n)(.*?)(?:\n</tool_response>|<\|im_end\|>)", text,
+                         re.DOTALL)
     if len(answers) < calls_wanted(ticket):
         draw = rng.random()
         turn = call_text(box) if draw < 0.7 else call_text(box + 10) if draw < 0.85 else \

@@ -1,7 +1,9 @@
 """Agentic RL on real ranks: objective.environment (tests/tool_task.py's vault, which alone knows each box's code) with
 a reward function of the user's that reads `environments=`, the model's turns those of the scripted model (calls
 and answers decided by the context alone; tests/dist_scripts/agentic_runs.py), so that every run trains on known
-conversations. Two launches: one process, then 2 ranks.
+conversations; the tokenizer's template tool_task's compact one, its calls read by the tokenizer's own
+response_template (transformers' parse_response; tests/unit/test_agentic.py holds Qwen 2.5's template and the
+formats bigtrain reads itself). Two launches: one process, then 2 ranks.
 
 - Each step's loss equals a plain one-process loop's (tests/grpo_reference.py from TRL's formulas, given the same
   conversations and TRL's tool_mask: the results attended to, out of the loss and its token counts) within 1e-5,
@@ -33,7 +35,7 @@ import tool_task as tt
 from launch import REPO, launch_jobs, summary
 
 SCRIPT = REPO / "tests" / "dist_scripts" / "agentic_runs.py"
-WIDTH, SEQ, STEPS, GROUP = 160, 400, 4, 4
+WIDTH, SEQ, STEPS, GROUP = 112, 160, 4, 4
 OWN_PROMPTS = '''import random
 import sys
 sys.path.insert(0, {here!r})
@@ -52,7 +54,7 @@ class Booth(Vault):
     def reset(self, **record):
         box, ticket = self.draws.randrange(10), self.draws.randrange(100)
         super().reset(box=box)
-        return f"open box {{box}} (ticket {{ticket}})"
+        return f"ticket {{ticket}}: open box {{box}}"
 '''
 COMMON = ["--set", "precision=fp32", "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0",
           "--peak-tflops", "1", "--set", f"objective.max_completion_length={WIDTH}", "--set", f"data.seq_len={SEQ}",
@@ -71,12 +73,11 @@ CASES = {  # name: (run-config settings, the plain loop's config)
     "dr_grpo": (["objective.loss_type=dr_grpo", "objective.beta=0.04"], {"loss_type": "dr_grpo", "beta": 0.04}),
     # a sequence's ratio is exp of a sum over a hundred tokens and more here: a small rate keeps it finite
     "rloo": (["objective.kind=rloo", "objective.beta=0.05", "objective.num_iterations=2", "objective.epsilon=0.02",
-              "optimizer.lr=1e-4"], {"algorithm": "rloo", "beta": 0.05, "num_iterations": 2, "epsilon": 0.02,
-                                     "lr": 1e-4}),
+              "optimizer.lr=3e-5"], {"algorithm": "rloo", "beta": 0.05, "num_iterations": 2, "epsilon": 0.02,
+                                     "lr": 3e-5}),
 }
 TWO_RANKS = {"z0": [], "z1": [], "z2": [], "z3": [], "z3_partitioned": ["objective.ds3_gather_for_generation=false"]}
-RESUMED = ["--set", "zero.stage=3", "--set", "batch.grad_accum=1", "--set", "objective.num_iterations=2",
-           "--set", "objective.beta=0.04"]
+RESUMED = ["--set", "zero.stage=3", "--set", "batch.grad_accum=1", "--set", "objective.num_iterations=2"]
 TIMES: dict[str, float] = {}
 
 
@@ -87,7 +88,7 @@ def sets(*items: str) -> list[str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("agentic_rl")
-    tok = tt.make_tokenizer(root / "model")
+    tok = tt.make_tokenizer(root / "model", compact=True)
     tt.make_model(tok, 0, root / "model")
     tt.make_model(tok, 7, root / "teacher")
     tok.save_pretrained(root / "teacher")
@@ -131,7 +132,7 @@ def plain_rewards(rows: list[dict]) -> torch.Tensor:
     was run but whose results did not fit counts as opened, as the vault saw it)."""
     out = []
     for row in rows:
-        code, conversation = str(tt.CODES[row["box"]]), row["conversation"]
+        code, conversation = str(row["code"]), row["conversation"]
         last = conversation[-1]
         opened = any(m["role"] == "tool" and m["content"] == code for m in conversation) or any(
             c["function"]["arguments"].get("box") == row["box"] for c in last.get("tool_calls") or [])
@@ -211,7 +212,8 @@ def test_distillation_scores_the_same_multi_turn_context_on_the_models_tokens(ru
     worst = max(abs(a - b) for a, b in zip(expected, ran["losses"]))
     print(f"distill with tools: worst loss difference to the plain loop {worst:.2e} ({ran['losses']})")
     assert len(ran["losses"]) == STEPS and worst <= 1e-5 and min(ran["losses"]) > 1e-3, (expected, ran["losses"])
-    assert "tools/call_frequency" in ran["final_metrics"] and "time/tools" not in ran["final_metrics"]
+    assert "tools/call_frequency" in ran["final_metrics"] and set(ran["time_split"]) == {"generation", "tools",
+                                                                                          "teacher", "policy"}
 
 
 def _logits(model, p, pm, c, cm) -> torch.Tensor:
@@ -243,7 +245,8 @@ def test_metrics_time_split_and_samples_show_the_tools(runs):
             "rewards/Vault/mean"} <= set(final)
     last = rounds(runs / "dapo")[-1]
     calls = sum(m["role"] == "tool" for r in last for m in r["conversation"])
-    assert 0 < final["tools/failure_frequency"] < 1 and final["tools/call_frequency"] >= calls / len(last)
+    failures = [v for _, v in ran["metrics"]["tools/failure_frequency"]]
+    assert 0 < max(failures) < 1 and final["tools/call_frequency"] >= calls / len(last)
     model_tokens = [sum(r["model"]) for r in last]
     assert final["completions/max_length"] == max(model_tokens)  # the model's tokens only
     assert final["completions/mean_length"] == pytest.approx(sum(model_tokens) / len(model_tokens))
@@ -252,7 +255,7 @@ def test_metrics_time_split_and_samples_show_the_tools(runs):
     assert set(split) == {"generation", "tools", "reference", "rewards", "policy"} and split["tools"]["mean_s"] > 0
     samples = [json.loads(line) for line in (runs / "dapo" / "samples.jsonl").read_text().splitlines()]
     conversation = samples[0]["conversation"]
-    assert samples[0]["prompt"].startswith("open box") and conversation[0]["role"] == "assistant"
+    assert samples[0]["prompt"].startswith("ticket ") and conversation[0]["role"] == "assistant"
     assert any(m["role"] == "tool" for s in samples for m in s["conversation"])
     assert any(m.get("tool_calls") for s in samples for m in s["conversation"])
 
@@ -260,7 +263,7 @@ def test_metrics_time_split_and_samples_show_the_tools(runs):
 def test_a_run_stopped_mid_round_resumes_on_the_uninterrupted_curve(runs):
     full, stopped, resumed = (summary(runs / n) for n in ("full", "stop", "resumed"))
     assert stopped["losses"] == full["losses"][:3] and resumed["losses"] == full["losses"]
-    for name in ("reward", "tools/call_frequency", "tools/turns", "kl"):
+    for name in ("reward", "tools/call_frequency", "tools/turns", "entropy"):
         assert [v for _, v in resumed["metrics"][name]] == [v for _, v in full["metrics"][name]], name
 
 
@@ -268,5 +271,5 @@ def test_without_data_the_environment_makes_each_prompt(runs):
     ran = summary(runs / "own_prompts")
     samples = [json.loads(line) for line in (runs / "own_prompts" / "samples.jsonl").read_text().splitlines()]
     prompts = {s["prompt"] for s in samples}
-    assert len(ran["losses"]) == 2 and len(prompts) > 1 and all(p.startswith("open box ") for p in prompts)
+    assert len(ran["losses"]) == 2 and len(prompts) > 1 and all(" open box " in p for p in prompts)
     assert ran["final_metrics"]["tools/call_frequency"] > 0

@@ -2,12 +2,13 @@
 in one launch, as tests/dist_scripts/equiv_runs.py runs them (its `run_one`). For a job marked "scripted": true the
 model's turns are tests/tool_task.py's scripted model (calls and answers decided by the context alone, the same on
 any rank), given after the real generation on the engine's module has run and its tokens were dropped: at ZeRO-3 its
-collectives (the weights gathered, or each decode step's layers) run as in a real round, so a rank that left the
-turns early would leave the other waiting there, as a real run would hang.
+collectives (the weights gathered once a call; left partitioned, each decode step's layers, over a number of steps
+that follows the budget the ranks agreed on) run as in a real round, so a rank that left the turns early would leave
+the other waiting there, as a real run would hang.
 
-Each rank writes ROOT/NAME/rounds_rank{R}.jsonl, one line a round: every rollout's prompt and completion tokens,
-the mask of the model's tokens, its conversation and its box; and ROOT/NAME/turns_rank{R}.jsonl, one line a round:
-how many rollouts each turn of this rank generated for (0: the idle row of a rank with none left).
+Each rank writes ROOT/NAME/rounds_rank{R}.jsonl, one line a round: every rollout's prompt and completion tokens, the
+mask of the model's tokens, its conversation, its box and the code in it; and ROOT/NAME/turns_rank{R}.jsonl, one
+line a round: how many rollouts each turn of this rank generated for (0: the idle row of a rank with none left).
 
 Usage: agentic_runs.py ROOT PLAN.json (the plan as equiv_runs.py's).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -39,8 +41,12 @@ def scripted(folder: Path, rank: int, world: int) -> Iterator[None]:
     turns: list[int] = []
 
     def generate(self, prompt_ids, prompt_mask, sampling, rng, *, gather=None, logps=False):
-        if world > 1:  # the collectives of a real round (one process has none to keep)
-            real(self, prompt_ids, prompt_mask, sampling, rng, gather=gather)
+        if world > 1:  # the collectives of a real round (one process has none to keep): with the weights gathered,
+            # one gather a call, so one token does; left partitioned, a gather every decode step: as many steps as a
+            # function of the budget the ranks agreed on (fewer than it, for time), so that ranks which disagreed
+            # on it would wait on each other's gathers
+            steps = 1 if gather is not False else 1 + sampling.max_new_tokens % 7
+            real(self, prompt_ids, prompt_mask, replace(sampling, max_new_tokens=steps), rng, gather=gather)
         return tool_task.scripted_generate(self.tokenizer, prompt_ids, prompt_mask, sampling)
 
     def counted_turn(self, policy, rows, idle, sampling, rng, gather):
@@ -55,7 +61,8 @@ def scripted(folder: Path, rank: int, world: int) -> Iterator[None]:
             rows.append({"prompt": out.prompt_ids[i][out.prompt_mask[i].bool()].tolist(),
                          "completion": out.completion_ids[i, :length].tolist(),
                          "model": out.completion_mask[i, :length].tolist(), "conversation": out.conversations[i],
-                         "box": out.environments[i].box, "truncated": bool(out.truncated[i])})
+                         "box": out.environments[i].box, "code": out.environments[i].code,
+                         "truncated": bool(out.truncated[i])})
         folder.mkdir(parents=True, exist_ok=True)
         with (folder / f"rounds_rank{rank}.jsonl").open("a") as f:
             f.write(json.dumps(rows) + "\n")

@@ -263,7 +263,7 @@ def agent_of(files: Path, budget: int, rounds: int | None = None):
 
 def test_a_round_is_the_templates_own_render_with_the_models_tokens_alone_in_the_loss(files, tok):
     records = tt.records(6)
-    rollout = agent_of(files, 200).rollout(Scripted(tok), records, Sampling(200, num_generations=2), None)
+    rollout = agent_of(files, 400).rollout(Scripted(tok), records, Sampling(400, num_generations=2), None)
     eos = tok.eos_token_id
     turns = 0
     for i, record in enumerate(r for r in records for _ in range(2)):
@@ -298,7 +298,7 @@ def test_a_round_is_the_templates_own_render_with_the_models_tokens_alone_in_the
 
 
 def test_the_budget_rolls_back_results_that_do_not_fit_and_the_rounds_stop_at_their_limit(files, tok):
-    records = [r for r in tt.records(12) if tt.calls_wanted(int(r["prompt"][0]["content"].split()[-1][:-1])) == 3]
+    records = [r for r in tt.records(12) if tt.calls_wanted(int(r["prompt"][0]["content"].split()[1][:-1])) == 3]
     policy = Scripted(tok)
     once = agent_of(files, 400, rounds=1).rollout(policy, records[:2], Sampling(400, num_generations=2), None)
     assert policy.calls == 2  # the first turn, and one after the one round of calls
@@ -425,7 +425,7 @@ def test_generate_and_chat_call_the_tools_and_answer_from_their_results(files, t
 
     monkeypatch.setattr(command, "generate", scripted)
     out = tmp_path / "out.jsonl"
-    code = main(["generate", str(tmp_path / "model"), "--prompt", "open box 3 (ticket 1)", "--tools",
+    code = main(["generate", str(tmp_path / "model"), "--prompt", "ticket 1: open box 3", "--tools",
                  f"{tmp_path}/open_box.py:open_box", "--out", str(out)])
     said = capsys.readouterr()
     assert code == 0, said.err
