@@ -19,6 +19,13 @@ step.
                         bigtrain.objectives.loss_types (its names are TRL's, "grpo" among them)
     loss_weights.py     the off-policy sequence mask, the high-entropy token mask, VESPO's gamma weights
     metrics.py          TRL's metric names and values
+    tools.py            tools (objective.tools) by name, their JSON schemas (transformers' get_json_schema), a turn's
+                        calls run side by side with a timeout, every failure the tool's answer
+    environments.py     objective.environment: the instances of each rollout, reset, their methods as tools, their
+                        get_reward as a reward; the Toolbox of a run
+    tool_format.py      the calls read as the tokenizer's template writes them (its response_template; Hermes, Llama
+                        3.1, Mistral), the results' tokens as the difference of two renders, a template's fitness
+    agent.py            rollouts over several turns of calls and results, every rank in lockstep at ZeRO-3
     (bigtrain.data.prompts / prompt_rows: prompt-only records, every column kept for the rewards)
 
 How the objectives use them, step by step, is bigtrain/objectives/online.py's docstring; docs/online-rl.md is the
