@@ -1,4 +1,4 @@
-"""Training on chat data (issue 24): a chat jsonl prepared with `bigtrain prepare`, then trained from the prepared
+"""Training on chat data: a chat jsonl prepared with `bigtrain prepare`, then trained from the prepared
 directory, packed and unpacked, on one process and packed on 2 ranks (sequence parallelism; ZeRO-3 data parallel),
 with the loss on the answers, a held-out evaluation, the padding reported and the end-of-run sample answering a
 held-out prompt through the chat template. Per-step losses on 2 ranks equal one process's within 1e-5 (fp32).

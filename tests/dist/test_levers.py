@@ -1,4 +1,4 @@
-"""DeepSpeed's 0.17-0.19 levers through bigtrain (issue 31), each against one process or another ZeRO stage on the
+"""DeepSpeed's 0.17-0.19 levers through bigtrain, each against one process or another ZeRO stage on the
 same batches, fp32, 2-4 CPU ranks:
 
 - Muon (optimizer.name=muon) at ZeRO 1-3: equal curves; at ZeRO 0-3 without clipping: equal curves (DeepSpeed

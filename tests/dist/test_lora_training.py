@@ -1,4 +1,4 @@
-"""LoRA through peft on real ranks (issue 24): adapters on a frozen base at ZeRO 0-3 and with offload give the losses
+"""LoRA through peft on real ranks: adapters on a frozen base at ZeRO 0-3 and with offload give the losses
 of LoRA on one process; only the adapters have optimizer states; the base weights come out of training unchanged;
 a stop and resume continues the uninterrupted curve; the merged export and the adapter export give the trained
 model's logits.

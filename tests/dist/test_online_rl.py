@@ -1,4 +1,4 @@
-"""Online RL on real ranks (issue 38): objective.kind=grpo and rloo through the runner, on tests/rl_task.py's toy task
+"""Online RL on real ranks: objective.kind=grpo and rloo through the runner, on tests/rl_task.py's toy task
 ("say 3" -> "3") with a tiny Llama directory and its word-level tokenizer (pad apart from end-of-text), the rewards
 in a file of the user's (`rewards.py:correct`, `:digit_format`). Two launches (tests/dist_scripts/online_rl_runs.py):
 one process, then 2 ranks.

@@ -1,5 +1,5 @@
 """Tensor parallelism (AutoTP), sequence parallelism (Ulysses) and mixtures of experts, each against one process
-on the same batches (issue 23): per-step losses within 1e-5 relative, fp32.
+on the same batches: per-step losses within 1e-5 relative, fp32.
 
 Three launches share the work: 2 ranks for TP2 and SP2 at ZeRO 0-3 and the MoE models at ZeRO-3, one process for
 the references and a TP2 run resumed on one rank, 4 ranks for TP2 x DP2 and SP2 x DP2. A run saves a checkpoint only

@@ -1,4 +1,4 @@
-"""`bigtrain train` says a mistake that needs no rank before its launcher starts (issue 37 §3): a record without
+"""`bigtrain train` says a mistake that needs no rank before its launcher starts: a record without
 `rejected`, a pair objective on plain text, pairs whose answers are all the same, an --out that holds another run, a
 model directory of another family, an unknown evaluation task, conversations and a tokenizer without a chat template,
 and `bigtrain eval --num-gpus 2` with an unknown task. Each is one line and exit 2, no launcher started (its command line is printed as

@@ -1,4 +1,4 @@
-"""Preference training on real ranks (issue 29), from a Llama directory made here with a chat template (its
+"""Preference training on real ranks, from a Llama directory made here with a chat template (its
 tokenizer's pad apart from its end-of-text, as Qwen2's), on conversational {prompt, chosen, rejected} records (the
 chosen answers start with "yes", the rejected with "no"):
 

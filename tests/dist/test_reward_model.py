@@ -1,4 +1,4 @@
-"""A reward model as a user trains and uses it (issue 37): a tiny Llama directory with a tokenizer whose pad is not
+"""A reward model as a user trains and uses it: a tiny Llama directory with a tokenizer whose pad is not
 its end-of-text (Qwen2's and Llama 3 Instruct's are not) and a chat template, conversational pairs whose chosen
 answers start with "yes" and rejected ones with "no", `objective.kind=reward` on 2 ranks to its exit, `bigtrain
 export`, then scored with plain transformers as docs/preference.md shows: one conversation at a time

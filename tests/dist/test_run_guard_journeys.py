@@ -1,4 +1,4 @@
-"""Nothing silently wrong (issue 21), the journeys a user takes, followed to their exit through the real
+"""Nothing silently wrong, the journeys a user takes, followed to their exit through the real
 launcher or a plain `python`: a diverging run stops with one line and saves nothing from it, a mistake seen on
 rank 0 only is one line, one folder holds one run (a second job, a fresh run on old checkpoints, another
 model on --resume, a damaged checkpoint), a full disk during a save is one line (the pieces:

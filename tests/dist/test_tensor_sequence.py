@@ -1,4 +1,4 @@
-"""Tensor x sequence parallelism (issue 39): AutoTP's shards with Ulysses' head split inside each tensor shard
+"""Tensor x sequence parallelism: AutoTP's shards with Ulysses' head split inside each tensor shard
 (bigtrain.parallel.tensor_sequence), TP2 x SP2 on 4 CPU ranks against data parallelism over the same 4 ranks (equal
 to one process: tests/dist/test_parallel_modes.py), fp32, in one launch:
 

@@ -283,7 +283,7 @@ def test_mfu_against_the_datasheet_and_each_lever_against_bigtrains_defaults():
 
 
 def test_the_gpu_plan_ends_with_the_longest_sequences_one_device_trains_with_every_lever():
-    """Issue 39: Llama-1B (every weight) and Llama-8B (LoRA) at growing lengths, every lever on, on one GPU only
+    """The long-sequence plan: Llama-1B (every weight) and Llama-8B (LoRA) at growing lengths, every lever on, on one GPU only
     (a rung is one device's question), last (its steps are long); the dry run has the same cases on a tiny Llama.
     A rung out of memory is the ladder's finding, not a failed bench; the table extrapolates the per-token slope."""
     from bigtrain.bench.longest import EVERY_LEVER, longest_cases, longest_table

@@ -1,4 +1,4 @@
-"""Online RL's benchmarks (issue 38): the GPU plan's GRPO cases (bigtrain/bench/online.py), how a run's
+"""Online RL's benchmarks: the GPU plan's GRPO cases (bigtrain/bench/online.py), how a run's
 `time/PART` metrics become a step's split and generation tokens/s, and scripts/bench_online_rl.py's tables and page
 section. The cases trained end to end are tests/dist/test_bench_runs.py's dry run."""
 import importlib.util

@@ -1,4 +1,4 @@
-"""Chat and instruction data (issue 24): rendering through the chat template, the answer mask token by token,
+"""Chat and instruction data: rendering through the chat template, the answer mask token by token,
 prompt/completion and Alpaca masks, format recognition, long examples truncated or dropped and counted, and
 prepare's shards (tokens + mask) made in worker processes, resumable."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The GPU levers of issue 16 as a CPU host can check them: the chunked causal-LM loss equals the plain
+"""The GPU speed levers as a CPU host can check them: the chunked causal-LM loss equals the plain
 one, `batch.micro_batch=auto`'s search against a fake memory limit, and the defaults that depend on the
 device (compile, loss, vocabulary padding) or on the precision (bf16 without overflow checks). That
 `train.compile` trains the same losses as eager under the launcher: tests/dist/test_compile_training.py."""

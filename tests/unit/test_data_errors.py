@@ -1,4 +1,4 @@
-"""Issue 21: data a user brings that cannot be read stops with one line naming the file and the fix, never
+"""Data a user brings that cannot be read stops with one line naming the file and the fix, never
 a traceback: a binary or non-UTF-8 file among the text sources (its line too, and a malformed jsonl record's
 line), from the main process, from prepare's worker processes and through `datasets` for classification;
 and a prepared directory with a shard deleted or truncated, whose message gives the `bigtrain prepare`

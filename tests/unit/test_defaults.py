@@ -1,4 +1,4 @@
-"""Defaults that fit the job (issue 37, section 2): the learning rate, weight decay and warm-up a run sets none of are
+"""Defaults that fit the job: the learning rate, weight decay and warm-up a run sets none of are
 chosen by what the run is (bigtrain.config.defaults), each objective declaring its fine-tuning rate (TRL's, held to
 TRL's own config classes here), LoRA's 10x, a user's value kept whatever its source and said as theirs in the start
 line (bigtrain.config.provenance), and a resume keeping the rate its run started with."""

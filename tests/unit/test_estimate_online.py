@@ -1,4 +1,4 @@
-"""`bigtrain estimate` for an objective that generates (issue 38): a generation round's KV cache, the weights
+"""`bigtrain estimate` for an objective that generates: a generation round's KV cache, the weights
 gathered at ZeRO-3, the reference copy (beta > 0) and the reward model or teacher, each measured beside the estimate
 on CPU. Each would catch: the KV term off by a layer, a factor of K+V or grouped-query attention's kv_heads, or
 counting a micro-batch where a round answers the whole step; the gathered weights missing at ZeRO-3 or counted

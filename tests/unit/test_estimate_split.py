@@ -1,5 +1,5 @@
 """The memory model under tensor and sequence parallelism, and `bigtrain estimate` recommending sequence
-parallelism when activations, not states, are what does not fit (issue 23)."""
+parallelism when activations, not states, are what does not fit."""
 from __future__ import annotations
 
 import pytest

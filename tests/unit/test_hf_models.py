@@ -77,7 +77,7 @@ def test_classification_data_infers_the_classes_and_masks_the_padding(hf_dirs, t
 def test_a_decoder_classifier_reads_each_padded_text_where_transformers_reads_it_alone(hf_dirs, tmp_path):
     """A decoder's classification head reads a row at its last token that is not config.pad_token_id. A directory
     whose config.json names another pad than its tokenizer's (which the data pads with) is built with the
-    tokenizer's, so that a padded training row classifies as its text alone does (issue 37: the head read the
+    tokenizer's, so that a padded training row classifies as its text alone does (the head read the
     last padding position, which no user's unpadded text has)."""
     from transformers import AutoTokenizer, LlamaForSequenceClassification
 

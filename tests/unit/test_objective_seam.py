@@ -1,4 +1,4 @@
-"""The objective seam (issue 38): no file outside bigtrain/objectives/ names an objective kind but the one table, and
+"""The objective seam: no file outside bigtrain/objectives/ names an objective kind but the one table, and
 a new objective is added by its own file and a line in that table: a test-only one (tests/toy_objective.py), with
 settings of its own, a reference, a frozen teacher directory and refusals, goes through the real config rules, the
 estimate's counting and the stepper on one rank."""

@@ -1,4 +1,4 @@
-"""Preference objectives (issue 29): each formula against one written here from the papers / TRL, per pair in
+"""Preference objectives: each formula against one written here from the papers / TRL, per pair in
 plain float64 Python; DPO through a real one-rank engine against a plain PyTorch loop, its first loss ln 2, and
 the LoRA reference (adapters off) against a frozen copy."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""objective.kind=grpo / rloo without a launcher (issue 38): TRL 1.16's defaults, the one-line refusals of what a
+"""objective.kind=grpo / rloo without a launcher: TRL 1.16's defaults, the one-line refusals of what a
 run cannot do (checked when the run config loads, and with the world known), the reward wiring's lines for a
 function that returns the wrong count or a NaN (naming the function and the record), the objective's checkpoint
 state loadable weights-only, the ZeRO-3 gather rule, and the reporting pieces (time split, sample table, tracker

@@ -1,4 +1,4 @@
-"""Packing (issue 24): several examples per row with position ids that restart at each, so that attention never
+"""Packing: several examples per row with position ids that restart at each, so that attention never
 crosses an example boundary and every example gets the loss it gets alone (fp32, within 1e-5), for Llama (rotary
 positions; sdpa and eager attention) and GPT-2 (learned positions); the padding it saves; and the same
 document-aware attention under sequence parallelism, where Ulysses drops the model's mask."""

@@ -1,4 +1,4 @@
-"""The mistakes that need no rank (issue 37 §3), each found by the ranks' own check called before any rank starts
+"""The mistakes that need no rank, each found by the ranks' own check called before any rank starts
 (bigtrain/train/precheck.py): the output folder, the data's shape and first records, the evaluation task names. The
 launches themselves are tests/dist/test_precheck_runs.py; here the checks, and run.py started without a launcher."""
 from __future__ import annotations

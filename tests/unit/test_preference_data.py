@@ -1,4 +1,4 @@
-"""Preference records (issue 29): TRL's {prompt, chosen, rejected} as strings or messages (the implicit prompt too)
+"""Preference records: TRL's {prompt, chosen, rejected} as strings or messages (the implicit prompt too)
 and LLaMA-Factory's instruction/input/chosen/rejected become pairs of rows whose trained tokens are the answers
 only; pairs that teach nothing are dropped and counted; bad records are one line."""
 from __future__ import annotations
@@ -169,7 +169,7 @@ def test_kto_answers_carry_their_label_and_sit_beside_another_answer_for_the_kl_
     assert batch["desirable"].tolist() == labels
 
 
-# --- padding: pad != end-of-text (issue 37) ------------------------------------------------------------------------
+# --- padding: pad != end-of-text ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def own_pad(tmp_path_factory) -> dict[str, Path]:

@@ -1,4 +1,4 @@
-"""Nothing silently wrong (issue 21): a diverging run stops, a used output folder never mixes two runs, a second
+"""Nothing silently wrong: a diverging run stops, a used output folder never mixes two runs, a second
 job on a folder is refused, a changed model is refused on resume, damaged bytes and a full disk are named, the
 first step trains at the schedule's rate, and a mistake seen on one rank is one line from rank 0 only.
 

@@ -1,4 +1,4 @@
-"""Rules of the split modes that hold whichever way a size is given (issue 23 review): a DeepSpeed JSON's
+"""Rules of the split modes that hold whichever way a size is given: a DeepSpeed JSON's
 tensor/sequence size is judged like --set's, the fast path never drops a mixture of experts' router loss, an
 export by tag checks digests, and DeepSpeed's old `bfloat16` section name is read as bf16."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every byte per token (issue 39): `LiveBytes` counts what a step holds as the CPU allocator counts it, the memory
+"""Every byte per token: `LiveBytes` counts what a step holds as the CPU allocator counts it, the memory
 model's per-token terms come from the same count and agree with the profile of real training steps, and bigtrain's
 chunked loss holds less than DeepSpeed's `TiledFusedLogitsLoss` on the same shapes."""
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_the_estimate_counts_what_a_rank_holds_per_token(row):
 
 
 def test_the_profile_meets_the_aims_it_is_held_to():
-    """Issue 39's aims on the profile (activation checkpointing on, tiled): per global token SP2 <= 0.55x and SP4
+    """The long-sequence aims on the profile (activation checkpointing on, tiled): per global token SP2 <= 0.55x and SP4
     <= 0.3x of one rank's slope; on one rank the tiled MLP and the chunked loss (with the lean RMSNorm they bring)
     <= 0.5x of the untiled slope."""
     slope = {(r["sequence"], r["setup"]): r["bytes_per_token"] for r in PROFILE["rows"]}

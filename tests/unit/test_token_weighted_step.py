@@ -1,4 +1,4 @@
-"""A step on chat and instruction data is the mean over all its trained tokens (issue 24's "left out"): two
+"""A step on chat and instruction data is the mean over all its trained tokens : two
 sequences with answers of different lengths train alike as one micro-batch of 2 or as 2 accumulated micro-batches
 of 1, on a real one-rank engine; per-micro-batch means (what plain text keeps) would weigh them differently.
 Across ranks the same rule is proven by tests/dist/test_chat_training.py."""

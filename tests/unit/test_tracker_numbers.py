@@ -1,4 +1,4 @@
-"""Code and docs speak to users: nothing in bigtrain/, docs/, scripts/ or README.md names a number in this project's
+"""Code and docs speak to users: nothing in bigtrain/, docs/, scripts/, tests/ (but this file's examples) or README.md names a number in this project's
 own tracker ("issue 38, sections 2-4", "the modes of issue 23", "#48"), which a user has no way to look up; name
 what the thing is instead. Another project's tracker is fine when the project is named right before the number
 ("DeepSpeed issue 8262", "peft issue #297", "TRL #2985", "DeepSpeed's PR 7000"): a user can look those up."""
@@ -20,7 +20,7 @@ UPSTREAM = {"deepspeed", "peft", "trl", "transformers", "accelerate", "datasets"
             "nanogpt", "llm.c", "ray", "numpy", "python", "cpython", "glibc", "mkdocs", "pytest", "pytest-xdist",
             "huggingface_hub", "liger-kernel", "flash-attention"}
 PROJECT_BEFORE = re.compile(r"([\w.\-]+)(?:'s)?\s*$")
-SCANNED = [REPO / "README.md", REPO / "bigtrain", REPO / "docs", REPO / "scripts"]
+SCANNED = [REPO / "README.md", REPO / "bigtrain", REPO / "docs", REPO / "scripts", REPO / "tests"]
 
 
 def tracker_numbers(text: str) -> list[re.Match]:
@@ -38,7 +38,7 @@ def scanned_files() -> list[Path]:
     files = []
     for root in SCANNED:
         for path in sorted([root] if root.is_file() else root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
+            if path.is_file() and "__pycache__" not in path.parts and path != Path(__file__).resolve():
                 files.append(path)
     return files
 
