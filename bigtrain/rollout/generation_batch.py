@@ -57,7 +57,8 @@ def shuffled(pieces: list[P], order: torch.Tensor, count: int) -> list[P]:
     out = []
     for start in range(0, len(order), size):
         part = {name: value[start:start + size] for name, value in rows.items()}
-        prompt, completion = part["prompt_mask"], part["completion_mask"]
+        # the completion tokens attended to: with tools the results too (context_mask), between the model's turns
+        prompt, completion = part["prompt_mask"], part.get("context_mask", part["completion_mask"])
         left = int((prompt.sum(0) > 0).nonzero().min()) if prompt.any() else 0
         right = max(1, int(completion.sum(-1).max()))
         out.append(replace(pieces[0], **{name: value if name in ROW else value[:, left:] if name in LEFT

@@ -297,6 +297,24 @@ def test_a_round_is_the_templates_own_render_with_the_models_tokens_alone_in_the
     assert rollout.completion_lists()[0] == rollout.completion_ids[0, :int(rollout.context_mask[0].sum())].tolist()
 
 
+def test_a_round_shuffled_over_several_steps_keeps_each_rows_turns_and_results(files, tok):
+    """objective.steps_per_generation > 1: the round's rows, shuffled and cut again, each keep their whole context
+    (the results between the model's turns attended to) and the model's mask, not just as many tokens as the
+    model wrote."""
+    from bigtrain.objectives.online import split_rollout
+    from bigtrain.rollout.generation_batch import shuffled
+    rollout = agent_of(files, 400).rollout(Scripted(tok), tt.records(4), Sampling(400, num_generations=2), None)
+    order = torch.tensor([5, 2, 7, 0, 3, 6, 1, 4])
+    pieces = shuffled(split_rollout(rollout, 2), order, 2)
+    rows = [row for p in pieces for row in zip(p.completion_ids, p.completion_mask, p.context_mask, p.rows[3])]
+    assert len(rows) == 8
+    for (ids, model, context, attended), i in zip(rows, order.tolist()):
+        n = int(rollout.context_mask[i].sum())
+        assert ids[:n].tolist() == rollout.completion_ids[i, :n].tolist(), i
+        assert model[:n].tolist() == rollout.completion_mask[i, :n].tolist() and int(model.sum()) < n, i
+        assert int(context.sum()) == n and attended.tolist() == context.tolist(), i
+
+
 def test_the_budget_rolls_back_results_that_do_not_fit_and_the_rounds_stop_at_their_limit(files, tok):
     records = [r for r in tt.records(12) if tt.calls_wanted(int(r["prompt"][0]["content"].split()[1][:-1])) == 3]
     policy = Scripted(tok)
