@@ -131,6 +131,9 @@ def build_deepspeed_ops() -> None:
         return
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
+
+    from bigtrain.distributed.op_locks import clear_stale_build_locks
+    clear_stale_build_locks()  # a build killed with the machine waits every later one on its lock, silently
     for name in ("ShareMemCommBuilder", "CPUAdamBuilder"):
         builder = get_accelerator().create_op_builder(name)
         if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME):
