@@ -158,6 +158,10 @@ def vision_problems(run: RunConfig) -> list[str]:
     if readers:  # a teacher scores the policy's completions token by token, as it reads them: without the images
         problems.append(f"{readers[0]} with --model vlm: the frozen model would read the completions without their "
                         f"images; not supported for a vision-language policy")
+    if getattr(run.objective.settings, "uses_tools", False):  # the turns are rendered as text (bigtrain.rollout.agent)
+        problems.append("objective.tools / objective.environment with --model vlm: a rollout's turns of calls and "
+                        "results are rendered without the prompts' images; tools are for text models (drop them, or "
+                        "train a text model)")
     return problems
 
 

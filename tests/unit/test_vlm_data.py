@@ -173,6 +173,9 @@ def test_bad_input_is_one_line_before_launch(vlm, tmp_path):
         run_for(vlm, vlm["chat"], objective={"kind": "dpo", "reference": "precomputed"})
     with pytest.raises(ValueError, match="objective.teacher with --model vlm: .*without their images"):
         run_for(vlm, vlm["chat"], objective={"kind": "distill", "teacher": str(vlm["llava"]), "max_completion_length": 8})
+    with pytest.raises(ValueError, match="objective.tools / objective.environment with --model vlm: .*without the"):
+        run_for(vlm, vlm["chat"], objective={"kind": "grpo", "tools": "tools.py:add", "rewards": "accuracy",
+                                             "max_completion_length": 8})
     kto = write_jsonl(vlm["root"] / "kto.jsonl", [{"prompt": good["messages"][:1], "completion": good["messages"][1:],
                                                    "label": True, "images": good["images"]}] * 3)
     with pytest.raises(ValueError, match="data.format=kto: kto answers with images are not built"):
