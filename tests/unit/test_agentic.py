@@ -297,6 +297,48 @@ def test_a_round_is_the_templates_own_render_with_the_models_tokens_alone_in_the
     assert rollout.completion_lists()[0] == rollout.completion_ids[0, :int(rollout.context_mask[0].sum())].tolist()
 
 
+SAFE = '''class Safe:
+    def reset(self, **record):
+        self.record = record
+
+    def crack(self, code: int) -> str:
+        """Try a code on the safe.
+
+        Args:
+            code: the code to try
+        """
+        return "open" if code == 7 else "shut"
+'''
+
+
+def test_several_environments_each_records_own_with_only_its_tools_in_the_prompt(files, tok):
+    """objective.environment=[vault=..., safe=...]: each record's `environment` column picks the class its rollouts
+    act in; its prompt shows that environment's tools alone, and a call of another's is an unknown tool."""
+    from bigtrain.rollout.agent import Agent
+    from bigtrain.rollout.environments import Toolbox
+    (files / "safe.py").write_text(SAFE)
+    box = Toolbox([], {"vault": f"{files}/vault.py:Vault", "safe": f"{files}/safe.py:Safe"})
+    records = [{**r, "environment": "vault" if i % 2 else "safe"} for i, r in enumerate(tt.records(4))]
+    rollout = Agent(box, 400, 1, 5.0).rollout(Scripted(tok), records, Sampling(400, num_generations=2), None)
+    opened = []
+    for i, record in enumerate(r for r in records for _ in range(2)):
+        environment, conversation = rollout.environments[i], rollout.conversations[i]
+        prompt = tok.decode(rollout.prompt_ids[i][rollout.prompt_mask[i].bool()])
+        results = [m["content"] for m in conversation if m["role"] == "tool"]
+        unknown = [r for r in results if "Tool open_box not found" in r]
+        if record["environment"] == "vault":
+            assert type(environment).__name__ == "Vault" and environment.box == record["box"]
+            assert '"open_box"' in prompt and '"crack"' not in prompt and not unknown, results
+            opened += [r for r in results if r == str(record["code"])]
+        else:
+            assert type(environment).__name__ == "Safe" and "environment" not in environment.record
+            assert environment.record["box"] == record["box"]
+            assert '"crack"' in prompt and '"open_box"' not in prompt
+            assert all("error" in r for r in results) and (unknown or not results), results
+            opened += [None] * len(unknown)
+    assert None in opened and any(o is not None for o in opened), opened  # a vault opened, a safe's call unknown
+
+
 def test_a_round_shuffled_over_several_steps_keeps_each_rows_turns_and_results(files, tok):
     """objective.steps_per_generation > 1: the round's rows, shuffled and cut again, each keep their whole context
     (the results between the model's turns attended to) and the model's mask, not just as many tokens as the
