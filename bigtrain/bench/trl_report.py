@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from bigtrain.bench.table import markdown_table
-from bigtrain.bench.trl_cases import OBJECTIVES, SETTINGS
+from bigtrain.bench.trl_cases import ENDS_PER_TOKEN, OBJECTIVES, SETTINGS
 
 # (how the page names it, the key of both sides' effective settings)
 SETTING_ROWS = (("optimizer", "optimizer"), ("Adam betas", "betas"), ("Adam eps", "eps"),
@@ -172,8 +172,9 @@ def section(report: dict) -> str:
         f"{s['sft'].grad_accum}), max length {s['sft'].max_length}, loss on every token (TRL's default). DPO: "
         f"{s['dpo'].global_batch} pairs a step, beta {s['dpo'].beta}, sigmoid loss, a frozen copy as reference. "
         f"GRPO: {s['grpo'].global_batch // s['grpo'].num_generations} prompts x {s['grpo'].num_generations} "
-        f"completions of at most {s['grpo'].max_completion_length} tokens a step (random weights: nearly all run "
-        f"to the limit), loss {s['grpo'].loss_type}, beta {s['grpo'].beta}, temperature {s['grpo'].temperature}, "
+        f"completions of at most {s['grpo'].max_completion_length} tokens a step (the base's end-of-text made "
+        f"likely, about 1 in {round(1 / ENDS_PER_TOKEN)} at each token, so that they end at mixed lengths), loss "
+        f"{s['grpo'].loss_type}, beta {s['grpo'].beta}, temperature {s['grpo'].temperature}, "
         "reward `accuracy`. Rates: medians over the steps after the first two; tokens/s as "
         "`bigtrain/bench/trl_bench.py` counts them (the same count on both sides).",
         "### bigtrain against TRL",
