@@ -42,8 +42,19 @@ def environment_key(prefix: str | None = None) -> str:
 
 def environment_ops_dir(prefix: str | None = None) -> Path:
     """This environment's folder under torch's per-user extensions root (~/.cache/torch_extensions)."""
-    from torch.utils.cpp_extension import get_default_build_root
-    return Path(get_default_build_root()) / environment_key(prefix)
+    return Path(torch_build_root()) / environment_key(prefix)
+
+
+def torch_build_root() -> str:
+    """torch's `cpp_extension.get_default_build_root()`, worked out as torch does (its `_appdirs.user_cache_dir`)
+    without importing torch where it is not imported yet: `bigtrain train` sets the ranks' folder before it starts
+    them, and importing torch there cost about 2.5 CPU seconds before a one-rank job's rank could start."""
+    if "torch" in sys.modules or sys.platform == "win32":
+        from torch.utils.cpp_extension import get_default_build_root
+        return get_default_build_root()
+    cache = os.path.expanduser("~/Library/Caches") if sys.platform == "darwin" else \
+        os.getenv("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+    return os.path.realpath(os.path.join(cache, "torch_extensions"))
 
 
 def use_environment_ops_dir(env: MutableMapping[str, str] | None = None) -> Path:

@@ -50,6 +50,19 @@ def test_two_environments_build_in_two_folders_and_one_in_one():
     assert environment_key() == environment_ops_dir().name
 
 
+def test_bigtrain_train_gives_the_ranks_torchs_folder_without_importing_torch(monkeypatch, tmp_path):
+    """The launching process works out torch's per-user root as torch does, without the import (about 2.5 CPU
+    seconds before a one-rank job's rank could start)."""
+    monkeypatch.delenv(VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    script = ("import sys; from bigtrain.launch.train import thread_env; "
+              "print(thread_env(1)['TORCH_EXTENSIONS_DIR']); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    from torch.utils.cpp_extension import get_default_build_root
+    assert out == [str(Path(get_default_build_root()) / environment_key()), "False"]
+    assert get_default_build_root() == str((tmp_path / "cache").resolve() / "torch_extensions")
+
+
 def test_one_environment_reached_through_a_link_builds_apart(tmp_path):
     """A clone whose .venv links to another's: ninja compares the sources' paths as written, so the link's builds
     and the target's must not share a folder (they rebuilt each other's ops at every alternation)."""
