@@ -12,8 +12,9 @@ measured, read the same way for both:
   their ratio is that of the step times). GRPO: completions x (the prompts' mean tokens + the step's own mean
   completion length, each side's `completions/mean_length`);
 - the same in the job's CPU seconds (its process's `time.process_time()` at each step's end; bigtrain's: the rank's,
-  whose `bigtrain train` parent adds a few tenths of a second of argument checks): each job has one thread, so on a
-  machine other work shares these count the job's own work, less its waits for a core.
+  not its `bigtrain train` parent's: about 0.3 s in all, argument checks and relaying the rank's output, since it
+  no longer imports torch): each job has one thread, so on a machine other work shares these count the job's own
+  work, less its waits for a core.
 """
 from __future__ import annotations
 

@@ -180,9 +180,9 @@ def section(report: dict) -> str:
         "### bigtrain against TRL",
         "Wall clock, what a user waits for (the pairs: each pair's bigtrain job over its TRL job):",
         ratio_table(summary(results)),
-        "The jobs' own CPU seconds (one thread each; bigtrain's: the training process's, without the few tenths of a "
-        "second its `bigtrain train` parent spends on argument checks): the same work, less the waits for a core "
-        "that other work on this machine caused:", cpu_table(summary(results))]
+        "The jobs' own CPU seconds (one thread each; bigtrain's: the training process's, not counting its `bigtrain "
+        "train` parent's, which checks the arguments, starts it and relays its output): the same work, less the "
+        "waits for a core that other work on this machine caused:", cpu_table(summary(results))]
     if any(r.get("setting") for r in results):
         parts += ["### Levers, each against bigtrain's defaults in this run", lever_table(results)]
     if any(r.get("online") for r in results):
