@@ -17,7 +17,9 @@ formats bigtrain reads itself). One launch of 2 ranks, every job in it.
 - a run stopped in the middle of a round (two steps a round, at ZeRO-3) resumes on the uninterrupted curve exactly;
 - metrics tools/call_frequency, tools/failure_frequency, tools/turns and the time split's tools, samples.jsonl's
   whole conversations; the completion-length metrics count the model's tokens only;
-- without --data the environment's reset makes each prompt.
+- without --data the environment's reset makes each prompt;
+- `bigtrain generate --zero3 --tools` in the same launch: rank 0 alone runs the tools and every rank goes on from
+  its results.
 """
 from __future__ import annotations
 
@@ -54,6 +56,13 @@ class Booth(Vault):
         box, ticket = self.draws.randrange(10), self.draws.randrange(100)
         super().reset(box=box)
         return f"ticket {{ticket}}: open box {{box}}"
+'''
+WHOSE = '''import os
+
+
+def whose() -> str:
+    """The rank of the process that ran this call."""
+    return "rank " + os.environ["RANK"]
 '''
 COMMON = ["--set", "batch.grad_accum=1", "--set", "precision=fp32", "--set", "logging.progress_bar=false", "--set", "train.sample_tokens=0",
           "--peak-tflops", "1", "--set", f"objective.max_completion_length={WIDTH}", "--set", f"data.seq_len={SEQ}",
@@ -108,6 +117,10 @@ def runs(tmp_path_factory) -> Path:
                                           f"objective.teacher={root / 'teacher'}")),
              job("own_prompts", "--steps", "2", *sets(f"objective.environment={root}/booth.py:Booth",
                                                       f"objective.rewards=[{vault}:correct]"), data=False)]
+    (root / "whose.py").write_text(WHOSE)
+    jobs.append({"name": "generate", "generate": [
+        "--mode", "generate", str(root / "model"), "--zero3", "--prompt", "ticket 3: open box 1", "--prompt", "again",
+        "--tools", f"{root / 'whose.py'}:whose", "--max-new-tokens", "16", "--out", str(root / "generate" / "out.jsonl")]})
     started = time.perf_counter()
     launch_jobs(root, jobs, num_ranks=2, name="two", script=SCRIPT, timeout=600)
     print(f"launch wall time: {time.perf_counter() - started:.0f} s")
@@ -261,3 +274,16 @@ def test_without_data_the_environment_makes_each_prompt(runs):
     prompts = {s["prompt"] for s in samples}
     assert len(ran["losses"]) == 2 and len(prompts) > 1 and all(" open box " in p for p in prompts)
     assert ran["final_metrics"]["tools/call_frequency"] > 0
+
+
+def test_generate_over_zero3_ranks_runs_the_tools_on_rank_0_and_every_rank_continues_from_its_results(runs):
+    """`bigtrain generate --zero3 --tools` on 2 ranks, the model's turns scripted (a call, then the result as the
+    answer): the tool ran on rank 0 alone (it answers with its rank), and both ranks generated from the same
+    prompts, rank 0's result in them."""
+    prompts = [json.loads((runs / "generate" / f"prompts_rank{r}.json").read_text()) for r in (0, 1)]
+    assert prompts[0] == prompts[1] and len(prompts[0]) == 4  # two answers, each a call and then the answer
+    assert "tools: whose()" in prompts[0][0] and "rank 0" in prompts[1][1] and "rank 1" not in "".join(prompts[1])
+    records = [json.loads(line) for line in (runs / "generate" / "out.jsonl").read_text().splitlines()]
+    assert [r["completion"] for r in records] == ["rank 0", "rank 0"]
+    assert [m["role"] for m in records[0]["messages"]] == ["assistant", "tool", "assistant"]
+    assert records[0]["messages"][1] == {"role": "tool", "name": "whose", "content": "rank 0"}

@@ -10,6 +10,8 @@ Each rank writes ROOT/NAME/rounds_rank{R}.jsonl, one line a round: every rollout
 mask of the model's tokens, its conversation, its box and the code in it; and ROOT/NAME/turns_rank{R}.jsonl, one
 line a round: how many rollouts each turn of this rank generated for (0: the idle row of a rank with none left).
 
+A job {"name", "generate": [flags]} runs `bigtrain generate`'s rank instead (generate_with_tools).
+
 Usage: agentic_runs.py ROOT PLAN.json (the plan as equiv_runs.py's).
 """
 from __future__ import annotations
@@ -78,12 +80,40 @@ def scripted(folder: Path, rank: int, world: int) -> Iterator[None]:
         PolicyModel.generate, Agent.rollout, Agent._turn = real, rollout, turn
 
 
+def generate_with_tools(root: Path, job: dict, world) -> None:
+    """`bigtrain generate --zero3`'s rank (bigtrain.generate.command.run_generate) with job["generate"] as its flags,
+    the model's turns scripted: a call of `whose` until a result came back, then that result as the answer. Each
+    rank writes ROOT/NAME/prompts_rank{R}.json: the prompts it generated from (the tools' results in them)."""
+    import re
+
+    from bigtrain.generate import command
+    from bigtrain.generate.flags import build_rank_parser
+    seen: list[str] = []
+
+    def turn(model, tokenizer, ids, sampling, config, synced=False, streamer=None, extra=None):
+        seen.append(tokenizer.decode(ids))
+        results = re.findall(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", seen[-1], re.DOTALL)
+        text = results[-1] if results else '<tool_call>{"name": "whose", "arguments": {}}</tool_call>'
+        return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+
+    real, command.generate = command.generate, turn
+    try:
+        assert command.run_generate(build_rank_parser().parse_args(job["generate"]), world) == 0
+    finally:
+        command.generate = real
+    folder = root / job["name"]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"prompts_rank{world.rank}.json").write_text(json.dumps(seen))
+
+
 def main() -> None:
     root, plan = [Path(a) for a in sys.argv[1:] if not a.startswith("--local_rank")]
     world = init_distributed()
     setup_logging(world)
     for job in json.loads(plan.read_text()):
-        if job.get("scripted"):
+        if "generate" in job:
+            generate_with_tools(root, job, world)
+        elif job.get("scripted"):
             with scripted(root / job["name"], world.rank, world.size):
                 equiv_runs.run_one(root, job, world)
         else:
