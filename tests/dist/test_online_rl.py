@@ -11,7 +11,7 @@ one process, then 2 ranks.
 - sampled for real at ZeRO-3 with a reference and two iterations a round, a run stopped in the middle of a round
   resumes on the uninterrupted curve exactly (the sampler, the SampleRNG and the held round restored), its
   metrics too;
-- it learns: the run's mean reward rises as far as the plain loop's on the same model, prompts and seed;
+- (how far it learns against TRL's own trainers, run as a user runs both: tests/dist/test_rl_learning.py;)
 - LoRA at ZeRO-3 with its adapters off as the reference trains, writes its samples to TensorBoard's text, and
   exports merged into a directory transformers loads;
 - a reward model directory, partitioned like the policy at ZeRO-3, scores as transformers scores it;
@@ -85,7 +85,6 @@ TWO_RANKS = {"z0": "dapo", "z1": "dapo", "z2": "dapo", "z3": "dapo", "rloo_z2": 
 SAMPLED = ["--set", "zero.stage=3", "--set", "batch.micro_batch=8", "--set", "batch.grad_accum=1",
            "--set", "objective.beta=0.04", "--set", "objective.num_iterations=2", "--set", "optimizer.lr=1e-2",
            "--set", "train.eval_batches=1", "--set", "train.eval_interval=0"]
-LEARN_STEPS = 50
 TIMES: dict[str, float] = {}
 
 
@@ -100,7 +99,6 @@ def runs(tmp_path_factory) -> Path:
     rl_task.make_model(0, model)
     rl_task.make_tokenizer(model)
     rl_task.write_records(root / "prompts.jsonl", 64)
-    rl_task.write_records(root / "prompts200.jsonl", 200)
     (root / "no_prompt.jsonl").write_text('{"question": "say 3", "answer": "3"}\n' * 8)
     (root / "rewards.py").write_text(REWARDS_FILE.format(tests=str(REPO / "tests")))
     (root / "broken.py").write_text("import not_a_module_anywhere\n")
@@ -119,11 +117,8 @@ def runs(tmp_path_factory) -> Path:
 
     one = [job(name, "prompts.jsonl", *FIXED, *sets("batch.grad_accum=2", *settings), fixed=True)
            for name, (settings, _) in CASES.items()]
-    one += [job("learn", "prompts200.jsonl", "--steps", str(LEARN_STEPS),
-                *sets("batch.micro_batch=64", "batch.grad_accum=2", "optimizer.lr=3e-3", "train.eval_batches=0",
-                      "logging.interval=10")),
-            # made to collapse: top-k 1 answers every prompt of a group alike, as a collapsed policy does
-            job("collapse", "prompts.jsonl", "--steps", "2", *sets("batch.micro_batch=16", "objective.top_k=1",
+    # "collapse": top-k 1 answers every prompt of a group alike, as a collapsed policy does
+    one += [job("collapse", "prompts.jsonl", "--steps", "2", *sets("batch.micro_batch=16", "objective.top_k=1",
                                                                    "logging.interval=2", "train.eval_batches=0")),
             job("bad_import", "prompts.jsonl", *FIXED, *sets(f"objective.rewards=[{root}/broken.py:score]"),
                 expect_error=True),
@@ -340,23 +335,6 @@ def test_part_groups_are_refused_before_the_launch_and_the_fix_named_trains(runs
     ran = summary(runs / "fixed_groups")
     assert ran["steps"] == 1 and math.isfinite(ran["losses"][0]) and ran["ds_config"]["train_batch_size"] == 96
     assert ran["ds_config"]["train_micro_batch_size_per_gpu"] == 16  # the user's own, kept
-
-
-def test_the_run_learns_as_far_as_the_plain_loop(runs):
-    torch.set_num_threads(1)
-    from transformers import AutoModelForCausalLM
-    ran = [v for _, v in summary(runs / "learn")["metrics"]["reward"]]
-    started = time.perf_counter()
-    plain = ref.train(AutoModelForCausalLM.from_pretrained(runs / "model"), rl_task.make_tokenizer(),
-                      rl_task.records(200), rl_task.REWARDS, ref.Config(steps=LEARN_STEPS, seed=1234))
-    plain_s = time.perf_counter() - started
-    ours = (sum(ran[:5]) / 5, sum(ran[-5:]) / 5)
-    theirs = (ref.mean_reward(plain, 0, 5), ref.mean_reward(plain, LEARN_STEPS - 5, LEARN_STEPS))
-    print(f"mean reward, first 5 -> last 5 of {LEARN_STEPS} steps: bigtrain {ours[0]:.3f} -> {ours[1]:.3f} "
-          f"(run {summary(runs / 'learn')['wall_s']:.1f} s), plain loop {theirs[0]:.3f} -> {theirs[1]:.3f} "
-          f"({plain_s:.1f} s)")
-    assert ours[0] < 0.3 and ours[1] > ours[0] + 0.5
-    assert abs((ours[1] - ours[0]) - (theirs[1] - theirs[0])) < 0.4
 
 
 def test_lora_trains_writes_its_table_and_exports_merged_for_transformers(runs, tmp_path):
