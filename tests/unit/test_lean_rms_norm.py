@@ -67,6 +67,34 @@ def test_norms_are_matched_by_what_they_compute():
     assert "forward" in vars(model[0]) and "forward" not in vars(model[1]) and "forward" not in vars(model[2])
 
 
+class ShiftedRMSNorm(LlamaRMSNorm):
+    """Llama's norm, or Gemma's `1 + weight` where the instance says so: the verdict depends on an attribute."""
+
+    def __init__(self, hidden_size: int, shifted: bool) -> None:
+        super().__init__(hidden_size)
+        self.shifted = shifted
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        out = super().forward(hidden_states)
+        return out + out / self.weight if self.shifted else out
+
+
+def test_a_models_norms_are_probed_once_per_class_shape_and_attributes(monkeypatch):
+    """A 128K-context memory estimate applies the levers to 9 models of 65 norms: one probe per kind of norm, not
+    per norm. Norms alike share a verdict; a differing shape, eps or attribute (here one that changes the forward)
+    gets its own probe and its own verdict."""
+    from bigtrain.parallel import rms_norm
+    probed = []
+    monkeypatch.setattr(rms_norm, "is_lean_compatible",
+                        lambda m, _probe=rms_norm.is_lean_compatible: probed.append(m) or _probe(m))
+    norms = [LlamaRMSNorm(8) for _ in range(5)] + [LlamaRMSNorm(16), LlamaRMSNorm(8, eps=1e-5)]
+    norms += [ShiftedRMSNorm(8, shifted=False), ShiftedRMSNorm(8, shifted=True), ShiftedRMSNorm(8, shifted=False)]
+    model = torch.nn.Sequential(*norms)
+    assert apply_lean_rms_norm(model, 4) == len(norms) - 1
+    assert "forward" not in vars(model[8]) and all("forward" in vars(m) for i, m in enumerate(model) if i != 8)
+    assert [i for i, m in enumerate(model) if any(m is p for p in probed)] == [0, 5, 6, 7, 8]
+
+
 def tiny_llama_step(model: torch.nn.Module, spec, ids: torch.Tensor) -> float:
     model.train()
     loss = spec.loss(model(ids), ids)
