@@ -2,7 +2,9 @@
 launcher or a plain `python`: a diverging run stops with one line and saves nothing from it, a mistake seen on
 rank 0 only is one line, one folder holds one run (a second job, a fresh run on old checkpoints, another
 model on --resume, a damaged checkpoint), a full disk during a save is one line (the pieces:
-tests/unit/test_run_guards.py)."""
+tests/unit/test_run_guards.py). What starts no rank (an export, `bigtrain train` or a plain `python bigtrain/run.py`
+refusing before any process group) runs in this process through `bigtrain.cli.main` or `bigtrain.run.main`, what the
+command and the script call: no interpreter start and imports of its own."""
 from __future__ import annotations
 
 import json
@@ -34,7 +36,16 @@ def python_run(out: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, **kwargs)
 
 
-def test_a_diverging_run_stops_with_one_line_and_saves_nothing_from_it(tmp_path):
+def bigtrain(capsys: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
+    """`bigtrain ARGS` in this process: its exit status, and what it printed."""
+    from bigtrain import cli
+    capsys.readouterr()
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def test_a_diverging_run_stops_with_one_line_and_saves_nothing_from_it(tmp_path, capsys):
     """Step 1 trains at 1e-3, step 2 at 1.25e29: its weights are finite but give a NaN loss at step 3. The job exits 3
     with one line from rank 0 naming the step; step 2's checkpoint, whose weights gave that loss, is set aside,
     and the last good one (step 1) is what resume and export take; the set-aside one does not export."""
@@ -57,14 +68,11 @@ def test_a_diverging_run_stops_with_one_line_and_saves_nothing_from_it(tmp_path)
     summary = strict_json(out / "summary.json")
     assert summary["stopped_by"] == "diverged" and summary["diverged"].startswith("step 3: ")
     assert summary["losses"][2] is None
-    bigtrain = str(Path(sys.executable).parent / "bigtrain")
-    export = subprocess.run([bigtrain, "export", str(out), "--out", str(tmp_path / "export")], cwd=REPO,
-                            env=rank_env(), capture_output=True, text=True, timeout=300)
+    export = bigtrain(capsys, "export", str(out), "--out", str(tmp_path / "export"))
     assert export.returncode == 0 and "step_000001" in export.stdout, export.stderr[-2000:]
     checked = [line for line in export.stdout.splitlines() if "logit difference" in line]
     assert checked and checked[0].split()[-1] == "0", export.stdout  # the export's own check: the same logits
-    refused = subprocess.run([bigtrain, "export", str(ckpt / "step_000002_diverged"), "--out", str(tmp_path / "e2")],
-                             cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=300)
+    refused = bigtrain(capsys, "export", str(ckpt / "step_000002_diverged"), "--out", str(tmp_path / "e2"))
     assert refused.returncode == 2 and "non-finite logits" in refused.stderr and not (tmp_path / "e2").exists()
 
 
@@ -84,25 +92,23 @@ def test_a_mistake_seen_on_rank_0_only_is_one_line_and_the_other_ranks_leave_qui
         assert noise not in proc.stderr, proc.stderr[-3000:]
 
 
-def test_through_bigtrain_train_a_mistake_is_one_line_and_the_launcher_does_not_repeat_it(tmp_path):
+def test_through_bigtrain_train_a_mistake_is_one_line_and_the_launcher_does_not_repeat_it(tmp_path, capsys):
     """A run config that does not load, and --resume with nothing to resume (a mistyped --out), stop before any rank
     starts (their one line and nothing else: the launcher prints its command line first, a rank its log folder); a
     mistake a rank finds (a global batch the world size does not divide) is its one line, without DeepSpeed's
     launcher line that repeats every argument."""
-    bigtrain = [str(Path(sys.executable).parent / "bigtrain"), "train", "--num-gpus", "2"]
-    proc = subprocess.run([*bigtrain, *TINY, "--set", "lora.rank=8", "--out", str(tmp_path / "typo")], cwd=REPO,
-                          env=rank_env(), capture_output=True, text=True, timeout=300)
+    train = ["train", "--num-gpus", "2"]
+    proc = bigtrain(capsys, *train, *TINY, "--set", "lora.rank=8", "--out", str(tmp_path / "typo"))
     assert proc.returncode == 2 and not (tmp_path / "typo").exists(), proc.stderr  # no rank made its folder
     assert proc.stdout == "" and proc.stderr.splitlines() == ["bigtrain: unknown key 'lora.rank': allowed: alpha, "
                                                               "dropout, r, targets, vision_tower"], proc.stderr
-    proc = subprocess.run([*bigtrain, *TINY, "--steps", "2", "--resume", "--out", str(tmp_path / "nothing")], cwd=REPO,
-                          env=rank_env(), capture_output=True, text=True, timeout=300)
+    proc = bigtrain(capsys, *train, *TINY, "--steps", "2", "--resume", "--out", str(tmp_path / "nothing"))
     assert proc.returncode == 2 and not (tmp_path / "nothing").exists(), proc.stderr  # no rank made its folder
     (line,) = proc.stderr.splitlines()
     assert proc.stdout == "" and naming(line, "--resume", "no complete checkpoint", "drop --resume"), line
-    proc = subprocess.run([*bigtrain, *TINY, "--steps", "2", "--set", "batch.global_batch=3", "--out",
-                           str(tmp_path / "batch")], cwd=REPO, env=rank_env(), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([str(Path(sys.executable).parent / "bigtrain"), *train, *TINY, "--steps", "2", "--set",
+                           "batch.global_batch=3", "--out", str(tmp_path / "batch")], cwd=REPO, env=rank_env(),
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     (line,) = error_lines(proc.stderr)
     assert naming(line, "batch.global_batch=3", "not divisible by 2"), line
@@ -110,7 +116,16 @@ def test_through_bigtrain_train_a_mistake_is_one_line_and_the_launcher_does_not_
         assert noise not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
-def test_one_folder_one_run(tmp_path):
+def run_py_here(capsys: pytest.CaptureFixture, out: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python bigtrain/run.py --out OUT TINY ARGS` for a run refused before its process group, in this process."""
+    from bigtrain.run import main
+    capsys.readouterr()
+    code = main(["--out", str(out), *TINY, *args])
+    printed, said = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, printed, said)
+
+
+def test_one_folder_one_run(tmp_path, capsys):
     """A second job on a busy folder, a fresh run on an earlier run's checkpoints, a resume with another model and a
     resume past a damaged checkpoint: each refused or handled with one line, and the first run's files intact."""
     out = tmp_path / "run"
@@ -123,9 +138,9 @@ def test_one_folder_one_run(tmp_path):
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-3000:]
             time.sleep(0.5)
         # Paused, the first job still holds the folder (a live process, its lock) without training on one of the two
-        # cores all the while the second starts (~5 CPU s); the kill below ends it as it would a running one.
+        # cores all the while the second is refused; the kill below ends it as it would a running one.
         os.kill(first.pid, signal.SIGSTOP)
-        second = python_run(out, "--steps", "4")
+        second = run_py_here(capsys, out, "--steps", "4")
         lines = error_lines(second.stderr)  # one line: the folder, that it is busy, and by which process where
         assert second.returncode == 2 and len(lines) == 1, second.stderr[-3000:]
         assert naming(lines, str(out), "in use", f"pid {first.pid}", os.uname().nodename), lines
@@ -135,7 +150,7 @@ def test_one_folder_one_run(tmp_path):
         first.wait()
     tags = sorted((out / "checkpoints").glob("step_*/bigtrain.json"))
     newest = tags[-1].parent
-    fresh = python_run(out, "--steps", "4")
+    fresh = run_py_here(capsys, out, "--steps", "4")
     assert fresh.returncode == 2 and naming(fresh.stderr, "earlier run", newest.name), fresh.stderr[-3000:]
     assert "--overwrite" in fresh.stderr and len(error_lines(fresh.stderr)) == 1
     other_model = python_run(out, "--steps", "100000", "--resume", "--set", "model.overrides.n_head=4")
