@@ -49,8 +49,9 @@ BUDGETS = {
     # its logits, DPO, GRPO) and 1 process x 4 (the references, the learning task's steps), the exports and the
     # scoring in the test process
     "tests/dist/test_vlm_training.py": 250,
-    # 184 at load 10 (2026-12-02): TRL's GRPOTrainer and RLOOTrainer 3 seeds each in one process, bigtrain's 12 jobs in
-    # two launches (one process; 2 ranks at ZeRO-3), 20 steps of 128 completions each
+    # 78 in a fresh clone's whole session on an idle VM, 150 and 184 alone at load 10 (2026-12-02): TRL's GRPOTrainer
+    # and RLOOTrainer 3 seeds each in one process, bigtrain's 12 jobs in two launches (one process; 2 ranks at
+    # ZeRO-3), 20 steps of 128 completions each
     "tests/dist/test_rl_learning.py": 370,
     "tests/dist/test_online_rl.py": 90,  # 42.8 (GRPO, RLOO and distillation: two launches, the jobs shared)
     # 31.3 alone at load ~5, 2026-12-02 (one launch on 2 ranks: 9 training jobs and bigtrain generate --zero3 with a
