@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from bigtrain.fields import doc
 from bigtrain.objectives.base import FineTuning, FrozenModel, Metrics, Needs, Policy
-from bigtrain.objectives.online import GROUP_DOC, GenerationSettings, OnlineObjective, Piece, StepState, add_sums
+from bigtrain.objectives.generation_settings import GROUP_DOC, GenerationSettings
+from bigtrain.objectives.online import OnlineObjective
+from bigtrain.objectives.round_pieces import Piece, StepState, add_sums
 
 if TYPE_CHECKING:
     import torch
@@ -149,7 +151,7 @@ class Distill(OnlineObjective):
         kept as time/teacher), the mask; the entropy and agreement metrics added to the step's."""
         import torch
 
-        from bigtrain.objectives.online import Clock
+        from bigtrain.objectives.round_pieces import Clock
         from bigtrain.rollout.losses import masked_sum, token_entropy
         clock = Clock(policy.device)
         with torch.no_grad():
@@ -183,7 +185,7 @@ class Distill(OnlineObjective):
         by its tokens in the evaluation's mean over batches and ranks."""
         import torch
 
-        from bigtrain.objectives.online import reduce_sums_local
+        from bigtrain.objectives.round_pieces import reduce_sums_local
         from bigtrain.rollout.losses import distill_share
         self.streams(policy)
         saved = self.times, self.table, self.round_metrics, self.on_policy

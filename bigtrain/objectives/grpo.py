@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from bigtrain.fields import doc
 from bigtrain.objectives.base import FineTuning, FrozenModel, Metrics, Needs, Policy
-from bigtrain.objectives.online import (GROUP_DOC, GenerationSettings, OnlineObjective, Piece, StepState, add_sums,
-                                       gather_rows)
+from bigtrain.objectives.generation_settings import GROUP_DOC, GenerationSettings
+from bigtrain.objectives.online import OnlineObjective, rank_here
+from bigtrain.objectives.round_pieces import Piece, StepState, add_sums, gather_rows
 
 if TYPE_CHECKING:
     import torch
@@ -203,7 +204,7 @@ class RewardedObjective(OnlineObjective):
         weights = torch.tensor((self.weights or [1.0] * len(self.functions)) + [1.0] * len(self.environment_rewards),
                                dtype=table.dtype, device=table.device)
         advantages, std_zero, extra = self.advantages(table[:, :-1], weights, table[:, -1])
-        mine = advantages.view(-1, local.shape[0])[_rank()]
+        mine = advantages.view(-1, local.shape[0])[rank_here()]
         size = pieces[0].completion_ids.shape[0]
         for i, piece in enumerate(pieces):
             piece.advantages = mine[i * size:(i + 1) * size]
@@ -336,8 +337,3 @@ def _reward_model_elsewhere(directory: Any) -> Any:
     raise ValueError(f"objective.rewards {str(directory)!r} is a model directory: give it as "
                      f"objective.reward_model={directory} (held frozen beside the policy, partitioned like it under "
                      "ZeRO-3)")
-
-
-def _rank() -> int:
-    import torch
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0

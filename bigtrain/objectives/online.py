@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Iterator
 
-from bigtrain.fields import doc
-from bigtrain.objectives.base import FrozenModel, Metrics, Needs, Objective, Policy, check_positive
-from bigtrain.objectives.tool_use import ToolSettings
+from bigtrain.objectives.base import FrozenModel, Metrics, Needs, Objective, Policy
+from bigtrain.objectives.generation_settings import GenerationSettings
+from bigtrain.objectives.round_pieces import (Clock, Piece, StepState, gather_rows, reduce_sums_local,
+                                              split_rollout)
 
 if TYPE_CHECKING:
     import torch
@@ -45,80 +46,6 @@ ONLINE_REFUSALS = {
                    "computed before training",
     "completion_tokens": "its completions (objective.max_completion_length)"}
 NO_REFERENCE = "objective.beta=0 builds no reference model (TRL's default); set objective.beta > 0 for a KL term"
-GATHER = ("auto", True, False)
-GROUP_DOC = ("grpo/rloo/distill: completions sampled per prompt (a group); the global batch counts completions "
-             "and holds whole groups on every rank.")
-
-
-@dataclass(kw_only=True)
-class GenerationSettings(ToolSettings):
-    """How an online objective samples its completions (TRL's GRPOConfig names and defaults), and what they may
-    call (`ToolSettings`)."""
-
-    num_generations: int = doc(8, GROUP_DOC)
-    max_completion_length: int = doc(512, "grpo/rloo/distill: the most tokens a completion has; prompts get "
-                                          "data.seq_len minus this (longer ones cut or dropped: "
-                                          "data.long_examples).")
-    temperature: float = doc(1.0, "grpo/rloo/distill: the sampling temperature (also of the log-probabilities the "
-                                  "loss uses).")
-    top_p: float = doc(1.0, "grpo/rloo/distill: nucleus sampling's probability mass (1.0: off).")
-    top_k: int = doc(0, "grpo/rloo/distill: sample among the k likeliest tokens (0: off).")
-    decode: Literal["compact", "generate"] = doc(
-        "compact", "grpo/rloo/distill: compact drops a completion that ended from the batch and the KV cache, so the "
-        "rows still decoding pay for no finished one (the same completions as generate under the same seed until the "
-        "first ends, the same distribution after); generate is transformers' generate, which decodes every row until "
-        "the longest ends. With ZeRO-3 weights left partitioned every rank decodes max_completion_length steps.")
-    ds3_gather_for_generation: Literal["auto"] | bool = doc(
-        "auto", "grpo/rloo/distill at ZeRO-3: true gathers the weights once per round of generation (fast; the model "
-        "must fit one device), false leaves them partitioned (one all-gather per layer and decode step); auto = "
-        "true where the whole model takes at most half of each device's free memory.")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive(self, "num_generations", "max_completion_length", "temperature")
-        if not 0.0 < self.top_p <= 1.0 or self.top_k < 0:
-            raise ValueError(f"objective.top_p={self.top_p} / objective.top_k={self.top_k}: top_p must be in (0, 1], "
-                             "top_k >= 0 (0: off)")
-
-
-@dataclass
-class Piece:
-    """One micro-batch of a round: left-padded prompts, right-padded completions, and what the loss compares."""
-
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor
-    advantages: torch.Tensor | None = None  # [rows]
-    old_logps: torch.Tensor | None = None  # [rows, C] the policy's before the round's updates
-    ref_logps: torch.Tensor | None = None  # [rows, C] the reference's
-    pixels: Any = None  # a vision-language model's image inputs of the rows (bigtrain.models.pixels.PixelInputs)
-    # [rows, C] with tools: 1 on every completion token the forward attends to (the tools' results too), while
-    # completion_mask marks the model's own tokens, the only ones the loss and its counts see; None: the same
-    context_mask: torch.Tensor | None = None
-
-    @property
-    def rows(self) -> tuple:
-        """What a forward over the rows takes: prompts, completions and the tokens attended to (and a
-        vision-language model's images)."""
-        attended = self.completion_mask if self.context_mask is None else self.context_mask
-        rows = (self.prompt_ids, self.prompt_mask, self.completion_ids, attended)
-        return rows if self.pixels is None else (*rows, self.pixels)
-
-    def state(self) -> dict:
-        return {k: v.state() if k == "pixels" else v for k, v in vars(self).items() if v is not None}
-
-
-@dataclass
-class StepState:
-    """What a step's micro-batches share."""
-
-    step_tokens: torch.Tensor  # the completion tokens of the whole step, over every rank (dapo's divisor)
-    micro_batches: int  # accumulation steps x ranks: a share's divisor
-    started: float  # when the policy part began
-    sums: dict = field(default_factory=dict)  # the loss's metrics as (sum, count), over the step's micro-batches
-
-
 class OnlineObjective(Objective):
     """An objective that samples its completions (see the module's docstring); a subclass scores a round
     (`score_round`) and gives a micro-batch's loss (`piece_loss`)."""
@@ -342,8 +269,8 @@ class OnlineObjective(Objective):
         if self.rng is not None:
             return
         from bigtrain.rollout.generate import SampleRNG
-        self.rng = SampleRNG(policy.seed, _rank(), policy.device)
-        self.eval_rng = SampleRNG(policy.seed + 1, _rank(), policy.device)
+        self.rng = SampleRNG(policy.seed, rank_here(), policy.device)
+        self.eval_rng = SampleRNG(policy.seed + 1, rank_here(), policy.device)
         if self.pending is not None:
             self._apply(self.pending, policy.device)
             self.pending = None
@@ -387,25 +314,6 @@ class OnlineObjective(Objective):
         return 1.0 + forwards / 3 / self.iterations
 
 
-class Clock:
-    """Seconds between laps, the device synchronised first (its work is asynchronous)."""
-
-    def __init__(self, device: Any):
-        self.device = device
-        self.last = time.perf_counter()
-
-    def sync(self) -> None:
-        if str(self.device) != "cpu":
-            from deepspeed.accelerator import get_accelerator
-            get_accelerator().synchronize()
-
-    def lap(self) -> float:
-        self.sync()
-        now = time.perf_counter()
-        seconds, self.last = now - self.last, now
-        return seconds
-
-
 def _agent(settings: Any) -> Any:
     """The multi-turn round of objective.tools / objective.environment (their files imported now), or None."""
     if not settings.uses_tools:
@@ -416,51 +324,8 @@ def _agent(settings: Any) -> Any:
                  settings.max_tool_calling_iterations, settings.tool_timeout)
 
 
-def split_rollout(rollout: Any, pieces: int) -> list[Piece]:
-    """A round's rows in `pieces` equal micro-batches, each trimmed to its longest prompt and completion."""
-    rows = rollout.completion_ids.shape[0]
-    assert rows % pieces == 0, (rows, pieces)
-    size = rows // pieces
-    out = []
-    for start in range(0, rows, size):
-        part = slice(start, start + size)
-        pm, cm = rollout.prompt_mask[part], rollout.completion_mask[part]
-        context = getattr(rollout, "context_mask", None)  # a rollout with tools (bigtrain.rollout.agent)
-        context = None if context is None else context[part]
-        left = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else 0
-        right = max(1, int((cm if context is None else context).sum(-1).max()))
-        pixels = None if rollout.pixels is None else rollout.pixels.rows(start, start + size)
-        out.append(Piece(rollout.prompt_ids[part, left:], pm[:, left:], rollout.completion_ids[part, :right],
-                         cm[:, :right], pixels=pixels, context_mask=None if context is None else context[:, :right]))
-    return out
-
-
-def gather_rows(values: torch.Tensor, device: Any) -> torch.Tensor:
-    """[n, k] of every rank, in rank order ([world x n, k]); every rank has the same n."""
-    import torch
-    values = values.to(device)
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return values
-    parts = [torch.empty_like(values) for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather(parts, values.contiguous())
-    return torch.cat(parts)
-
-
-def reduce_sums_local(sums: dict) -> Metrics:
-    """(sum, count) metrics as means of this rank's (an evaluation: the stepper averages them over ranks)."""
-    return {name: float(total / count.clamp(min=1.0)) for name, (total, count) in sums.items()}
-
-
-def add_sums(step: StepState, sums: dict) -> None:
-    for name, (total, count) in sums.items():
-        if name in step.sums:
-            before = step.sums[name]
-            step.sums[name] = (before[0] + total.detach(), before[1] + count)
-        else:
-            step.sums[name] = (total.detach(), count)
-
-
-def _rank() -> int:
+def rank_here() -> int:
+    """This process's rank (0 without a process group)."""
     import torch
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 

@@ -47,7 +47,7 @@ def round_micro_batches(micro_batch: int, grad_accum: int, world: int, steps_per
 
 
 def shuffled(pieces: list[P], order: torch.Tensor, count: int) -> list[P]:
-    """The rows of `pieces` (bigtrain.objectives.online.Piece) in `order`, cut again into `count` equal pieces, each
+    """The rows of `pieces` (bigtrain.objectives.round_pieces.Piece) in `order`, cut again into `count` equal pieces, each
     trimmed to its longest prompt and completion: TRL shuffles a round's rows before splitting it into the steps it
     serves. Every per-row tensor (ids, masks, advantages, log-probabilities) moves with its row."""
     names = [f.name for f in fields(pieces[0]) if getattr(pieces[0], f.name) is not None]  # type: ignore[arg-type]

@@ -343,7 +343,7 @@ def test_a_round_shuffled_over_several_steps_keeps_each_rows_turns_and_results(f
     """objective.steps_per_generation > 1: the round's rows, shuffled and cut again, each keep their whole context
     (the results between the model's turns attended to) and the model's mask, not just as many tokens as the
     model wrote."""
-    from bigtrain.objectives.online import split_rollout
+    from bigtrain.objectives.round_pieces import split_rollout
     from bigtrain.rollout.generation_batch import shuffled
     rollout = agent_of(files, 400).rollout(Scripted(tok), tt.records(4), Sampling(400, num_generations=2), None)
     order = torch.tensor([5, 2, 7, 0, 3, 6, 1, 4])

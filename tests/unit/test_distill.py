@@ -18,7 +18,7 @@ import rl_task  # noqa: E402
 from bigtrain.config.load import load_run_config  # noqa: E402
 from bigtrain.objectives import build_objective  # noqa: E402
 from bigtrain.objectives.distill import TEACHER, check_teacher, sampled_step  # noqa: E402
-from bigtrain.objectives.online import Piece, StepState  # noqa: E402
+from bigtrain.objectives.round_pieces import Piece, StepState  # noqa: E402
 from bigtrain.rollout.forward import completion_logits  # noqa: E402
 
 SETS = ["objective.kind=distill", "objective.teacher=/models/teacher", "data.seq_len=64",

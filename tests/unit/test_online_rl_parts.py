@@ -170,7 +170,7 @@ def grpo_with(tmp_path, body: str, **settings):
      ["reward function 'mine'", "returned nan", '"answer": "4"', '"prompt": "say 4"']),
 ])
 def test_a_reward_that_returns_the_wrong_count_or_nan_is_one_line_naming_it(tmp_path, tok, body, needles):
-    from bigtrain.objectives.online import Piece
+    from bigtrain.objectives.round_pieces import Piece
     objective = grpo_with(tmp_path, body)
     policy = SimpleNamespace(tokenizer=tok, device="cpu")
     pieces = [Piece(*(torch.zeros((2, 1), dtype=torch.long),) * 2, torch.ones((2, 1), dtype=torch.long),
@@ -186,7 +186,7 @@ def test_rewards_reach_the_advantages_group_by_group(tmp_path, tok):
     (std + 1e-4)), and the sample table shows each completion with its reward; what the function logs (TRL's
     log_metric, log_extra) is a metric of the step and a column of OUT/samples.jsonl."""
     from bigtrain.metrics.samples import SampleLog
-    from bigtrain.objectives.online import Piece
+    from bigtrain.objectives.round_pieces import Piece
     objective = grpo_with(tmp_path, "def mine(completions, answer, log_metric, log_extra, **kw):\n"
                                     "    log_metric('mine/calls', 1.0)\n"
                                     "    log_metric('mine/calls', 3.0)\n"
@@ -281,7 +281,7 @@ def test_the_objectives_checkpoint_state_loads_weights_only(tmp_path):
     """A rank's state (its sampling streams, the round the next steps reuse) holds tensors and plain values only:
     the rank's RNG file it is saved in loads with torch's weights-only unpickler."""
     from bigtrain.objectives import build_objective
-    from bigtrain.objectives.online import Piece
+    from bigtrain.objectives.round_pieces import Piece
     from bigtrain.rollout.generate import SampleRNG
     run = load_run_config(None, [*BASE, "objective.num_iterations=2"])
     objective = build_objective(run.objective)

@@ -159,7 +159,7 @@ def test_image_inputs_follow_their_rows_in_either_layout():
     """A batch's image tensors cut, repeated, reordered and stacked by rows, as a round's completions and pairs are:
     per image (LLaVA, Gemma 3: rows of 2, 1 and 2 images) and per row (Idefics3: padded to the most images a row)."""
     from bigtrain.models.pixels import PixelInputs
-    from bigtrain.objectives.online import Piece
+    from bigtrain.objectives.round_pieces import Piece
     from bigtrain.rollout.generation_batch import shuffled
     per_image = PixelInputs({"pixel_values": torch.tensor([[0.0], [0.1], [1.0], [2.0], [2.1]])}, (2, 1, 2))
     per_row = PixelInputs({"pixel_values": torch.tensor([[0.0, 0.1], [1.0, -1], [2.0, 2.1]])}, (2, 1, 2))
