@@ -72,6 +72,7 @@ class Clock:
 
 def split_rollout(rollout: Any, pieces: int) -> list[Piece]:
     """A round's rows in `pieces` equal micro-batches, each trimmed to its longest prompt and completion."""
+    from bigtrain.rollout.generation_batch import trim_bounds
     rows = rollout.completion_ids.shape[0]
     assert rows % pieces == 0, (rows, pieces)
     size = rows // pieces
@@ -81,8 +82,7 @@ def split_rollout(rollout: Any, pieces: int) -> list[Piece]:
         pm, cm = rollout.prompt_mask[part], rollout.completion_mask[part]
         context = getattr(rollout, "context_mask", None)  # a rollout with tools (bigtrain.rollout.agent)
         context = None if context is None else context[part]
-        left = int((pm.sum(0) > 0).nonzero().min()) if pm.any() else 0
-        right = max(1, int((cm if context is None else context).sum(-1).max()))
+        left, right = trim_bounds(pm, cm, context)
         pixels = None if rollout.pixels is None else rollout.pixels.rows(start, start + size)
         out.append(Piece(rollout.prompt_ids[part, left:], pm[:, left:], rollout.completion_ids[part, :right],
                          cm[:, :right], pixels=pixels, context_mask=None if context is None else context[:, :right]))

@@ -57,13 +57,20 @@ def shuffled(pieces: list[P], order: torch.Tensor, count: int) -> list[P]:
     out = []
     for start in range(0, len(order), size):
         part = {name: value[start:start + size] for name, value in rows.items()}
-        # the completion tokens attended to: with tools the results too (context_mask), between the model's turns
-        prompt, completion = part["prompt_mask"], part.get("context_mask", part["completion_mask"])
-        left = int((prompt.sum(0) > 0).nonzero().min()) if prompt.any() else 0
-        right = max(1, int(completion.sum(-1).max()))
+        left, right = trim_bounds(part["prompt_mask"], part["completion_mask"], part.get("context_mask"))
         out.append(replace(pieces[0], **{name: value if name in ROW else value[:, left:] if name in LEFT
                                          else value[:, :right] for name, value in part.items()}))
     return out
+
+
+def trim_bounds(prompt_mask: torch.Tensor, completion_mask: torch.Tensor,
+                context_mask: torch.Tensor | None = None) -> tuple[int, int]:
+    """Where rows' shared padding ends on the prompts' left and begins on the completions' right: the first column any
+    prompt uses, and the most completion tokens attended to (with tools the results too, `context_mask`, between the
+    model's turns; at least 1)."""
+    left = int((prompt_mask.sum(0) > 0).nonzero().min()) if prompt_mask.any() else 0
+    attended = completion_mask if context_mask is None else context_mask
+    return left, max(1, int(attended.sum(-1).max()))
 
 
 def _images(parts: list[Any], order: torch.Tensor) -> Any:
