@@ -26,9 +26,6 @@ def run_eval(args: argparse.Namespace, world: World) -> int:
     line, for a user's mistake)."""
     from bigtrain.eval.tasks import load_tasks, task_manager
     names = check_eval_args(args)
-    from bigtrain.eval.target import vision_target
-    if vision_target(args.target, args.tag):  # known from its files: before the tasks and the weights are read
-        raise ValueError(vision_line(args.target))
     manager = task_manager(args.include_path, names)
     tasks = load_tasks(names, manager)  # before the model: a wrong name or missing data costs no loading
     from bigtrain.eval.partitioned import held_target
@@ -58,9 +55,11 @@ def check_eval_args(args: argparse.Namespace) -> list[str]:
     """The task names; ValueError (one line) for a target that is no run or model directory, or a task name no task
     file defines: in seconds, before the model is loaded, lm-eval's tasks indexed, or (`bigtrain eval --num-gpus N`)
     any rank started."""
-    from bigtrain.eval.target import target_kind
+    from bigtrain.eval.target import target_kind, vision_target
     from bigtrain.eval.tasks import check_task_names, split_names
     target_kind(args.target, args.tag, args.revision)  # a wrong path: one line before anything is imported
+    if vision_target(args.target, args.tag):  # known from its files, whether or not lm-eval is installed
+        raise ValueError(vision_line(args.target))
     names = split_names(args.tasks)
     check_task_names(names, args.include_path)
     return names
