@@ -1,4 +1,4 @@
-"""Launch one benchmark job through the deepspeed launcher and read back what it measured.
+"""Launch one benchmark job through DeepSpeed's per-node launcher and read back what it measured.
 
 All three runners get the same DeepSpeed JSON (generated from the case's run config, with
 DeepSpeed's wall-clock breakdown on), the same environment and the same launcher. The result
@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +38,6 @@ class Launch:
     # DeepSpeed's wall-clock breakdown (the fwd / bwd / step split): free on a CPU, where its timers are host
     # clocks; on a GPU it synchronizes every phase, so measured GPU jobs run without it.
     breakdown: bool = True
-
-
-def deepspeed_bin() -> str:
-    return shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
 
 
 def ds_config_for(case: Case, num_ranks: int, breakdown: bool = True, device: DeviceCaps | None = None) -> dict:
@@ -80,18 +75,19 @@ def job_description(case: Case, ds_config: dict) -> dict:
 
 def command(case: Case, out: Path, ds_path: Path, job_path: Path, port: int, num_ranks: int,
             peak_tflops: float | None) -> list[str]:
-    cmd = [deepspeed_bin(), "--num_gpus", str(num_ranks), "--master_port", str(port)]
+    """Every runner's job through DeepSpeed's per-node launcher, as `bigtrain train` starts one machine's ranks."""
+    from bigtrain.launch.node import node_launch_command
     if case.runner == "bigtrain":
         args = [str(REPO / "bigtrain" / "run.py"), "--out", str(out), "--deepspeed_config", str(ds_path)]
         if peak_tflops:
             args += ["--peak-tflops", f"{peak_tflops:.6g}"]
         for item in case.run_overrides(out):
             args += ["--set", item]
-        return cmd + args
-    args = ["--module", MODULES[case.runner], "--job", str(job_path), "--out", str(out)]
+        return node_launch_command(num_ranks, port, args)
+    args = [MODULES[case.runner], "--job", str(job_path), "--out", str(out)]
     if case.runner == "deepspeed":
         args += ["--ds-config", str(ds_path)]
-    return cmd + args
+    return node_launch_command(num_ranks, port, args, module=True)
 
 
 def run_case(case: Case, workdir: Path, launch: Launch, peak_tflops: float | None = None) -> dict:

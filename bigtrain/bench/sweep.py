@@ -173,13 +173,14 @@ def settings_cases(workload: Workload, strategy: Strategy) -> list[Case]:
 
 def measure_peaks(workdir: Path, launch: Launch, name: str = "peak", seconds: float = 1.0) -> Path:
     """Run the peak job (launched like the others); returns the directory with the ranks' files."""
-    from bigtrain.bench.jobs import _run, deepspeed_bin, remove_shm_leftovers
+    from bigtrain.bench.jobs import _run, remove_shm_leftovers
     from bigtrain.distributed.rendezvous import free_port
+    from bigtrain.launch.node import node_launch_command
     out = Path(workdir) / name
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cmd = [deepspeed_bin(), "--num_gpus", str(launch.num_ranks), "--master_port", str(port),
-           "--module", "bigtrain.bench.peak", "--out", str(out), "--seconds", str(seconds)]
+    cmd = node_launch_command(launch.num_ranks, port, ["bigtrain.bench.peak", "--out", str(out), "--seconds",
+                                                       str(seconds)], module=True)
     try:
         pythonpath = os.pathsep.join(filter(None, [str(REPO), launch.env.get("PYTHONPATH")]))
         rc, log, _ = _run(cmd, {**launch.env, "PYTHONPATH": pythonpath}, 300, out / "log.txt")

@@ -21,7 +21,8 @@ AFTER_GRACE_S = 30.0  # a rank past its grace ends itself with a line; this is f
 
 
 def pass_signal(session: int, signum: int) -> None:
-    """Send `signum` to the ranks under the launcher session `session` (the runner's pid), else the whole session."""
+    """Send `signum` to the ranks under the launcher session `session` (the runner's or the per-node launcher's
+    pid), else the whole session."""
     ranks = local_ranks(session)
     if not ranks:
         _signal_session(session, signum)
@@ -35,17 +36,25 @@ def pass_signal(session: int, signum: int) -> None:
 
 
 def local_ranks(runner: int) -> list:
-    """The psutil processes of the ranks that a per-node launcher under `runner` started on this machine."""
+    """The psutil processes of the ranks that a per-node launcher at or under `runner` started on this machine."""
     import psutil
     try:
-        tree = psutil.Process(runner).children(recursive=True)
+        root = psutil.Process(runner)
+        tree = [root, *root.children(recursive=True)]  # bigtrain starts the per-node launcher itself on one machine
     except psutil.Error:
         return []
-    ranks = []
+    agents = []
     for proc in tree:
         try:
             if any(agent in " ".join(proc.cmdline()) for agent in AGENTS):
-                ranks += proc.children()
+                agents.append(proc)
+        except psutil.Error:
+            continue
+    pids = {agent.pid for agent in agents}
+    ranks = []
+    for agent in agents:
+        try:
+            ranks += [child for child in agent.children() if child.pid not in pids]
         except psutil.Error:
             continue
     return ranks

@@ -30,11 +30,18 @@ MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=687194767
 
 def launcher_command(run_args: list[str], num_ranks: int | None, hostfile: str | None, master_port: int | None,
                      launcher_args: list[str], verbose: bool = False, module: str = RUN_MODULE) -> list[str]:
-    """`deepspeed [--hostfile F | --num_gpus N] [--master_port P] --module bigtrain.run RUN_ARGS`.
+    """`deepspeed [--hostfile F | --num_gpus N] [--master_port P] --module bigtrain.run RUN_ARGS`; on one machine
+    without launcher flags, the per-node launcher the runner would start (`bigtrain.launch.node`).
 
     With a hostfile, `num_ranks` (from --num-gpus) limits the ranks per node, as `deepspeed --num_gpus` does.
     `module`: what the ranks run (`bigtrain eval` launches `bigtrain.eval`).
     """
+    run_args = [*run_args, "--verbose"] if verbose and "--verbose" not in run_args else run_args
+    if not hostfile and not launcher_args:
+        from bigtrain.launch.node import node_launch_command
+        # The launcher's INFO lines (world info, spawned pids) stay out; its errors (a rank that died) still show.
+        return node_launch_command(num_ranks or default_num_ranks(), master_port, [module, *run_args], module=True,
+                                   log_level=None if verbose else "error")
     deepspeed = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     cmd = [deepspeed]
     if hostfile:
@@ -50,7 +57,6 @@ def launcher_command(run_args: list[str], num_ranks: int | None, hostfile: str |
         # The launcher's INFO lines (cmd, world info, spawned pids) and its "Unable to find hostfile" warning
         # (bigtrain checks --hostfile itself) stay out; its errors (a rank that died) still show.
         cmd += ["--log_level", "error"]
-    run_args = [*run_args, "--verbose"] if verbose and "--verbose" not in run_args else run_args
     return cmd + launcher_args + ["--module", module, *run_args]
 
 

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from bigtrain.launch.signals import local_ranks, pass_signal, wait_for_session
 
 RANK = """
@@ -27,9 +29,10 @@ LAUNCHER = "import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-
 RUNNER = "import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', *sys.argv[1:]]))"
 
 
-def _tree(tmp_path: Path) -> subprocess.Popen:
-    runner = subprocess.Popen([sys.executable, "-c", RUNNER, LAUNCHER, "deepspeed.launcher.launch", RANK,
-                               str(tmp_path / "rank")], start_new_session=True)
+def _tree(tmp_path: Path, runner: bool = True) -> subprocess.Popen:
+    """runner -> launcher -> rank, or launcher -> rank as `bigtrain train` starts one machine's ranks."""
+    launcher = [LAUNCHER, "deepspeed.launcher.launch", RANK, str(tmp_path / "rank")]
+    runner = subprocess.Popen([sys.executable, "-c", *([RUNNER] if runner else []), *launcher], start_new_session=True)
     deadline = time.monotonic() + 30
     while len(local_ranks(runner.pid)) < 1:
         assert time.monotonic() < deadline and runner.poll() is None
@@ -38,8 +41,9 @@ def _tree(tmp_path: Path) -> subprocess.Popen:
     return runner
 
 
-def test_the_ranks_alone_get_the_signal_and_the_launch_ends_with_them(tmp_path):
-    runner = _tree(tmp_path)
+@pytest.mark.parametrize("runner", [True, False], ids=["runner", "launcher_only"])
+def test_the_ranks_alone_get_the_signal_and_the_launch_ends_with_them(tmp_path, runner):
+    runner = _tree(tmp_path, runner)
     try:
         (rank,) = local_ranks(runner.pid)
         assert "-c" in rank.cmdline() and str(tmp_path / "rank") in rank.cmdline()

@@ -163,6 +163,12 @@ def test_launcher_command_and_hostfiles_read_as_deepspeed_reads_them(tmp_path):
     cmd = launcher_command(["--size", "tiny"], 2, None, None, ["--bind_cores_to_rank"], verbose=True)
     assert cmd[1:] == ["--num_gpus", "2", "--bind_cores_to_rank", "--module", "bigtrain.run", "--size", "tiny",
                        "--verbose"]
+    # one machine, no launcher flag: the per-node launcher the runner would start, with the runner's own world info
+    from deepspeed.launcher.runner import encode_world_info
+    cmd = launcher_command(["--size", "tiny"], 3, None, 29511, [])
+    assert cmd == [sys.executable, "-u", "-m", "deepspeed.launcher.launch",
+                   f"--world_info={encode_world_info({'localhost': [0, 1, 2]})}", "--master_addr=127.0.0.1",
+                   "--master_port=29511", "--module", "--log_level=error", "bigtrain.run", "--size", "tiny"]
     with pytest.raises(ValueError, match="does not exist"):
         launcher_command([], None, str(tmp_path / "nope"), None, [])
 
@@ -294,7 +300,7 @@ def test_bigtrain_train_on_one_machine_takes_a_free_port(monkeypatch):
         args = cli.build_parser().parse_known_args(["train", "--num-gpus", "2", "--verbose", *extra])[0]
         args.run_args = ["--size", "tiny"]
         assert train.cmd_train(args) == 0
-    chosen, given = (int(cmd[cmd.index("--master_port") + 1]) for cmd in started)
+    chosen, given = (int(next(a for a in cmd if a.startswith("--master_port=")).split("=")[1]) for cmd in started)
     assert given == 29777 and chosen != 29500
     # the launch's signal forwarding ends with it: a caller in the same process keeps its own handlers
     assert [signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)] == handlers
