@@ -91,3 +91,25 @@ def fix_cuda_arch_list(environ: MutableMapping[str, str] | None = None) -> str |
         return None
     environ["TORCH_CUDA_ARCH_LIST"] = new
     return f"TORCH_CUDA_ARCH_LIST={old!r} -> {new!r}: DeepSpeed's op builder cannot parse arch suffixes"
+
+
+# What DeepSpeed's accelerator detection (deepspeed.accelerator.real_accelerator) tries before it settles on the CPU:
+# these packages, and torch's CUDA / ROCm / XPU builds (their libraries beside libtorch) or macOS's MPS.
+ACCELERATOR_PACKAGES = ("torch_npu", "torch_sdaa", "habana_frameworks", "torch_mlu", "torch_supa", "torch_xmlir")
+DEVICE_LIBRARIES = ("libtorch_cuda", "libtorch_hip", "libtorch_xpu")
+
+
+def cpu_only_install() -> bool:
+    """True where DeepSpeed can detect nothing but its CPU accelerator (a torch built for the CPU alone, not on macOS,
+    no other accelerator's package), read from the installed files without importing torch (~1.9 CPU s)."""
+    import importlib.util
+    import sys
+    if sys.platform == "darwin":
+        return False
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    if not (lib / "libtorch_cpu.so").is_file() or any(p.name.startswith(DEVICE_LIBRARIES) for p in lib.iterdir()):
+        return False
+    return not any(importlib.util.find_spec(name) for name in ACCELERATOR_PACKAGES)

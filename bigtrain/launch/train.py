@@ -63,6 +63,9 @@ def launcher_command(run_args: list[str], num_ranks: int | None, hostfile: str |
 def detected_accelerator() -> str | None:
     """The accelerator DeepSpeed picks on this machine, detected once here (quietly): the launcher and
     every rank then read it from DS_ACCELERATOR instead of each warning about its own detection."""
+    from bigtrain.distributed.device import cpu_only_install
+    if cpu_only_install():
+        return "cpu"  # all DeepSpeed could detect, known without importing it and torch
     from bigtrain.metrics.logs import route_library_logs
     route_library_logs()
     try:

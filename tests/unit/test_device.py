@@ -39,3 +39,46 @@ def test_only_bigtrain_s_own_value_errors_read_as_a_users_mistake():
     assert users_mistake(caught(lambda: build("gpt2", "tiny", vocab_multiple=0)))
     assert not users_mistake(caught(lambda: int("0a")))  # the arch-list failure inside DeepSpeed looked like this
     assert users_mistake(LintError(["zero_optimization.stage=5: use 0-3"]))
+
+
+def test_a_cpu_only_install_is_known_without_importing_torch_and_agrees_with_deepspeed(tmp_path, monkeypatch):
+    """`bigtrain train` tells its launcher and ranks the accelerator (DS_ACCELERATOR, so none of them warns about
+    its own detection); on a CPU-only install it knows it from the files, without importing DeepSpeed and torch."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    from bigtrain.distributed import device
+    probe = ("import sys; from bigtrain.launch.train import detected_accelerator; "
+             "print(detected_accelerator(), 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
+    from deepspeed.accelerator import get_accelerator
+    assert said.split() == ([get_accelerator().device_name(), "False"] if device.cpu_only_install() else
+                            [get_accelerator().device_name(), "True"])
+    # a CUDA build of torch, or another accelerator's package, leaves the detection to DeepSpeed
+    lib = tmp_path / "torch" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libtorch_cpu.so").write_bytes(b"")
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name == "torch":
+            return _package_spec(tmp_path / "torch")
+        return None if name in device.ACCELERATOR_PACKAGES else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert device.cpu_only_install()
+    (lib / "libtorch_cuda.so").write_bytes(b"")
+    assert not device.cpu_only_install()
+    (lib / "libtorch_cuda.so").unlink()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert not device.cpu_only_install()
+
+
+def _package_spec(path):
+    import importlib.machinery
+    spec = importlib.machinery.ModuleSpec(path.name, None, is_package=True)
+    spec.submodule_search_locations = [str(path)]
+    return spec
