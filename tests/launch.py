@@ -70,11 +70,14 @@ def launch_jobs(root: Path, jobs: list[dict], num_ranks: int = 2, *, name: str =
                 script: Path = JOBS_SCRIPT, **env: str) -> str:
     """Several runner jobs one after another in one launch of `script` (equiv_runs.py: each job
     {"name", "args", "copy_from"?, "expect_error"?}; see its docstring), because on 2 cores a launch's
-    start-up costs far more than a tiny job. Returns the launch's stdout (rank 0's log)."""
+    start-up costs far more than a tiny job. One rank is a plain `python` process (a world of one, as bigtrain runs
+    one: `bigtrain.distributed.rendezvous.single_process_env`), without torchrun's agent and its torch import.
+    Returns the launch's stdout (rank 0's log)."""
     root.mkdir(parents=True, exist_ok=True)
     plan = root / f"{name}.json"
     plan.write_text(json.dumps(jobs))
-    proc = subprocess.run(torchrun_cmd(script, [str(root), str(plan)], num_ranks), cwd=REPO, env=rank_env(**env),
-                          capture_output=True, text=True, timeout=timeout)
+    args = [str(root), str(plan)]
+    cmd = [sys.executable, str(script), *args] if num_ranks == 1 else torchrun_cmd(script, args, num_ranks)
+    proc = subprocess.run(cmd, cwd=REPO, env=rank_env(**env), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
     return proc.stdout
