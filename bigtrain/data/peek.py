@@ -56,7 +56,7 @@ def check_first_records(peek: SourcePeek, tokenizer: str | None, options: Exampl
     """ValueError (the ranks' line) for a first record that does not read or render, or a source, read whole, that
     leaves too little to train. `tokenizer`: the run's (None: one trained on the data by rank 0, not known yet);
     `tokenizer_known` false: the ranks will have one this process cannot (a Hub model's): records are only read."""
-    from bigtrain.data.chat import check_template, read_chat_template
+    from bigtrain.data.chat import check_template
     from bigtrain.data.prepare.pieces import iter_records
     prepared = [p for _, p, _ in peek.parts if isinstance(p, Path)]
     # the ranks' tokenizer (text._tokenizer): the named one, else a prepared part's, else one trained on the data;
@@ -66,9 +66,7 @@ def check_first_records(peek: SourcePeek, tokenizer: str | None, options: Exampl
     tok = None
     if name is not None and set(formats) & set(EXAMPLE_FORMATS):
         from bigtrain.data.tokenizer import load_tokenizer  # transformers: only where records are rendered
-        tok = load_tokenizer(name)
-    if tok is not None and options.chat_template:
-        tok.chat_template = read_chat_template(options.chat_template)
+        tok = load_tokenizer(name, options.chat_template)
     # prepared parts are rendered already (with the template `prepare --chat-template` saved beside them)
     unprepared = [fmt for _, part, fmt in peek.parts if not isinstance(part, Path)]
     if tok is not None:

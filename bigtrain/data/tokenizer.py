@@ -113,8 +113,9 @@ def _keep(trained: Path, cached: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_tokenizer(name_or_dir: str | Path) -> PreTrainedTokenizerBase:
-    """A tokenizer from a local directory, or from the hub (from the local HF cache when offline)."""
+def load_tokenizer(name_or_dir: str | Path, chat_template: str | None = None) -> PreTrainedTokenizerBase:
+    """A tokenizer from a local directory, or from the hub (from the local HF cache when offline); `chat_template`
+    (data.chat_template: a file or the template) in place of its own."""
     from bigtrain.data.sources import hub_reachable
 
     path = Path(name_or_dir).expanduser()
@@ -132,6 +133,9 @@ def load_tokenizer(name_or_dir: str | Path) -> PreTrainedTokenizerBase:
                              "or leave data.tokenizer unset to train a BPE on the corpus") from e
     if tokenizer.pad_token is None:  # GPT-2's tokenizer has none; padding only fills classification inputs
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.sep_token
+    if chat_template:
+        from bigtrain.data.chat import read_chat_template
+        tokenizer.chat_template = read_chat_template(chat_template)
     return tokenizer
 
 

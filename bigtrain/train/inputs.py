@@ -146,15 +146,12 @@ def build_training_data(data: DataConfig, model: ModelConfig, out_dir: Path, wor
 
 def _own_prompts(data: DataConfig, tokenizer: str | None, seed: int) -> TrainingData:
     """An objective's own prompts (bigtrain.data.prompt_rows.placeholder_prompts) with the run's tokenizer."""
-    from bigtrain.data.chat import read_chat_template
     from bigtrain.data.prompt_rows import placeholder_prompts
     from bigtrain.data.tokenizer import load_tokenizer
     if tokenizer is None:
         raise ValueError("objective.environment without data: the prompts are rendered by the model's chat template, "
                          "and no tokenizer is given; set model.pretrained=DIR (with its tokenizer) or data.tokenizer")
-    tok = load_tokenizer(tokenizer)
-    if data.chat_template:
-        tok.chat_template = read_chat_template(data.chat_template)
+    tok = load_tokenizer(tokenizer, data.chat_template)
     return TrainingData(placeholder_prompts(tok, data.val_fraction), seed=seed, tokenizer_dir=Path(tokenizer))
 
 

@@ -136,11 +136,8 @@ def check_tools(run: RunConfig, tokenizer_here: bool = True) -> None:
     box = Toolbox(settings.tools or [], settings.environments)
     name = default_tokenizer(run.data, run.model) if tokenizer_here else None
     if name is not None:
-        from bigtrain.data.chat import read_chat_template
         from bigtrain.data.tokenizer import load_tokenizer
-        tok = load_tokenizer(name)
-        if run.data.chat_template:
-            tok.chat_template = read_chat_template(run.data.chat_template)
+        tok = load_tokenizer(name, run.data.chat_template)
         if problem := template_problem(tok):
             raise ValueError(f"objective.tools / objective.environment: {problem}")
     if box.named:
