@@ -205,9 +205,8 @@ class RewardedObjective(OnlineObjective):
                                dtype=table.dtype, device=table.device)
         advantages, std_zero, extra = self.advantages(table[:, :-1], weights, table[:, -1])
         mine = advantages.view(-1, local.shape[0])[rank_here()]
-        size = pieces[0].completion_ids.shape[0]
-        for i, piece in enumerate(pieces):
-            piece.advantages = mine[i * size:(i + 1) * size]
+        for piece in pieces:  # in the rollout's order, as the rows were scored
+            piece.advantages = mine[piece.index.to(mine.device)]
         names = [f.name for f in functions]
         self.table = [{**{column: values[i] for column, values in scores.extra.items()},
                        "prompt": p if isinstance(p, str) else p[-1].get("content", ""), "completion": t,
@@ -220,7 +219,8 @@ class RewardedObjective(OnlineObjective):
                 **reward_metrics(table[:, :-1], names, weights, std_zero), **extra}
 
     def penalty(self, pieces: list[Piece]) -> torch.Tensor:
-        """Per completion, what the rewards are penalised by before the advantages (RLOO's KL); 0 by default."""
+        """Per completion (in the rollout's order), what the rewards are penalised by before the advantages (RLOO's
+        KL); 0 by default."""
         import torch
         return torch.zeros(sum(p.completion_ids.shape[0] for p in pieces), device=pieces[0].completion_ids.device)
 
@@ -253,6 +253,10 @@ class GRPO(RewardedObjective):
     @property
     def uses_reference(self) -> bool:
         return self.settings.beta > 0
+
+    @property
+    def regroups(self) -> bool:  # bnpo's token mean and the entropy quantile are each micro-batch's own
+        return self.settings.loss_type != "bnpo" and self.settings.top_entropy_quantile == 1.0
 
     def advantages(self, scores: torch.Tensor, weights: torch.Tensor,
                    penalty: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
@@ -292,7 +296,9 @@ class RLOO(RewardedObjective):
         from bigtrain.rollout.metrics import reduce_sums
         if not self.uses_reference:
             return super().penalty(pieces)
-        kl = torch.cat([((p.old_logps - p.ref_logps) * p.completion_mask).sum(-1) for p in pieces])
+        per_piece = torch.cat([((p.old_logps - p.ref_logps) * p.completion_mask).sum(-1) for p in pieces])
+        kl = torch.empty_like(per_piece)
+        kl[torch.cat([p.index for p in pieces]).to(kl.device)] = per_piece  # the rollout's order
         tokens = sum(p.completion_mask.sum() for p in pieces).to(kl.dtype)
         self.kl_metric = reduce_sums({"kl": (kl.sum(), tokens)})
         return kl

@@ -101,6 +101,9 @@ class OnlineObjective(Objective):
 
     uses_old_logps = False  # the loss compares with the policy's log-probabilities before the round's updates
     uses_reference = False  # ... and with the reference's
+    # whether a step's loss is the same however its rows are split into its (equal) micro-batches: a round's
+    # micro-batches then each hold rows of like lengths (bigtrain.rollout.generation_batch.by_length)
+    regroups = True
 
     def score_round(self, policy: Policy, batch: dict, rollout: Any, pieces: list[Piece]) -> Metrics:
         """Set each piece's advantages from the round's completions (`rollout`: this rank's, in groups, prompt by
@@ -151,6 +154,9 @@ class OnlineObjective(Objective):
     def round(self, policy: Policy, batch: dict, pieces: int, rng: Any, shuffle: bool = False) -> list[Piece]:
         """A round of completions for `batch`'s prompts, cut into `pieces` micro-batches, scored; `shuffle`: their
         rows in an order drawn from `rng`, as TRL shuffles a round that serves several steps."""
+        import torch
+
+        from bigtrain.rollout.generation_batch import by_length
         clock = Clock(policy.device)
         rollout = self.completions(policy, batch, rng)
         self.times["generation"] = clock.lap()
@@ -160,7 +166,10 @@ class OnlineObjective(Objective):
         # scored and measured whole, as TRL does; a cut completion trains on nothing with mask_truncated_completions
         trained = rollout.masked_truncated() if getattr(self.settings, "mask_truncated_completions", False) \
             else rollout
-        cut = split_rollout(trained, pieces)
+        lengths = self.regrouping(trained, pieces)
+        rows = trained.completion_ids.shape[0]
+        cut = split_rollout(trained, pieces, None if lengths is None else by_length(
+            torch.arange(rows, device=lengths.device), lengths, rows))
         self.reference_logps(policy, cut)
         self.times["reference"] = clock.lap()
         self.round_metrics = self.score_round(policy, batch, rollout, cut)
@@ -169,13 +178,23 @@ class OnlineObjective(Objective):
         self.round_metrics.update(getattr(rollout, "metrics", {}))  # tools/* of a rollout with tools
         self.times["rewards"] = clock.lap()
         if shuffle:
-            import torch
-
             from bigtrain.rollout.generation_batch import shuffled
             with rng.active():
-                order = torch.randperm(rollout.completion_ids.shape[0], device=rng.device)
-            cut = shuffled(cut, order.to(rollout.completion_ids.device), len(cut))
+                order = torch.randperm(rows, device=rng.device).to(trained.completion_ids.device)
+            if lengths is not None:  # each step's rows as drawn, its micro-batches by length
+                order = by_length(order, lengths, rows // self.steps_per_round)
+            place = torch.empty_like(order)  # where each of the rollout's rows is among the pieces' rows
+            place[torch.cat([p.index for p in cut])] = torch.arange(rows, device=order.device)
+            cut = shuffled(cut, place[order], len(cut))
         return cut
+
+    def regrouping(self, rollout: Any, pieces: int) -> torch.Tensor | None:
+        """The rows' lengths to group a round's micro-batches by, or None where they keep the rollout's order (one
+        micro-batch, or a loss that depends on the split: `regroups`)."""
+        from bigtrain.rollout.generation_batch import row_lengths
+        if pieces == 1 or not self.regroups:
+            return None
+        return row_lengths(rollout.prompt_mask, rollout.completion_mask, getattr(rollout, "context_mask", None))
 
     def completions(self, policy: Policy, batch: dict, rng: Any) -> Any:
         """The round's completions (a `bigtrain.rollout.generate.Rollout`): sampled from the policy, num_generations

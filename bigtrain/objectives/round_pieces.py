@@ -28,6 +28,9 @@ class Piece:
     # [rows, C] with tools: 1 on every completion token the forward attends to (the tools' results too), while
     # completion_mask marks the model's own tokens, the only ones the loss and its counts see; None: the same
     context_mask: torch.Tensor | None = None
+    # [rows] each row's place in the round's rollout, whose order the rewards and advantages follow (the pieces
+    # may hold the rows in another: split_rollout's `order`, a shuffled round)
+    index: torch.Tensor | None = None
 
     @property
     def rows(self) -> tuple:
@@ -70,22 +73,27 @@ class Clock:
         return seconds
 
 
-def split_rollout(rollout: Any, pieces: int) -> list[Piece]:
-    """A round's rows in `pieces` equal micro-batches, each trimmed to its longest prompt and completion."""
+def split_rollout(rollout: Any, pieces: int, order: torch.Tensor | None = None) -> list[Piece]:
+    """A round's rows in `pieces` equal micro-batches, each trimmed to its longest prompt and completion; `order`:
+    the rows in this order (a permutation of the rollout's rows; None: as they come)."""
+    import torch
+
     from bigtrain.rollout.generation_batch import trim_bounds
     rows = rollout.completion_ids.shape[0]
     assert rows % pieces == 0, (rows, pieces)
+    order = torch.arange(rows, device=rollout.completion_ids.device) if order is None else order
     size = rows // pieces
+    context = getattr(rollout, "context_mask", None)  # a rollout with tools (bigtrain.rollout.agent)
     out = []
     for start in range(0, rows, size):
-        part = slice(start, start + size)
+        part = order[start:start + size]
         pm, cm = rollout.prompt_mask[part], rollout.completion_mask[part]
-        context = getattr(rollout, "context_mask", None)  # a rollout with tools (bigtrain.rollout.agent)
-        context = None if context is None else context[part]
-        left, right = trim_bounds(pm, cm, context)
-        pixels = None if rollout.pixels is None else rollout.pixels.rows(start, start + size)
+        attended = None if context is None else context[part]
+        left, right = trim_bounds(pm, cm, attended)
+        pixels = None if rollout.pixels is None else rollout.pixels.take(part.tolist())
         out.append(Piece(rollout.prompt_ids[part, left:], pm[:, left:], rollout.completion_ids[part, :right],
-                         cm[:, :right], pixels=pixels, context_mask=None if context is None else context[:, :right]))
+                         cm[:, :right], pixels=pixels, context_mask=None if attended is None else attended[:, :right],
+                         index=part))
     return out
 
 

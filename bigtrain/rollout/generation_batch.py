@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 P = TypeVar("P")
 LEFT = ("prompt_ids", "prompt_mask")  # left-padded: cut and padded on the left
-ROW = ("advantages", "pixels")  # one value per row (a vision-language model's images: bigtrain.models.pixels)
+ROW = ("advantages", "pixels", "index")  # one value per row (a vision-language model's images: bigtrain.models.pixels)
 
 
 def round_micro_batches(micro_batch: int, grad_accum: int, world: int, steps_per_generation: int | None,
@@ -71,6 +71,23 @@ def trim_bounds(prompt_mask: torch.Tensor, completion_mask: torch.Tensor,
     left = int((prompt_mask.sum(0) > 0).nonzero().min()) if prompt_mask.any() else 0
     attended = completion_mask if context_mask is None else context_mask
     return left, max(1, int(attended.sum(-1).max()))
+
+
+def by_length(order: torch.Tensor, lengths: torch.Tensor, block: int) -> torch.Tensor:
+    """`order` (rows of a round) with each run of `block` rows (one optimizer step's) sorted by `lengths`, stably:
+    each step trains on the same rows, but its micro-batches, cut from them in turn, each hold rows of like lengths,
+    so that one is trimmed to short completions instead of every one being padded to the longest. Rows per
+    micro-batch stay equal; how a step's rows are split changes none of the loss types that divide by the step's
+    tokens, by its rows or by its micro-batches x the (equal) rows each holds (`OnlineObjective.regroups`)."""
+    keys = lengths.to(order.device)[order].view(-1, block)
+    return order.view(-1, block).gather(1, torch.argsort(keys, dim=1, stable=True)).reshape(-1)
+
+
+def row_lengths(prompt_mask: torch.Tensor, completion_mask: torch.Tensor,
+                context_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """What `by_length` sorts rows by: the completion tokens attended to, then the prompt's tokens."""
+    attended = (completion_mask if context_mask is None else context_mask).sum(-1)
+    return attended * (prompt_mask.shape[1] + 1) + prompt_mask.sum(-1)
 
 
 def _images(parts: list[Any], order: torch.Tensor) -> Any:

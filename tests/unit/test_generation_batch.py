@@ -3,7 +3,8 @@ objectives/online.py), driven without a model (test_online_rl_parts' `Answers` p
 micro_batch x steps_per_generation completions per rank is sampled once and serves steps_per_generation /
 grad_accum optimizer steps, each on its share of the round's rows (shuffled; advantages and the kept
 log-probabilities moving with their rows), dapo dividing each step by the round's tokens over its steps, and a
-checkpoint taken inside a round resuming on the round's next share."""
+checkpoint taken inside a round resuming on the round's next share; a step's micro-batches cut by the rows' lengths,
+each loss type's step loss and gradient unchanged by it (bnpo's and the entropy quantile's rows left in order)."""
 from __future__ import annotations
 
 import pytest
@@ -102,3 +103,59 @@ def test_a_checkpoint_inside_a_round_resumes_on_its_next_share(tmp_path, tok):
     assert fresh.rounds == 0  # no new round: the held one's second step
     for a, b in zip(second, resumed):
         assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.advantages, b.advantages)
+
+
+class WithReference(Answers):
+    """Answers with a reference of its own (a table of logits of another seed)."""
+
+    def __init__(self, tok):
+        super().__init__(tok)
+        self.reference = torch.randn(len(tok), len(tok), generator=torch.Generator().manual_seed(2))
+
+    def reference_completion_logits(self, prompt_ids, prompt_mask, completion_ids, completion_mask):
+        return self.reference[completion_ids]
+
+
+def one_step(tmp_path, tok, regroups: bool, settings: dict, monkeypatch) -> tuple:
+    """A step's micro-batches read from a fresh objective (its rows grouped by length or not), the step's loss (the
+    shares of its micro-batches summed) and its gradient (of the policy's table of logits)."""
+    objective = grpo_with(tmp_path, REWARD, **settings)
+    monkeypatch.setattr(type(objective), "regroups", regroups)
+    policy = WithReference(tok)
+    objective.data_batch(MICRO, ACCUM)
+    pieces = objective.read_step(policy, batches(tok, 4 * objective.steps_per_round), ACCUM)
+    state = objective.begin_step(policy, pieces)
+    policy.logits.requires_grad_(True)
+    loss = sum(objective.piece_loss(policy, p, state) for p in pieces)
+    loss.backward()
+    return pieces, loss.detach(), policy.logits.grad
+
+
+@pytest.mark.parametrize("settings", [{"loss_type": t} for t in ("dapo", "grpo", "dr_grpo", "luspo", "cispo", "sapo",
+                                                                 "vespo")]
+                         + [{"kind": "rloo", "beta": 0.05}, {"beta": 0.04}, {"steps_per_generation": 4}])
+def test_a_steps_micro_batches_hold_rows_of_like_lengths_and_its_loss_is_unchanged(tmp_path, tok, settings,
+                                                                                   monkeypatch):
+    """A step's rows are cut into micro-batches by length (the short completions together, trimmed to their own
+    longest: less padding to run the policy on); each row keeps its advantage, the step its rows (a shuffled round:
+    the same share of the round), and the step's loss and gradient are those of the rows in the rollout's order."""
+    def rows(pieces):
+        return sorted((tuple(p.prompt_ids[i][p.prompt_mask[i].bool()].tolist()),
+                       tuple(p.completion_ids[i][p.completion_mask[i].bool()].tolist()), round(float(p.advantages[i]), 6))
+                      for p in pieces for i in range(p.prompt_ids.shape[0]))
+    grouped, loss, grad = one_step(tmp_path, tok, True, settings, monkeypatch)
+    plain, expected, expected_grad = one_step(tmp_path, tok, False, settings, monkeypatch)
+    lengths = [p.completion_mask.sum(-1) for p in grouped]
+    assert lengths[0].max() <= lengths[1].min(), lengths
+    widths = [sum(p.completion_ids.shape[1] for p in pieces) for pieces in (grouped, plain)]
+    assert widths[0] < widths[1] if "steps_per_generation" not in settings else widths[0] <= widths[1], widths
+    assert rows(grouped) == rows(plain) and any(r[2] != 0 for r in rows(plain))
+    assert float(loss) == pytest.approx(float(expected), rel=1e-6, abs=1e-7)
+    assert torch.allclose(grad, expected_grad, rtol=1e-5, atol=1e-7) and expected_grad.abs().max() > 1e-3
+
+
+def test_a_loss_that_depends_on_the_split_keeps_the_rollouts_order(tmp_path, tok):
+    """bnpo's token mean is each micro-batch's, as is the entropy quantile's threshold: their rows are not regrouped."""
+    assert grpo_with(tmp_path, REWARD).regroups
+    assert not grpo_with(tmp_path, REWARD, loss_type="bnpo").regroups
+    assert not grpo_with(tmp_path, REWARD, top_entropy_quantile=0.5).regroups

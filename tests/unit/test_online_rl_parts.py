@@ -174,7 +174,7 @@ def test_a_reward_that_returns_the_wrong_count_or_nan_is_one_line_naming_it(tmp_
     objective = grpo_with(tmp_path, body)
     policy = SimpleNamespace(tokenizer=tok, device="cpu")
     pieces = [Piece(*(torch.zeros((2, 1), dtype=torch.long),) * 2, torch.ones((2, 1), dtype=torch.long),
-                    torch.ones((2, 1), dtype=torch.long)) for _ in range(2)]
+                    torch.ones((2, 1), dtype=torch.long), index=torch.arange(2 * i, 2 * i + 2)) for i in range(2)]
     batch = {"records": [{"prompt": "say 3", "answer": "3"}, {"prompt": "say 4", "answer": "4"}]}
     with pytest.raises(ValueError) as err:
         objective.score_round(policy, batch, rollout_of(["3", "4", "4", "a"], tok), pieces)
@@ -194,7 +194,7 @@ def test_rewards_reach_the_advantages_group_by_group(tmp_path, tok):
                                     "    return [float(c == a) for c, a in zip(completions, answer)]\n")
     policy = SimpleNamespace(tokenizer=tok, device="cpu")
     pieces = [Piece(*(torch.zeros((2, 1), dtype=torch.long),) * 2, torch.ones((2, 1), dtype=torch.long),
-                    torch.ones((2, 1), dtype=torch.long)) for _ in range(2)]
+                    torch.ones((2, 1), dtype=torch.long), index=torch.arange(2 * i, 2 * i + 2)) for i in range(2)]
     batch = {"records": [{"prompt": "say 3", "answer": "3"}, {"prompt": "say 4", "answer": "4"}]}
     metrics = objective.score_round(policy, batch, rollout_of(["3", "5", "4", "4"], tok), pieces)
     std = (0.5 ** 0.5)
