@@ -6,6 +6,7 @@ trainer has taken, so a checkpoint's sampler state is the next batch to train on
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Iterator
 
@@ -24,6 +25,39 @@ def batches(dataset: IndexedDataset, sampler: ResumableSampler, micro_batch: int
     indices = iter(sampler)
     while True:
         yield dataset.take([next(indices) for _ in range(micro_batch)])
+
+
+def by_length(stream: Iterator[Batch], count: int, ignore: int = -100) -> Iterator[Batch]:
+    """Each run of `count` batches (one optimizer step's) with its rows regrouped by length: the step's rows (pairs:
+    [pairs, 2, L], each pair as one) sorted by their last trained column (`labels` != `ignore`), stably, and cut
+    again into `count` batches of as many rows, so that `trim_padding` cuts a batch of short rows short instead of
+    every batch running to the step's longest. The step trains on the same rows; an objective asks for it only
+    where its step's loss is the same however they are split (`Objective.step_batches`). Batches whose values are
+    not all tensors of rows (images) pass as they are."""
+    while True:
+        step = list(itertools.islice(stream, count))
+        if len(step) < count or not _tensors_of_rows(step):
+            yield from step
+            if len(step) < count:  # the stream ended
+                return
+            continue
+        joined = {key: torch.cat([b[key] for b in step]) for key in step[0]}
+        labels = joined["labels"]
+        columns = torch.arange(1, labels.shape[-1] + 1, device=labels.device)
+        last = ((labels != ignore) * columns).reshape(labels.shape[0], -1).amax(-1)
+        order = torch.argsort(last, stable=True)
+        size = step[0]["labels"].shape[0]
+        for start in range(0, order.numel(), size):
+            yield {key: value[order[start:start + size]] for key, value in joined.items()}
+
+
+def _tensors_of_rows(step: list[Batch]) -> bool:
+    """Whether every batch holds the same keys, each a tensor of the same shape with `labels`' rows."""
+    first = step[0]
+    rows = first.get("labels")
+    return isinstance(rows, torch.Tensor) and all(
+        b.keys() == first.keys() and all(isinstance(v, torch.Tensor) and v.shape == first[k].shape
+                                         and v.shape[0] == rows.shape[0] for k, v in b.items()) for b in step)
 
 
 def trim_padding(batch: Batch, ignore: int = -100) -> Batch:

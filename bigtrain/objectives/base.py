@@ -221,6 +221,13 @@ class Objective:
         reads by default."""
         return self.data_batch(micro_batch, 1)
 
+    def step_batches(self, micro_batches: int) -> int:
+        """How many of the data's batches make one step whose rows the data may regroup by length where it cuts
+        batches to their longest row (`bigtrain.data.loader.by_length`: a batch of short rows then runs short): 1,
+        none, by default; an objective whose step loss and gradient are the same however the step's rows are cut
+        into equal micro-batches gives `micro_batches`."""
+        return 1
+
     def read_step(self, policy: Policy, batches: Iterator[dict], micro_batches: int) -> list[Any]:
         """The step's micro-batches, each in the form `micro_loss` takes: by default `micro_batches` batches read
         from `batches` through `inputs`. An objective may read otherwise: one batch of prompts whose completions

@@ -70,6 +70,11 @@ class PreferenceLoss(Objective):
         ref = None if table is None else table.transpose(0, 1).reshape(-1).to(policy.device)  # like flat_pairs
         return inputs, labels, ref
 
+    def step_batches(self, micro_batches: int) -> int:
+        """A step's pairs grouped by length but for orpo, whose NLL term is a token mean over each micro-batch's
+        chosen answers (the others average a loss per pair over equal micro-batches)."""
+        return 1 if self.kind == "orpo" else micro_batches
+
     def micro_loss(self, policy: Policy, item: Any, step: Any) -> tuple[torch.Tensor, Metrics]:
         inputs, labels, ref = item
         if ref is None and self.reference in LIVE_REFERENCES:  # first: its logits are gone before the policy's graph

@@ -71,6 +71,11 @@ class Engine:
         return self.objective.data_batch(self.micro_batch, self.grad_accum)
 
     @property
+    def step_batches(self) -> int:
+        """The data's batches of one step whose rows it may regroup by length (the objective's say; 1: none)."""
+        return self.objective.step_batches(self.grad_accum)
+
+    @property
     def eval_data_batch(self) -> int:
         """Records per held-out batch."""
         return self.objective.eval_data_batch(self.micro_batch)

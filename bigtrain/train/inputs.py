@@ -10,7 +10,7 @@ from bigtrain.checkpoint.state import ModelBuild
 from bigtrain.config.run_config import DataConfig, ModelConfig, RunConfig
 from bigtrain.data import DataBundle, batches, build_data, iter_eval_batches
 from bigtrain.data.formats import PROMPT_FORMATS, ExampleOptions
-from bigtrain.data.loader import trim_padding
+from bigtrain.data.loader import by_length, trim_padding
 from bigtrain.distributed.patient import patient_barrier
 from bigtrain.distributed.world import World
 from bigtrain.objectives import Needs
@@ -72,12 +72,15 @@ class TrainingData:
     def set_data_parallel(self, dp_rank: int, dp_size: int) -> None:
         self._dp = (dp_rank, dp_size)
 
-    def train_batches(self, micro_batch: int) -> Iterator[dict]:
+    def train_batches(self, micro_batch: int, step_batches: int = 1) -> Iterator[dict]:
+        """Endless training batches of `micro_batch` records; `step_batches` > 1: each step's that many batches with
+        their rows regrouped by length where they are cut to their longest (`bigtrain.data.loader.by_length`)."""
         rank, size = self._dp
         self.sampler = self.bundle.sampler(rank, size, self.seed)
         if self._pending_state is not None:
             self.sampler.load_state_dict(self._pending_state)
-        return self._padded(batches(self.bundle.train, self.sampler, micro_batch))
+        stream = batches(self.bundle.train, self.sampler, micro_batch)
+        return self._padded(by_length(stream, step_batches) if self.longest and step_batches > 1 else stream)
 
     def eval_batches(self, micro_batch: int, max_batches: int | None = None) -> Iterator[dict]:
         rank, size = self._dp

@@ -42,7 +42,7 @@ class Diverged(Exception):
 class Batches(Protocol):
     """Where the loop's batches come from (`bigtrain.train.inputs.TrainingData`)."""
 
-    def train_batches(self, micro_batch: int) -> Iterator[dict]: ...
+    def train_batches(self, micro_batch: int, step_batches: int = 1) -> Iterator[dict]: ...
 
     def eval_batches(self, micro_batch: int, max_batches: int | None = None) -> Iterable[dict]: ...
 
@@ -74,7 +74,7 @@ def train_loop(engine: Engine, *, world: World, settings: LoopSettings, data: Ba
     A non-finite loss, or one above settings.max_loss, ends the loop without a save (`result.diverged`).
     `task_eval` (`bigtrain.eval.during_training.TaskEvaluator`, train.eval_tasks) scores lm-eval tasks at each
     evaluation."""
-    train_batches = data.train_batches(engine.data_batch)
+    train_batches = data.train_batches(engine.data_batch, engine.step_batches)
     result = LoopResult(start_step, [], [], "", last_checkpoint=settings.resumed_from)
     step = start_step
     saved_at = start_step if settings.resumed_from else -1  # the step of result.last_checkpoint

@@ -64,3 +64,37 @@ def test_auto_pads_to_the_longest_row_but_where_rows_need_one_length(sets, longe
     assert pads_to_longest(load_run_config(None, ["model.family=llama", "model.size=tiny", *sets])) is longest
     with pytest.raises(ValueError, match="data.padding=longest with pipeline.stages=2 .* set data.padding to auto"):
         load_run_config(None, ["model.family=llama", "pipeline.stages=2", "data.padding=longest"])
+
+
+def test_a_steps_pairs_are_regrouped_by_length_so_a_batch_of_short_pairs_is_cut_short():
+    """bigtrain.data.loader.by_length: a step's pairs (here 2 batches of 2) sorted by their last trained column and
+    cut again into as many batches, each then trimmed to its own longest; every pair, its reference log-probabilities
+    beside it, trains in the same step; a batch that is not all tensors of rows passes as it is."""
+    from bigtrain.data.loader import by_length
+    lengths = [[9, 20], [4, 6], [18, 5], [7, 3]]  # chosen, rejected of 4 pairs: widths 20, 6, 18, 7
+    flat = rows([n for pair in lengths for n in pair])
+    pairs = {k: v.view(4, 2, WIDTH) for k, v in flat.items()}
+    pairs["reference_logps"] = torch.arange(8.0).view(4, 2)
+    stream = iter([{k: v[:2] for k, v in pairs.items()}, {k: v[2:] for k, v in pairs.items()}])
+    before = [trim_padding(b)["labels"].shape[-1] for b in ({k: v[:2] for k, v in pairs.items()},
+                                                            {k: v[2:] for k, v in pairs.items()})]
+    after = [trim_padding(b) for b in by_length(stream, 2)]
+    assert before == [20, 18] and [b["labels"].shape[-1] for b in after] == [7, 20]
+    assert [b["reference_logps"][:, 0].tolist() for b in after] == [[2.0, 6.0], [4.0, 0.0]]  # pairs 1, 3 | 2, 0
+    for batch, order in zip(after, ([1, 3], [2, 0])):
+        width = batch["input_ids"].shape[-1]
+        assert torch.equal(batch["input_ids"], pairs["input_ids"][order][..., :width])
+        assert torch.equal(batch["labels"], pairs["labels"][order][..., :width])
+    images = [{"input_ids": torch.ones(2, 3), "labels": torch.ones(2, 3), "pixels": object()} for _ in range(2)]
+    assert list(by_length(iter(images), 2)) == images
+
+
+@pytest.mark.parametrize("kind, grouped", [("dpo", True), ("ipo", True), ("simpo", True), ("orpo", False),
+                                           ("lm", False)])
+def test_only_objectives_whose_step_loss_ignores_the_split_regroup_it(kind, grouped):
+    """DPO, IPO and SimPO average a loss per pair over equal micro-batches: their steps' pairs are grouped by
+    length; ORPO's NLL is a token mean over each micro-batch's chosen answers, and other objectives keep the order."""
+    from bigtrain.config.load import load_run_config
+    from bigtrain.objectives import build_objective
+    run = load_run_config(None, ["model.family=llama", "model.size=tiny", f"objective.kind={kind}"])
+    assert build_objective(run.objective).step_batches(4) == (4 if grouped else 1)
