@@ -7,7 +7,8 @@ column, which reset gets and no prompt shows): no model can know them without op
 made here (a byte-level BPE trained on the task's own renders, Qwen's <|im_start|> / <|im_end|> as special tokens,
 the end-of-text <|im_end|> apart from the pad) with Qwen 2.5's chat template as TRL ships it
 (trl/chat_templates/qwen2_5.jinja, which renders tools and writes calls as <tool_call>{json}</tool_call>), and a
-tiny Llama for its vocabulary. Used by tests/unit/test_agentic.py and tests/dist/test_agentic_rl.py.
+tiny Llama for its vocabulary. Used by tests/unit/test_agentic.py and tests/dist/test_agentic_rl.py; the task of a run
+that learns (LEARNING_VAULT, learning_records, learning_demonstrations) by tests/dist/test_agentic_learning.py.
 """
 from __future__ import annotations
 
@@ -101,6 +102,63 @@ def demonstrations(n: int, seed: int = 0) -> list[dict]:
     return out
 
 
+# The vault of a run that learns (tests/dist/test_agentic_learning.py). Its answers and the model's are shaped for a
+# tiny model to copy: the code comes as a token of its own (" 7", not fused with what precedes it) and the model
+# answers "code 7", so that the token that must copy it is one no other turn has (after a bare "assistant\n" the
+# model also starts its calls; a 2-layer model fine-tuned to answer there learned the copy in some seeds only).
+LEARNING_VAULT = '''"""The vault whose codes only it knows (tests/tool_task.py: LEARNING_VAULT)."""
+
+
+class Vault:
+    def reset(self, box, code, **record):
+        self.box, self.code, self.opened = int(box), int(code), []  # the record's code: in no prompt
+
+    def open_box(self, box: int) -> str:
+        """Open a box and read the code inside.
+
+        Args:
+            box: the number of the box to open
+        """
+        self.opened.append(int(box))
+        return " " + str(self.code if int(box) == self.box else (self.code + 1) % 10)
+
+    def get_reward(self) -> float:
+        """0.5 for opening the box the prompt names."""
+        return 0.5 if self.box in self.opened else 0.0
+
+
+def opened_and_right(completions, environments, **kwargs):
+    """1.0 when the prompt's box was opened and the last answer is its code: a rollout that calls and answers right."""
+    return [float(e.box in e.opened and c[-1].get("content", "").strip() == f"code {e.code}")
+            for c, e in zip(completions, environments)]
+'''
+
+
+def learning_records(n: int, seed: int = 0) -> list[dict]:
+    """{"prompt": "open box B", "box", "code"} records for LEARNING_VAULT, boxes and codes drawn from `seed`."""
+    rng = random.Random(seed)
+    return [{"prompt": [{"role": "user", "content": f"open box {box}"}], "box": box, "code": code}
+            for box, code in ((rng.randrange(10), rng.randrange(10)) for _ in range(n))]
+
+
+def learning_demonstrations(n: int, seed: int = 0, unknown: float = 0.5) -> list[dict]:
+    """Chat records on learning_records' prompts: a share `unknown` answers at once without calling ("unknown"), the
+    rest call the prompt's box and answer "code N" from the vault's answer, so that a model fine-tuned on them calls
+    only part of the time and GRPO has the share that calls (and answers right) to raise."""
+    rng = random.Random(seed + 1)
+    out = []
+    for r in learning_records(n, seed):
+        if rng.random() < unknown:
+            turns = [{"role": "assistant", "content": "unknown"}]
+        else:
+            call = {"type": "function", "function": {"name": "open_box", "arguments": {"box": r["box"]}}}
+            turns = [{"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "name": "open_box", "content": f" {r['code']}"},
+                     {"role": "assistant", "content": f"code {r['code']}"}]
+        out.append({"messages": [*r["prompt"], *turns], "tools": [SCHEMA]})
+    return out
+
+
 SCHEMA = {"type": "function", "function": {
     "name": "open_box", "description": "Open a box and read the code inside.",
     "parameters": {"type": "object", "properties": {"box": {"type": "integer",
@@ -130,13 +188,13 @@ def make_tokenizer(directory: Path | None = None, vocab_size: int = 600, compact
     return tok
 
 
-def make_model(tokenizer: Any, seed: int = 0, directory: Path | None = None, layers: int = 2) -> Any:
+def make_model(tokenizer: Any, seed: int = 0, directory: Path | None = None, layers: int = 2, width: int = 64) -> Any:
     """A tiny random Llama for the tokenizer's vocabulary, saved to `directory` when given."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id))
