@@ -7,7 +7,7 @@ of which half call and answer the code and half answer "unknown" at once, and ex
 about half the time. Then GRPO in the vault, the reward function `opened_and_right` (1.0 when the prompt's box was
 opened and the answer is its code) and the vault's own get_reward (0.5 for opening the box): TRL 1.16's GRPOTrainer
 (environment_factory, tests/dist_scripts/trl_online_runs.py) in one process, bigtrain's runs in one launch of 2 ranks
-at ZeRO-3, three seeds each, the same model directory, records, environment, reward function, sizes, rate and steps,
+at ZeRO-3, five seeds each, the same model directory, records, environment, reward function, sizes, rate and steps,
 everything else each side's default.
 
 What rises is the share of rollouts that call the tool and answer right (`rewards/opened_and_right/mean`). A run's
@@ -29,7 +29,9 @@ import pytest
 import tool_task as tt
 from launch import REPO, launch_jobs, rank_env, summary
 
-SEEDS = (1, 2, 3)
+# five seeds, not three: of six seeds run here, the medians' ratio over any three of them ranged 0.71-1.11 (4 of the 20
+# choices under 0.9), over any five 0.95-0.98: a CPU whose arithmetic draws other samples is a fresh choice
+SEEDS = (1, 2, 3, 4, 5)
 STEPS, RATE, BATCH, GROUP, WIDTH = 16, 1e-3, 32, 8, 48  # 32 completions a step: 4 prompts x 8
 SHARE = "rewards/opened_and_right/mean"
 # The fine-tune: 800 steps of 16 demonstrations at 3e-3 (the loss on the answer's code falls between steps 300 and
