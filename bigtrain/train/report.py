@@ -96,9 +96,9 @@ def peak_for_mfu(run: RunConfig, is_main: bool) -> float:
     # and it is time before the first step
     peak = measure_peak_tflops(PRECISION_DTYPE[precision], seconds=PEAK_SECONDS)
     if is_main:
-        log.info("peak %.2f TFLOP/s per rank for MFU, measured (%s matmul, %d threads, 0.25 s: it varies with what "
+        log.info("peak %.2f TFLOP/s per rank for MFU, measured (%s matmul, %d threads, %g s: it varies with what "
                  "else runs on the machine; --peak-tflops fixes it to compare MFU across runs)", peak, precision,
-                 torch.get_num_threads())
+                 torch.get_num_threads(), PEAK_SECONDS)
         if why:
             log.warning("precision=bf16 here runs its matmuls in software, many times slower than fp32: %s "
                         "(precision=auto picks fp32 on this machine); MFU is against the fp32 peak", why)
