@@ -103,6 +103,9 @@ def ranks_here(hostfile: str) -> int:
 
 def default_num_ranks() -> int:
     """One rank per GPU; on a CPU-only host two ranks (the smallest real data-parallel job), one per core."""
+    from bigtrain.distributed.device import cpu_only_install
+    if cpu_only_install():  # known from the installed files: no torch import (~1.2 CPU s) in the launching process
+        return max(1, min(2, os.cpu_count() or 1))
     try:
         import torch
         if torch.cuda.is_available() and torch.cuda.device_count() > 0:

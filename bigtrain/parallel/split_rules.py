@@ -33,6 +33,8 @@ def check_split_layout(run: Any, topology: Topology, family_given: bool = True) 
 
 def check_family_modes(family_name: str, topology: Topology) -> None:
     """ValueError (one line) for a split the family has no mode for."""
+    if topology.pipeline <= 1 and all(size <= 1 for mode, size in topology.axes.items() if mode != "pipeline"):
+        return  # nothing split: the family's module (transformers' classes, ~2.5 CPU s to import) is not needed
     from bigtrain.models.registry import family
     modes = family(family_name).parallel
     if topology.pipeline > 1 and "pipeline" not in modes:

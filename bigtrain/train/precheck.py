@@ -105,6 +105,9 @@ def _saved_batch(ckpt_dir: Path) -> int | None:
 
 def _device_name() -> str:
     """The accelerator DeepSpeed picks here (its name only: no device is touched), its detection kept quiet."""
+    from bigtrain.distributed.device import cpu_only_install
+    if cpu_only_install():
+        return "cpu"  # all DeepSpeed could detect, known without importing it
     from bigtrain.metrics.logs import route_library_logs
     route_library_logs()
     from deepspeed.accelerator import get_accelerator
