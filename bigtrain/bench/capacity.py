@@ -114,11 +114,11 @@ def probe(plan: CapacityPlan, name: str, strategy: Strategy, n_layer: int, workd
     ds_path.write_text(json.dumps(ds_config))
     job_path.write_text(json.dumps(job_description(case, ds_config)))
     port = free_port()
-    cmd = command(case, out, ds_path, job_path, port, 2, peak_tflops=1.0)
+    cmd, launcher_vars = command(case, out, ds_path, job_path, port, 2, peak_tflops=1.0)
     cmd += ["--set", "logging.interval=1", "--set", f"checkpoint.dir={out / 'ckpt'}"]
     try:
-        outcome, peak, seconds = watch_job(cmd, {**env, "PYTHONPATH": str(REPO)}, out / "log.txt", plan.budget_bytes,
-                                           f"step {plan.steps}/{plan.steps} ", plan.probe_timeout_s)
+        outcome, peak, seconds = watch_job(cmd, {**env, **launcher_vars, "PYTHONPATH": str(REPO)}, out / "log.txt",
+                                           plan.budget_bytes, f"step {plan.steps}/{plan.steps} ", plan.probe_timeout_s)
     finally:
         remove_shm_leftovers(port)
     return {"strategy": name, "n_layer": n_layer, "label": f"{n_layer} x {plan.n_embd}",

@@ -1,4 +1,4 @@
-"""Launch one benchmark job through DeepSpeed's per-node launcher and read back what it measured.
+"""Launch one benchmark job as `bigtrain train` would and read back what it measured.
 
 All three runners get the same DeepSpeed JSON (generated from the case's run config, with
 DeepSpeed's wall-clock breakdown on), the same environment and the same launcher. The result
@@ -74,20 +74,21 @@ def job_description(case: Case, ds_config: dict) -> dict:
 
 
 def command(case: Case, out: Path, ds_path: Path, job_path: Path, port: int, num_ranks: int,
-            peak_tflops: float | None) -> list[str]:
-    """Every runner's job through DeepSpeed's per-node launcher, as `bigtrain train` starts one machine's ranks."""
-    from bigtrain.launch.node import node_launch_command
+            peak_tflops: float | None) -> tuple[list[str], dict[str, str]]:
+    """Every runner's job as `bigtrain train` starts one machine's ranks (`bigtrain.launch.node.machine_command`:
+    DeepSpeed's per-node launcher for several, the rank alone for one), and the variables it adds."""
+    from bigtrain.launch.node import machine_command
     if case.runner == "bigtrain":
         args = [str(REPO / "bigtrain" / "run.py"), "--out", str(out), "--deepspeed_config", str(ds_path)]
         if peak_tflops:
             args += ["--peak-tflops", f"{peak_tflops:.6g}"]
         for item in case.run_overrides(out):
             args += ["--set", item]
-        return node_launch_command(num_ranks, port, args)
+        return machine_command(num_ranks, port, args)
     args = [MODULES[case.runner], "--job", str(job_path), "--out", str(out)]
     if case.runner == "deepspeed":
         args += ["--ds-config", str(ds_path)]
-    return node_launch_command(num_ranks, port, args, module=True)
+    return machine_command(num_ranks, port, args, module=True)
 
 
 def run_case(case: Case, workdir: Path, launch: Launch, peak_tflops: float | None = None) -> dict:
@@ -104,8 +105,8 @@ def run_case(case: Case, workdir: Path, launch: Launch, peak_tflops: float | Non
     ds_path.write_text(json.dumps(ds_config, indent=2))
     job_path.write_text(json.dumps(job_description(case, ds_config), indent=2))
     port = free_port()
-    cmd = command(case, out, ds_path, job_path, port, launch.num_ranks, peak_tflops)
-    env = {**launch.env, **dict(case.env),
+    cmd, launcher_vars = command(case, out, ds_path, job_path, port, launch.num_ranks, peak_tflops)
+    env = {**launch.env, **dict(case.env), **launcher_vars,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), launch.env.get("PYTHONPATH")]))}
     try:
         rc, log, wall = _run(cmd, env, launch.timeout_s, out / "log.txt")

@@ -175,15 +175,15 @@ def measure_peaks(workdir: Path, launch: Launch, name: str = "peak", seconds: fl
     """Run the peak job (launched like the others); returns the directory with the ranks' files."""
     from bigtrain.bench.jobs import _run, remove_shm_leftovers
     from bigtrain.distributed.rendezvous import free_port
-    from bigtrain.launch.node import node_launch_command
+    from bigtrain.launch.node import machine_command
     out = Path(workdir) / name
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cmd = node_launch_command(launch.num_ranks, port, ["bigtrain.bench.peak", "--out", str(out), "--seconds",
-                                                       str(seconds)], module=True)
+    cmd, launcher_vars = machine_command(launch.num_ranks, port, ["bigtrain.bench.peak", "--out", str(out),
+                                                                  "--seconds", str(seconds)], module=True)
     try:
         pythonpath = os.pathsep.join(filter(None, [str(REPO), launch.env.get("PYTHONPATH")]))
-        rc, log, _ = _run(cmd, {**launch.env, "PYTHONPATH": pythonpath}, 300, out / "log.txt")
+        rc, log, _ = _run(cmd, {**launch.env, **launcher_vars, "PYTHONPATH": pythonpath}, 300, out / "log.txt")
     finally:
         remove_shm_leftovers(port)
     if rc != 0:

@@ -6,6 +6,7 @@ stretched to 236 and 185 s of wall time (a run of the suite timed out at 300 s).
 against a hang, under pytest's 600 s; what the tests cost is held by tests/budgets.py."""
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -115,3 +116,29 @@ def test_trl_dry_run_trains_grpo_with_trls_trainer_and_bigtrain_on_the_same_sett
     page = (tmp_path / "benchmarks.md").read_text()
     assert "**Dry run**" in page and "| GRPO |" in page and "### GRPO: the settings each side ran with" in page
     assert "| micro-batches per round (steps_per_generation) | 2 | 2 |" in page
+
+
+def test_one_rank_starts_as_deepspeeds_per_node_launcher_starts_it(tmp_path):
+    """The bench's one-rank jobs start without the launcher: the rank's arguments and the launcher's variables are
+    those DeepSpeed's own per-node launcher gives it (run here once, on a script that reports them)."""
+    from bigtrain.launch.node import machine_command, node_launch_command
+    script = tmp_path / "report.py"
+    script.write_text("import json, os, sys\nprint(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                            "MASTER_PORT", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")}
+    env["DS_ACCELERATOR"] = "cpu"
+
+    def reported(cmd: list[str], extra: dict) -> dict:
+        proc = subprocess.run(cmd, env={**env, **extra}, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.splitlines()[-1])
+    theirs = reported(node_launch_command(1, 29533, [str(script), "--x", "1"], log_level="error"), {})
+    cmd, extra = machine_command(1, 29533, [str(script), "--x", "1"])
+    ours = reported(cmd, extra)
+    assert ours["argv"] == theirs["argv"] == ["--local_rank=0", "--x", "1"]
+    # every variable the launcher adds, and no other, but the devices it narrows to the first and what importing
+    # DeepSpeed sets in its own process
+    added = {k: v for k, v in theirs["env"].items() if env.get(k) != v}
+    assert {k: v for k, v in added.items() if k not in ("CUDA_VISIBLE_DEVICES", "PYTORCH_NVML_BASED_CUDA_CHECK")} \
+        == extra, (added, extra)
+    assert machine_command(2, 29533, ["m"], module=True) == (node_launch_command(2, 29533, ["m"], module=True), {})
