@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from bigtrain.distributed.host import tune_cpu_rank
+from bigtrain.distributed.host import describe_cpu_once, tune_cpu_rank
 from bigtrain.distributed.op_builds import build_lines, comm_op, use_environment_ops_dir
 from bigtrain.distributed.op_locks import clear_stale_build_locks
 from bigtrain.distributed.rendezvous import single_process_env
@@ -38,6 +38,7 @@ def init_distributed(timeout_minutes: float | None = None) -> World:
     from deepspeed.accelerator import get_accelerator
 
     single_process_env()
+    describe_cpu_once()  # DeepSpeed's CPU Adam asks py-cpuinfo six times, each a process of its own
     if get_accelerator().device_name() == "cpu" and not torch.distributed.is_initialized():
         tune_cpu_rank()  # before gloo starts its threads, so they inherit the binding
     minutes = timeout_minutes or collective_timeout_s() / 60

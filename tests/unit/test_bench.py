@@ -328,3 +328,20 @@ def test_every_case_of_every_bench_plan_resolves(plan_name, monkeypatch):
         micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
         stages = case.strategy.pipeline
         assert ds["train_batch_size"] == micro * accum * (plan.ranks // stages), (case.name, ds)
+
+
+def test_the_hosts_cpu_is_described_once_per_process(monkeypatch):
+    """DeepSpeed's CPU Adam asks py-cpuinfo for the host's CPU six times, each answer a Python process of its own (3 of
+    an offloaded tiny job's 10 CPU seconds): after `describe_cpu_once` the first answer serves them all, each caller
+    its own copy."""
+    import cpuinfo
+
+    from bigtrain.distributed.host import describe_cpu_once
+    asked = []
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: asked.append(1) or {"vendor_id_raw": "x", "flags": ["avx2"]})
+    describe_cpu_once()
+    describe_cpu_once()  # a second job in the same process keeps the first wrapper
+    answers = [cpuinfo.get_cpu_info() for _ in range(6)]
+    assert len(asked) == 1 and all(a == {"vendor_id_raw": "x", "flags": ["avx2"]} for a in answers)
+    answers[0]["flags"].append("changed")
+    assert cpuinfo.get_cpu_info()["flags"] == ["avx2"]
