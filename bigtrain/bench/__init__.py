@@ -1,6 +1,7 @@
 """`bigtrain bench`: throughput, MFU and memory of bigtrain against hand-written baselines.
 
-Every configuration runs as a real 2-rank job through the deepspeed launcher. Files:
+Every configuration runs as a real job, started as `bigtrain train` starts it (2 ranks on a CPU: DeepSpeed's per-node
+launcher; one rank: the rank alone). Files:
 
 `cases`      workloads (model + data + batch) and strategies (ZeRO x offload x checkpointing x pipeline)
 `hostenv`    the environment every job gets (threads, malloc tunables, core binding) and host facts

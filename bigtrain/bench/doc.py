@@ -52,8 +52,9 @@ def conditions(meta: dict) -> str:
         f"- Run: `{meta['command']}` on {host['date']}, {meta['minutes']:.1f} min, mode `{meta['mode']}`.",
         f"- Host: {host['cpu']}, {host['cores']} cores, {host['memory_gib']} GiB; AMX: {amx}."
         + ("" if device == "cpu" else f" Accelerator: **{device}**."),
-        f"- Every job: {meta['ranks']} rank{'s' if meta['ranks'] > 1 else ''} through the deepspeed launcher, "
-        f"{meta['env_summary']}.",
+        f"- Every job: {meta['ranks']} rank{'s' if meta['ranks'] > 1 else ''} "
+        + ("through the deepspeed launcher" if meta["ranks"] > 1 else "started without a launcher, as `bigtrain "
+           "train` starts one") + f", {meta['env_summary']}.",
         f"- Matmul peak per rank, measured in this run by every rank multiplying {sizes} squares at once "
         f"(best rate reached, at the start{where}): "
         + (f"**bf16 {peaks['bf16']:.3f} TFLOP/s, fp32 {peaks['fp32']:.3f} TFLOP/s**" if peaks["bf16"] is not None
