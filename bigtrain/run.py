@@ -22,6 +22,12 @@ from bigtrain.train.precheck import check_run, checked_by_launcher  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bigtrain.train.collector import paused_for_start
+    with paused_for_start():  # until the first step (train.collector.settle)
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_run_parser().parse_args(argv)
     from bigtrain.metrics.logs import quiet_hf_progress_bars, route_library_logs
     route_library_logs(verbose=args.verbose, console=sys.stderr)  # before anything imports DeepSpeed

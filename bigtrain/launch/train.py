@@ -160,6 +160,12 @@ def unknown_flag_line(flag: str, run_parser: argparse.ArgumentParser, following:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from bigtrain.train.collector import paused_for_start
+    with paused_for_start():  # the checks import torch and DeepSpeed; then this process only waits and relays lines
+        return _cmd_train(args)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
     checked = rank_0_here(args.hostfile)
     num_ranks = args.num_gpus or (ranks_here(args.hostfile) if args.hostfile else default_num_ranks())
     direct = one_rank_here(args, num_ranks)

@@ -39,6 +39,7 @@ from bigtrain.parallel.split_rules import check_split_layout
 from bigtrain.config.topology import Topology
 from bigtrain.parallel.lora import check_same_lora, training_flops
 from bigtrain.train import autobatch
+from bigtrain.train.collector import settle as settle_collector
 from bigtrain.train.engine import Engine, EngineOptions, start_schedule
 from bigtrain.train.job_config import JobConfig
 from bigtrain.train.inputs import (TrainingData, build_training_data, local_models, overrides_for_run,
@@ -82,6 +83,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         spec = say_what_trains(config, resolved, spec, engine, saved)
         reporter = Reporter(resolved.run, spec, resolved.ds_config, engine, world, out, prior=saved)
         record = RunRecord(resolved.run, resolved.recorded, world, data, model_build.to_json())
+        settle_collector()
         result = train_loop(engine, world=world, data=data, record=record, reporter=reporter, stop=lifeline,
                             settings=loop_settings(resolved.run, ckpt_dir, stop_after, plan),
                             start_step=saved.step if saved else 0, task_eval=task_eval)

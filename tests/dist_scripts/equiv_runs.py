@@ -25,6 +25,8 @@ the second job, ~1 s per collection per rank that the next job would pay again f
 from __future__ import annotations
 
 import gc
+
+gc.disable()  # through the imports and the first job's start, as bigtrain/run.py does (bigtrain.train.collector)
 import importlib
 import json
 import shutil
@@ -127,6 +129,7 @@ def finish(job: dict, world: World, started: float) -> None:
     unset_hf_deepspeed_config()
     gc.collect()
     gc.freeze()  # the survivors are the process's for good: later collections skip them
+    gc.enable()  # a plan whose first jobs are calls, not runs, has not had its collector resumed by a run's start
     barrier()
     if world.is_main:  # what each job costs, in the launch's log (tests/launch.py returns it)
         print(f"equiv_runs: job {job['name']} took {time.perf_counter() - started:.1f} s", flush=True)
