@@ -143,6 +143,12 @@ def parse_run_args(parser: argparse.ArgumentParser, run_args: list[str]) -> argp
 
 def worker_main(config: dict) -> None:
     """Ray Train's per-worker function: bigtrain's job, resumed from Ray's checkpoint after a restart."""
+    from bigtrain.train.collector import paused_for_start
+    with paused_for_start():  # until the first step, as a launcher's rank (bigtrain/run.py)
+        _worker_job(config)
+
+
+def _worker_job(config: dict) -> None:
     import ray.train
     from bigtrain.config.flags import build_run_parser, run_config_from_args
     from bigtrain.train.job import train
