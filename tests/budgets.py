@@ -41,8 +41,8 @@ BUDGETS = {
     "tests/unit/test_bench_online.py": 8,  # 0.29 (the GPU plan built, a page section written from saved results)
     # 160 alone (181 before the dry run's Llama 1B efficiency row left its --only, 2026-11-28 at load 1-1.5): 11 launches
     # through the deepspeed launcher, as the bench runs jobs (the short sweep's peak and 4 rows, the dry run's peak and
-    # 6 rows); + 40 for `bench --trl --dry-run --only grpo` (2026-12-02 at load 12: three bigtrain GRPO jobs and TRL's
-    # GRPOTrainer, one process each)
+    # 6 rows); + 18 for `bench --trl --dry-run --only grpo` (2026-12-02: bigtrain's GRPO job and TRL's GRPOTrainer, one
+    # process each; 40 when the dry run ran two levers beside them); 123 for the file in a fresh clone's session
     "tests/dist/test_bench_runs.py": 400,
     "tests/dist/test_eval_runs.py": 230,  # 103 and 118 in two runs alone at load 1-3 (2026-11-28)
     # 90 and 140 in two runs alone at load 13 (2026-12-02): two launches, 2 ranks x 7 jobs (3 families at ZeRO-3, LoRA,

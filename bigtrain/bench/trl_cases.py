@@ -161,7 +161,8 @@ ZERO3_LEVERS = (("ZeRO-3, weights gathered for generation", (("zero.stage", "3")
 def plan(repeats: int = 3, only: str | None = None, dry: bool = False) -> list[Case]:
     """Every objective's bigtrain and TRL jobs, `repeats` pairs each, the pair's order alternating (A B, then B A)
     so that the machine's drift falls on both sides alike, each pair followed by the objective's levers (compared
-    with that pair's bigtrain job); `only`: objectives whose name matches; `dry`: one pair of DRY_STEPS steps."""
+    with that pair's bigtrain job); `only`: objectives whose name matches; `dry`: one pair of DRY_STEPS steps, no
+    levers (each is a setting of the bigtrain job the pair runs; tests/unit/test_bench_trl.py holds their cases)."""
     cases = []
     for objective in OBJECTIVES:
         if only and not re.search(only, objective):
@@ -169,7 +170,7 @@ def plan(repeats: int = 3, only: str | None = None, dry: bool = False) -> list[C
         settings = replace(SETTINGS[objective], steps=DRY_STEPS) if dry else SETTINGS[objective]
         for rep in range(1 if dry else repeats):
             pair = [Case(objective, "bigtrain", settings, rep=rep), Case(objective, "trl", settings, rep=rep)]
-            levers = (*LEVERS.get(objective, ()), *(ZERO3_LEVERS if objective == "grpo" and not dry else ()))
+            levers = () if dry else (*LEVERS.get(objective, ()), *(ZERO3_LEVERS if objective == "grpo" else ()))
             cases += (pair if rep % 2 == 0 else pair[::-1]) + [
                 Case(objective, "bigtrain", settings, name, sets, flags, rep) for name, sets, flags in levers]
     return cases

@@ -28,6 +28,8 @@ def test_the_plan_alternates_each_pairs_order_and_puts_the_levers_beside_the_pai
     assert {c.objective for c in cases} == {"sft", "grpo"} and len({c.slug for c in cases}) == len(cases)
     dry = plan(5, dry=True)
     assert {c.rep for c in dry} == {0} and {c.settings.steps for c in dry} == {trl_cases.DRY_STEPS}
+    assert [(c.objective, c.runner, c.setting) for c in dry] == [  # one pair per objective, as --help says
+        (objective, runner, "") for objective in ("sft", "dpo", "grpo") for runner in ("bigtrain", "trl")]
 
 
 def run_config(case: Case):
