@@ -191,6 +191,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     # a session of its own, whose ranks get SIGTERM/SIGINT from us (`bigtrain.launch.signals`), so every rank saves
     piped = None if args.verbose else subprocess.PIPE
     child = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=piped, stderr=piped)
+    from bigtrain.train.collector import settle
+    settle()  # the start is over: waiting and relaying lines for the job's whole life, with the collector on
     consoles = [] if args.verbose else [copy_filtered(child.stdout, sys.stdout),
                                         copy_filtered(child.stderr, sys.stderr)]
 
