@@ -39,7 +39,7 @@ from bigtrain.parallel.split_rules import check_split_layout
 from bigtrain.config.topology import Topology
 from bigtrain.parallel.lora import check_same_lora, training_flops
 from bigtrain.train import autobatch
-from bigtrain.train.collector import settle as settle_collector
+from bigtrain.train.collector import keep_libraries, settle as settle_collector
 from bigtrain.train.engine import Engine, EngineOptions, start_schedule
 from bigtrain.train.job_config import JobConfig
 from bigtrain.train.inputs import (TrainingData, build_training_data, local_models, overrides_for_run,
@@ -72,6 +72,7 @@ def train(run: RunConfig, world: World, ds_config_path: str | None = None, resum
         # Hub names downloaded once per node (the checkpoint's commit on resume); the run config keeps the names
         here, hub = local_models(run, world, config.found[1].model_build if config.found else None)
         data = load_data(here, out, world)
+        keep_libraries()  # the model's family was imported with its data
         model_build = describe_model(config, data, ckpt_dir, here, hub.get("model"))
         plan = plan_resume(ckpt_dir, config.found, Shape.of_job(world.size, resolved.ds_config,
                                                                 resolved.run.pipeline.stages),
