@@ -1,5 +1,5 @@
 """`train.compile` with the chunked loss trains the same losses as eager under the launcher at ZeRO-1 and
-ZeRO-3 (inductor), one torchrun launch for the four jobs (the levers without a launcher:
+ZeRO-3 (inductor), one launch for the four jobs (the levers without a launcher:
 tests/unit/test_compile.py)."""
 from __future__ import annotations
 

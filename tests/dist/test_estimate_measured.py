@@ -1,17 +1,16 @@
-"""The memory estimator against per-rank bytes measured under ZeRO 0-3 on 2 ranks (torchrun,
+"""The memory estimator against per-rank bytes measured under ZeRO 0-3 on 2 ranks (launch_ranks,
 tests/dist_scripts/estimate_memory.py); its formulas without ranks: tests/unit/test_estimate.py."""
 from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import pytest
 
 from bigtrain.estimate.shape import shape_from_spec
 from bigtrain.estimate.memory_model import Setup, estimate
 from bigtrain.models import build
-from launch import REPO, rank_env, torchrun_cmd
+from launch import REPO, launch_ranks, rank_env
 
 
 def test_estimate_matches_measured_memory_on_two_ranks(tmp_path):
@@ -23,9 +22,8 @@ def test_estimate_matches_measured_memory_on_two_ranks(tmp_path):
     """
     from dist_scripts.estimate_memory import BUCKET, SHAPE
     script = REPO / "tests" / "dist_scripts" / "estimate_memory.py"
-    cmd = torchrun_cmd(script, [str(tmp_path), "fp32", "0", "1", "2", "3"])
-    proc = subprocess.run(cmd, cwd=REPO, env=rank_env(MALLOC_MMAP_THRESHOLD_="65536"), capture_output=True,
-                          text=True, timeout=240)
+    proc = launch_ranks(script, [str(tmp_path), "fp32", "0", "1", "2", "3"], 2,
+                        env=rank_env(MALLOC_MMAP_THRESHOLD_="65536"), timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     shape = shape_from_spec(build("gpt2", "custom", **SHAPE))
     reference = None

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from launch import REPO, TINY, launch_jobs, rank_env, torchrun_cmd
+from launch import REPO, TINY, launch_jobs, launch_ranks, rank_env
 
 from bigtrain.export import export_checkpoint, load_exported
 from bigtrain.export.__main__ import main as export_main
@@ -58,8 +57,7 @@ def references(z3_run: Path, pp_run: Path, tmp_path_factory) -> dict[Path, dict]
     out = tmp_path_factory.mktemp("ref")
     runs = {z3_run: out / "z3.pt", pp_run: out / "pp.pt"}
     args = [str(a) for run, pt in runs.items() for a in (run / "checkpoints" / TAG, pt)]
-    proc = subprocess.run(torchrun_cmd(REFERENCE, args), cwd=REPO, env=rank_env(), capture_output=True, text=True,
-                          timeout=240)
+    proc = launch_ranks(REFERENCE, args, 2, env=rank_env(), timeout=240)
     assert proc.returncode == 0, f"reference logits failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
     return {run: torch.load(pt) for run, pt in runs.items()}
 

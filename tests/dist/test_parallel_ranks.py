@@ -1,23 +1,21 @@
-"""bigtrain.parallel on 2 ranks (one torchrun launch of tests/dist_scripts/models_dist_checks.py): activation
+"""bigtrain.parallel on 2 ranks (one launch of tests/dist_scripts/models_dist_checks.py): activation
 checkpointing configured through DeepSpeed, the pipeline form under DeepSpeed (2 stages, tied embedding), and
 GPT-2 built inside zero.Init (the checks in one process: tests/unit/test_parallel.py)."""
 from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
 
 import pytest
 
-from launch import REPO, rank_env, torchrun_cmd
+from launch import REPO, launch_ranks, rank_env
 
 SCRIPTS = REPO / "tests" / "dist_scripts"
 
 
 def launch(script: str, *args: str, timeout: int = 240) -> None:
-    """Two real ranks through torchrun; fail with the tail of its output."""
-    proc = subprocess.run(torchrun_cmd(SCRIPTS / script, list(args)), cwd=REPO, env=rank_env(PYTHONPATH=str(REPO)),
-                          capture_output=True, text=True, timeout=timeout)
+    """Two real ranks (tests/launch.py: launch_ranks); fail with the tail of their output."""
+    proc = launch_ranks(SCRIPTS / script, list(args), 2, env=rank_env(PYTHONPATH=str(REPO)), timeout=timeout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 
 

@@ -13,11 +13,10 @@ would time out instead of finishing); and whole weights (ZeRO-0, gathered) decod
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from launch import REPO, rank_env, torchrun_cmd
+from launch import REPO, launch_ranks, rank_env
 
 SCRIPT = REPO / "tests" / "dist_scripts" / "rollout_generation.py"
 MODES = ("zero0", "zero3_gathered", "zero3_partitioned")
@@ -28,8 +27,7 @@ def reports(tmp_path_factory) -> dict[int, dict]:
     out = tmp_path_factory.mktemp("rollout")
     found = {}
     for world in (1, 2):
-        proc = subprocess.run(torchrun_cmd(SCRIPT, [str(out)], world), cwd=REPO, env=rank_env(), capture_output=True,
-                              text=True, timeout=420)
+        proc = launch_ranks(SCRIPT, [str(out)], world, env=rank_env(), timeout=420)
         assert proc.returncode == 0, f"{world} ranks failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n" \
                                      f"{proc.stderr[-6000:]}"
         found[world] = json.loads((out / f"world{world}.json").read_text())

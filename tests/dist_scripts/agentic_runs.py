@@ -1,4 +1,4 @@
-"""Run by tests/dist/test_agentic_rl.py through torchrun (tests/launch.py: launch_jobs): runner jobs one after another
+"""Run by tests/dist/test_agentic_rl.py on its ranks (tests/launch.py: launch_jobs): runner jobs one after another
 in one launch, as tests/dist_scripts/equiv_runs.py runs them (its `run_one`). For a job marked "scripted": true the
 model's turns are tests/tool_task.py's scripted model (calls and answers decided by the context alone, the same on
 any rank), given after the real generation on the engine's module has run and its tokens were dropped: at ZeRO-3 its

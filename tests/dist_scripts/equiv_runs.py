@@ -1,5 +1,5 @@
 """Run by tests/dist/test_equivalence.py, test_reshape_resume.py, test_export.py and test_compile_training.py
-through torchrun (tests/launch.py: launch_jobs): several runner jobs (`bigtrain.train.job.train`, what `bigtrain/run.py` calls) one after
+on its ranks (tests/launch.py: launch_jobs): several runner jobs (`bigtrain.train.job.train`, what `bigtrain/run.py` calls) one after
 another in one launch, because on a 2-core CPU the launcher's start-up, imports and process
 group set-up cost ~20 s while a tiny model's 10 steps take ~1 s.
 

@@ -1,4 +1,4 @@
-"""Run by tests/dist/test_hf_models_training.py through torchrun (tests/launch.py: launch_jobs): runner jobs one after another in
+"""Run by tests/dist/test_hf_models_training.py on its ranks (tests/launch.py: launch_jobs): runner jobs one after another in
 one launch (start-up dominates on 2 cores), as equiv_runs.py, plus what the Hugging Face tests need.
 
 Usage: hf_runs.py ROOT PLAN.json

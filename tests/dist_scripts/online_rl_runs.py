@@ -1,4 +1,4 @@
-"""Run by tests/dist/test_online_rl.py through torchrun (tests/launch.py: launch_jobs): runner jobs one after another
+"""Run by tests/dist/test_online_rl.py on its ranks (tests/launch.py: launch_jobs): runner jobs one after another
 in one launch, as tests/dist_scripts/equiv_runs.py runs them (its `run_one`), and for a job marked "fixed": true,
 with the completions fixed instead of sampled.
 

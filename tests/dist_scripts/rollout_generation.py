@@ -1,4 +1,4 @@
-"""Run by tests/dist/test_rollout_generation.py through torchrun (1 or 2 ranks): bigtrain.rollout.generate on
+"""Run by tests/dist/test_rollout_generation.py on 1 or 2 ranks (tests/launch.py: launch_ranks): bigtrain.rollout.generate on
 DeepSpeed engines that this script makes itself (deepspeed.initialize on a tiny Llama), one launch for every mode.
 
 Usage: rollout_generation.py OUT_DIR
