@@ -33,7 +33,7 @@ def evaluate(lm: Any, tasks: TaskSet, num_fewshot: int | None = None, limit: flo
 
     lm.requests_seen.clear()
     started, cpu = time.perf_counter(), time.process_time()
-    with quiet_lm_eval(), _bootstrap_in_process(), _quiet_git_hash(), \
+    with quiet_lm_eval(), _bootstrap_in_process(), _quiet_git_hash(), _environment_described_once(), \
             contextlib.nullcontext() if progress else _no_task_bars():
         results = simple_evaluate(model=lm, tasks=list(tasks.names), task_manager=tasks.manager,
                                   num_fewshot=num_fewshot, limit=limit, bootstrap_iters=bootstrap_iters,
@@ -86,6 +86,29 @@ def _quiet_git_hash() -> Iterator[None]:
         yield
     finally:
         evaluator.get_git_commit_hash = asked
+
+
+_ENVIRONMENT: dict[str, Any] = {}  # lm-eval's description of this process's environment, once asked
+
+
+@contextlib.contextmanager
+def _environment_described_once() -> Iterator[None]:
+    """lm-eval describes the environment in every results dict (torch's collect_env: `pip list` and a dozen other
+    processes, ~0.6 s of wall time), and an evaluation during training asked again at every interval: the process's
+    first description serves its later evaluations (the packages, the devices and the commit do not change)."""
+    import lm_eval.evaluator as evaluator
+    asked = evaluator.add_env_info
+
+    def described_once(storage: dict[str, Any]) -> None:
+        if not _ENVIRONMENT:
+            asked(_ENVIRONMENT)
+        storage.update(_ENVIRONMENT)
+
+    evaluator.add_env_info = described_once
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = asked
 
 
 @contextlib.contextmanager

@@ -296,3 +296,30 @@ def test_lm_evals_bootstrap_runs_in_this_process_not_a_forked_pool(monkeypatch) 
         names, manager = ("a_task",), None
     assert evaluate(Model(), Tasks()) is None
     assert seen == ["1"] and "DISABLE_MULTIPROC" not in os.environ
+
+
+def test_an_evaluation_during_training_describes_the_environment_once(monkeypatch) -> None:
+    """lm-eval's results describe the environment (torch's collect_env, which runs `pip list` and a dozen other
+    processes): evaluations in one process, as train.eval_tasks runs them at each interval, ask for it once."""
+    lm_eval = pytest.importorskip("lm_eval")
+    import lm_eval.evaluator as evaluator
+    import torch.utils.collect_env as collect_env
+    from bigtrain.eval import runner
+    described = []
+    monkeypatch.setattr(collect_env, "get_pretty_env_info", lambda: described.append(1) or "the environment")
+    monkeypatch.setattr(runner, "_ENVIRONMENT", {})
+
+    def simple_evaluate(**kwargs):
+        results = {"results": {}}
+        evaluator.add_env_info(results)  # as lm-eval's own simple_evaluate ends
+        return results
+    monkeypatch.setattr(lm_eval, "simple_evaluate", simple_evaluate)
+
+    class Model:
+        requests_seen: dict = {}
+
+    class Tasks:
+        names, manager = ("a_task",), None
+    first, second = (runner.evaluate(Model(), Tasks()) for _ in range(2))
+    assert first["pretty_env_info"] == second["pretty_env_info"] == "the environment" and len(described) == 1
+    assert first["lm_eval_version"] == second["lm_eval_version"]
