@@ -19,6 +19,8 @@ from typing import Callable, Iterable
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from bigtrain.machine_cache import cache_root
+
 EOS = "<|endoftext|>"  # GPT-2's document separator; also bos/unk/pad of the trained BPE
 MIN_VOCAB = 257  # 256 byte symbols + EOS
 MIN_FREQUENCY = 2  # a pair seen once is not merged
@@ -72,17 +74,6 @@ def ensure_tokenizer(directory: Path, texts: Callable[[], Iterable[str]], vocab_
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # another writer won the race with the same result
     return directory
-
-
-def cache_root() -> Path | None:
-    """bigtrain's machine-wide cache: BIGTRAIN_CACHE, else $XDG_CACHE_HOME/bigtrain, else ~/.cache/bigtrain;
-    BIGTRAIN_CACHE=off keeps nothing there."""
-    chosen = os.environ.get("BIGTRAIN_CACHE")
-    if chosen == "off":
-        return None
-    if chosen:
-        return Path(chosen).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "bigtrain"
 
 
 def trained_cache(texts: Callable[[], Iterable[str]], vocab_size: int) -> Path | None:

@@ -1,8 +1,10 @@
 """`bigtrain bench`: the pieces (timers, cases, rows, page sections, capacity search, rank
 tuning); the sweeps end to end through the real launcher are tests/dist/test_bench_runs.py."""
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -330,13 +332,14 @@ def test_every_case_of_every_bench_plan_resolves(plan_name, monkeypatch):
         assert ds["train_batch_size"] == micro * accum * (plan.ranks // stages), (case.name, ds)
 
 
-def test_the_hosts_cpu_is_described_once_per_process(monkeypatch):
+def test_the_hosts_cpu_is_described_once_per_process(monkeypatch, tmp_path):
     """DeepSpeed's CPU Adam asks py-cpuinfo for the host's CPU six times, each answer a Python process of its own (3 of
     an offloaded tiny job's 10 CPU seconds): after `describe_cpu_once` the first answer serves them all, each caller
     its own copy."""
     import cpuinfo
 
     from bigtrain.distributed.host import describe_cpu_once
+    monkeypatch.setenv("BIGTRAIN_CACHE", str(tmp_path))
     asked = []
     monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: asked.append(1) or {"vendor_id_raw": "x", "flags": ["avx2"]})
     describe_cpu_once()
@@ -345,3 +348,30 @@ def test_the_hosts_cpu_is_described_once_per_process(monkeypatch):
     assert len(asked) == 1 and all(a == {"vendor_id_raw": "x", "flags": ["avx2"]} for a in answers)
     answers[0]["flags"].append("changed")
     assert cpuinfo.get_cpu_info()["flags"] == ["avx2"]
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").is_file(), reason="the description is kept by what /proc/cpuinfo says")
+def test_the_hosts_cpu_description_is_kept_for_the_machines_next_processes(monkeypatch, tmp_path):
+    """The next process on this machine reads the kept description instead of asking py-cpuinfo (~1 CPU s and 1.1 s
+    of its start); a kept file that is not a description is asked anew and replaced; BIGTRAIN_CACHE=off keeps none."""
+    import cpuinfo
+
+    from bigtrain.distributed.host import kept_cpu_description
+    monkeypatch.setenv("BIGTRAIN_CACHE", str(tmp_path))
+    asked = []
+
+    def ask() -> dict:
+        asked.append(1)
+        return {"vendor_id_raw": "AuthenticAMD", "flags": ["avx2", "avx512f"]}
+    first = kept_cpu_description(ask)
+    assert kept_cpu_description(ask) == first and len(asked) == 1  # a later process: the kept file
+    (kept,) = (tmp_path / "cpu").glob("*.json")
+    kept.write_text("{half a description")
+    assert kept_cpu_description(ask) == first and len(asked) == 2 and json.loads(kept.read_text()) == first
+    monkeypatch.setattr(cpuinfo, "CPUINFO_VERSION_STRING", "another")  # another py-cpuinfo: its own answer
+    kept_cpu_description(ask)
+    assert len(asked) == 3 and len(list((tmp_path / "cpu").glob("*.json"))) == 2
+    monkeypatch.setenv("BIGTRAIN_CACHE", "off")
+    kept_cpu_description(ask)
+    kept_cpu_description(ask)
+    assert len(asked) == 5
