@@ -99,6 +99,20 @@ ACCELERATOR_PACKAGES = ("torch_npu", "torch_sdaa", "habana_frameworks", "torch_m
 DEVICE_LIBRARIES = ("libtorch_cuda", "libtorch_hip", "libtorch_xpu")
 
 
+def accelerator_name() -> str | None:
+    """The accelerator DeepSpeed picks on this machine, its name only (no device is touched) and its detection kept
+    quiet: "cpu" on a CPU-only install without importing DeepSpeed and torch; None where DeepSpeed cannot tell."""
+    if cpu_only_install():
+        return "cpu"  # all DeepSpeed could detect
+    from bigtrain.metrics.logs import route_library_logs
+    route_library_logs()
+    try:
+        from deepspeed.accelerator import get_accelerator
+        return get_accelerator().device_name()
+    except Exception:  # noqa: BLE001 -- no detection here: the ranks detect it themselves, loudly
+        return None
+
+
 def cpu_only_install() -> bool:
     """True where DeepSpeed can detect nothing but its CPU accelerator (a torch built for the CPU alone, not on macOS,
     no other accelerator's package), read from the installed files without importing torch (~1.9 CPU s)."""

@@ -63,15 +63,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def launch_ranks(args: argparse.Namespace) -> int:
     from bigtrain.distributed.rendezvous import free_port
     from bigtrain.launch.hosts import ranks_here
-    from bigtrain.launch.train import detected_accelerator, launcher_command, thread_env
+    from bigtrain.launch.train import launch_env, launcher_command
     num_ranks = args.num_gpus or ranks_here(args.hostfile)
     port = args.master_port or (None if args.hostfile else free_port())
     cmd = launcher_command(rank_args(args), args.num_gpus, args.hostfile, port, [], args.verbose,
                            module="bigtrain.generate")
-    env = thread_env(num_ranks)
+    env = launch_env(num_ranks, args.verbose)  # the ranks' stdout is the answers: no detection line from each
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    if not args.verbose and "DS_ACCELERATOR" not in env and (name := detected_accelerator()):
-        env["DS_ACCELERATOR"] = name  # the ranks' stdout is the answers: no detection line from each
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     return subprocess.call(cmd, env=env)  # the terminal is the ranks' own: rank 0 reads it, streams to it
 

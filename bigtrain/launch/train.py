@@ -60,26 +60,12 @@ def launcher_command(run_args: list[str], num_ranks: int | None, hostfile: str |
     return cmd + launcher_args + ["--module", module, *run_args]
 
 
-def detected_accelerator() -> str | None:
-    """The accelerator DeepSpeed picks on this machine, detected once here (quietly): the launcher and
-    every rank then read it from DS_ACCELERATOR instead of each warning about its own detection."""
-    from bigtrain.distributed.device import cpu_only_install
-    if cpu_only_install():
-        return "cpu"  # all DeepSpeed could detect, known without importing it and torch
-    from bigtrain.metrics.logs import route_library_logs
-    route_library_logs()
-    try:
-        from deepspeed.accelerator import get_accelerator
-        return get_accelerator().device_name()
-    except Exception:  # noqa: BLE001 -- no detection, no hint: the ranks detect it themselves
-        return None
-
-
 def launch_env(num_ranks: int, verbose: bool = False) -> dict:
     """The launcher's and its ranks' environment (`thread_env`), with the accelerator detected once here unless
     --verbose: DeepSpeed's "Setting accelerator to CPU" is then said by neither the launcher nor any rank."""
+    from bigtrain.distributed.device import accelerator_name
     env = thread_env(num_ranks)
-    if not verbose and "DS_ACCELERATOR" not in env and (name := detected_accelerator()):
+    if not verbose and "DS_ACCELERATOR" not in env and (name := accelerator_name()):
         env["DS_ACCELERATOR"] = name
     return env
 

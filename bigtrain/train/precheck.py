@@ -83,8 +83,11 @@ def check_batch(run: RunConfig, world_size: int, ds_config: str | None, sources:
     from bigtrain.ds.groups import group_problem
     from bigtrain.ds.lint import DeviceCaps
     from bigtrain.ds.resolve import resolve
+    from bigtrain.distributed.device import accelerator_name
     resume_batch = _saved_batch(resume_from) if resume_from is not None else None
-    device = DeviceCaps(_device_name(), fp16=True, bf16=True)
+    if (name := accelerator_name()) is None:
+        return  # DeepSpeed cannot tell the accelerator here: the ranks resolve and judge the batch themselves
+    device = DeviceCaps(name, fp16=True, bf16=True)
     resolved = resolve(run, ds_config, world_size, device, sources=sources, resume_batch=resume_batch)
     if line := group_problem(run, ds_config, world_size, sources, resume_batch=resume_batch,
                              ds_config=resolved.ds_config, device=device):
@@ -101,17 +104,6 @@ def _saved_batch(ckpt_dir: Path) -> int | None:
         return read_state(ckpt_dir / tag).ds_config.get("train_batch_size") if tag else None
     except (OSError, ValueError):
         return None
-
-
-def _device_name() -> str:
-    """The accelerator DeepSpeed picks here (its name only: no device is touched), its detection kept quiet."""
-    from bigtrain.distributed.device import cpu_only_install
-    if cpu_only_install():
-        return "cpu"  # all DeepSpeed could detect, known without importing it
-    from bigtrain.metrics.logs import route_library_logs
-    route_library_logs()
-    from deepspeed.accelerator import get_accelerator
-    return get_accelerator().device_name()
 
 
 def check_reward_functions(run: RunConfig) -> None:

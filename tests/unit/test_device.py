@@ -50,8 +50,8 @@ def test_a_cpu_only_install_is_known_without_importing_torch_and_agrees_with_dee
     import sys
 
     from bigtrain.distributed import device
-    probe = ("import sys; from bigtrain.launch.train import detected_accelerator; "
-             "print(detected_accelerator(), 'torch' in sys.modules)")
+    probe = ("import sys; from bigtrain.distributed.device import accelerator_name; "
+             "print(accelerator_name(), 'torch' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
     from deepspeed.accelerator import get_accelerator
