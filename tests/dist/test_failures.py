@@ -17,7 +17,7 @@ import torch
 from bigtrain.checkpoint import store as checkpoint
 from bigtrain.checkpoint.state import CheckpointState
 from bigtrain.distributed.world import World
-from launch import REPO, TINY, deepspeed_cmd, free_port, rank_env, summary, torchrun_cmd
+from launch import REPO, TINY, deepspeed_cmd, free_port, launch_ranks, rank_env, summary
 from messages import error_lines, naming
 
 RANKS_LINE = re.compile(r"ranks: 0 pid (\d+) on (\S+), 1 pid (\d+) on (\S+)")
@@ -76,10 +76,9 @@ def test_sigkill_names_the_rank_then_resume_skips_a_corrupt_checkpoint(tmp_path)
     victim_file = max((ckpt / newest).glob("*.pt"), key=lambda p: p.stat().st_size)
     with open(victim_file, "r+b") as f:
         f.truncate(victim_file.stat().st_size // 2)
-    # The resume is about which checkpoint it takes, not the launcher: torchrun, ~5 s cheaper than DeepSpeed's.
-    proc = subprocess.run(torchrun_cmd(REPO / "bigtrain" / "run.py", ["--out", str(out), *KILL_ARGS, "--resume",
-                                                                       "--stop-after", str(step)]),
-                          cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=300)
+    # The resume is about which checkpoint it takes, not the launcher: ranks started as torchrun starts them.
+    proc = launch_ranks(REPO / "bigtrain" / "run.py", ["--out", str(out), *KILL_ARGS, "--resume", "--stop-after",
+                                                       str(step)], 2, env=rank_env(), timeout=300)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
     assert naming(log, "skipping checkpoint", str(ckpt / newest), victim_file.name, "truncated or corrupt"), log[-3000:]

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launch import REPO, TINY, rank_env, summary, torchrun_cmd
+from launch import REPO, TINY, launch_ranks, rank_env, summary
 
 STEPS = 6
 # GPT-2 tiny, ZeRO-2, fp32 (TINY); a checkpoint every 3 steps, per-step log events (Ray reports).
@@ -73,16 +72,16 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def launcher_run(tmp_path_factory):
-    """The same job through `torchrun --nproc_per_node 2 bigtrain/run.py`, the reference for the Ray run (a
-    launcher's ranks, uninterrupted; torchrun rather than DeepSpeed's launcher, ~5 CPU s less: the ranks, their
-    process group and engine are the same, and the launcher is not what this compares). It runs in the background
+    """The same job on 2 ranks started as torchrun starts them (tests/launch.py: launch_ranks), the reference for the
+    Ray run (a launcher's ranks, uninterrupted; the ranks, their process group and engine are DeepSpeed's launcher's,
+    and the launcher is not what this compares). It runs in the background
     while the Ray cluster starts and the Ray jobs run: on 2 cores each of them spends much of its time starting
     processes one after another, and together they keep both cores busy."""
     out = tmp_path_factory.mktemp("launcher") / "run"
 
     def run() -> dict:
-        proc = subprocess.run(torchrun_cmd(REPO / "bigtrain" / "run.py", ["--out", str(out), *TINY, *COMMON]),
-                              cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=300)
+        proc = launch_ranks(REPO / "bigtrain" / "run.py", ["--out", str(out), *TINY, *COMMON], 2, env=rank_env(),
+                            timeout=300)
         assert proc.returncode == 0, f"training failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
         return summary(out)
     with ThreadPoolExecutor(1) as pool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import REPO, TINY, deepspeed_cmd, free_port, rank_env, run_train, summary, torchrun_cmd
+from launch import REPO, TINY, deepspeed_cmd, free_port, launch_ranks, rank_env, run_train, summary
 from messages import naming
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -79,11 +79,10 @@ def test_sigterm_mid_run_leaves_a_checkpoint_that_resumes(tmp_path):
     assert saved["stopped_by"] == "SIGTERM" and 5 <= saved["steps"] < 400, log[-3000:]
     tag = out / "checkpoints" / f"step_{saved['steps']:06d}"
     assert (tag / "bigtrain.json").is_file(), log[-3000:]
-    # The resume is about the checkpoint, not the launcher: torchrun, ~5 s cheaper than DeepSpeed's.
-    resume = subprocess.run(torchrun_cmd(REPO / "bigtrain" / "run.py", ["--out", str(out), *TINY, "--steps",
-                                                                         str(saved["steps"] + 3), "--resume", "--set",
-                                                                         "train.eval_interval=0"]),
-                            cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=300)
+    # The resume is about the checkpoint, not the launcher: ranks started as torchrun starts them.
+    resume = launch_ranks(REPO / "bigtrain" / "run.py", ["--out", str(out), *TINY, "--steps", str(saved["steps"] + 3),
+                                                         "--resume", "--set", "train.eval_interval=0"], 2,
+                          env=rank_env(), timeout=300)
     assert resume.returncode == 0, resume.stdout[-3000:] + resume.stderr[-3000:]
     resumed = summary(out)
     assert resumed["steps"] == saved["steps"] + 3 and resumed["stopped_by"] == ""
