@@ -127,11 +127,11 @@ def kept_cpu_description(ask: Callable[[], dict]) -> dict:
 def _description_path() -> Path | None:
     from bigtrain.machine_cache import cache_root
     root = cache_root()
+    if root is None:
+        return None
     try:
         described = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return None
-    if root is None:
         return None
     import cpuinfo
     cpu = "\n".join(line for line in described.splitlines() if not line.startswith(("cpu MHz", "bogomips")))
